@@ -1,0 +1,140 @@
+"""The ``fastload`` command line: parse arguments, build a config, call the library, print results.
+
+Exit codes: 0 success; 1 a problem with the data (skipped inputs, a shard that fails verification);
+2 bad usage or options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from fastload.config import PARQUET_COMPRESSIONS, SHARD_FORMATS, PackConfig
+from fastload.core.units import parse_size
+from fastload.errors import ConfigError, FastloadError, SkippedInputError
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _partition(text: str) -> tuple[int, str | None]:
+    level, _, name = text.partition(":")
+    if not level.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write LEVEL or LEVEL:NAME, e.g. 0:split (the key's top folder becomes split=VALUE/)")
+    return int(level), name or None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastload", description="Keep GPUs fed: pack, verify and inspect "
+                                     "sharded datasets.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("pack", help="pack a tree of small files into tar or Parquet shards plus index.json")
+    p.add_argument("src", nargs="+", metavar="SRC", help="source folder(s); files are grouped into samples by key")
+    p.add_argument("dst", metavar="DST", help="destination folder (new or empty, or an interrupted pack with --resume)")
+    p.add_argument("--format", dest="shard_format", choices=SHARD_FORMATS, default="tar")
+    p.add_argument("--shard-size", type=_size, default=256 << 20, metavar="SIZE",
+                   help="target shard size, e.g. 256MiB (default), 1GB")
+    p.add_argument("--max-samples", type=int, default=None, metavar="N", help="at most N samples per shard")
+    p.add_argument("--prefix", default="shard", help="shard name prefix (default: shard -> shard-000000.tar)")
+    p.add_argument("--shuffle", action="store_true", help="shuffle sample order (needs --seed)")
+    p.add_argument("--seed", type=int, default=None, help="seed for --shuffle (same seed, same shards)")
+    p.add_argument("--workers", type=int, default=None, help="parallel shard writers (default: all cores)")
+    p.add_argument("--row-group-size", type=_size, default=64 << 20, metavar="SIZE",
+                   help="Parquet row group size in bytes of sample data (default 64MiB)")
+    p.add_argument("--compression", choices=PARQUET_COMPRESSIONS, default="none",
+                   help="Parquet compression (default none: samples are usually compressed already)")
+    p.add_argument("--partition-by", type=_partition, default=None, metavar="LEVEL[:NAME]",
+                   help="put shards in hive-style folders NAME=VALUE by the key's folder at LEVEL (0 = top)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted pack into DST")
+    p.add_argument("--allow-skip", action="store_true",
+                   help="finish with exit 0 even when some inputs had to be skipped (they are listed)")
+    p.add_argument("--fsync", action="store_true", help="fsync each shard before publishing it (slower)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    v = sub.add_parser("verify", help="re-read shards and check them against index.json (or lint foreign tars)")
+    v.add_argument("target", metavar="DST", help="dataset folder, or a .tar file / folder of tars without index")
+    v.add_argument("--workers", type=int, default=None)
+
+    i = sub.add_parser("inspect", help="summarise index.json, or list the samples of one shard")
+    i.add_argument("target", metavar="DST")
+    i.add_argument("--shard", default=None, help="list the samples of this shard (name or number)")
+    i.add_argument("--limit", type=int, default=20, help="samples to list with --shard (0 = all)")
+
+    d = sub.add_parser("demo-data", help="write a small generated tree of sample files to try fastload on")
+    d.add_argument("dir", metavar="DIR")
+    d.add_argument("--samples", type=int, default=2000)
+    d.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from fastload.pack import pack
+
+    if args.shuffle and args.seed is None:
+        raise ConfigError("--shuffle needs --seed N so that the same input always gives the same shards")
+    if args.seed is not None and not args.shuffle:
+        raise ConfigError("--seed only applies with --shuffle")
+    level, name = args.partition_by or (None, None)
+    config = PackConfig(
+        shard_format=args.shard_format, shard_size_bytes=args.shard_size, max_samples=args.max_samples,
+        prefix=args.prefix, shuffle_seed=args.seed, workers=args.workers, row_group_bytes=args.row_group_size,
+        compression=args.compression, partition_level=level, partition_name=name, resume=args.resume,
+        allow_skip=args.allow_skip, fsync=args.fsync, progress=False if args.quiet else None,
+    )
+    try:
+        report = pack(args.src, args.dst, config)
+    except SkippedInputError as exc:
+        print(f"fastload pack: {exc}", file=sys.stderr)
+        return 1
+    print(report.summary())
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from fastload.verify import verify
+
+    report = verify(args.target, workers=args.workers)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from fastload.summary import describe, list_shard, load_index
+
+    index = load_index(args.target)
+    if args.shard is None:
+        print(describe(index))
+    else:
+        print(list_shard(index, args.shard, limit=args.limit or None))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fastload.demo import make_demo_tree
+
+    files = make_demo_tree(args.dir, samples=args.samples, seed=args.seed)
+    print(f"wrote {files} files ({args.samples} samples) under {args.dir}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"pack": _pack, "verify": _verify, "inspect": _inspect, "demo-data": _demo}[args.command]
+    try:
+        return handler(args)
+    except ConfigError as exc:
+        print(f"fastload {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except FastloadError as exc:
+        print(f"fastload {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"fastload {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,171 @@
+"""The dataset index (``index.json``): schema, serialisation and validation.
+
+Layout (format version 1)::
+
+    {"format": "fastload-index", "version": 1,
+     "shard_format": "tar" | "parquet", "checksum": "crc32c",
+     "fields": [...], "totals": {"shards", "samples", "bytes", "payload_bytes"},
+     "options": {...}, "skipped": [{"path", "reason"}],
+     "shards": [{"name", "bytes", "samples", "checksum", "partition",
+                 "keys": [...],
+                 "offsets": [...], "sizes": [...],          # tar: sample i is bytes [offsets[i], +sizes[i])
+                 "row_groups": [[offset, size, rows], ...]  # parquet: one entry per row group
+                }]}
+
+``checksum`` is CRC32C (Castagnoli, as S3's ``x-amz-checksum-crc32c``) of the whole shard file, as 8 hex
+digits. A tar sample's byte range covers its members' headers and padded data, so one ranged read of
+``[offset, offset + size)`` returns a self-contained tar fragment holding exactly that sample.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastload.errors import IndexFormatError
+
+INDEX_NAME = "index.json"
+FORMAT = "fastload-index"
+VERSION = 1
+CHECKSUM_ALGORITHM = "crc32c"
+SHARD_FORMATS = ("tar", "parquet")
+
+
+@dataclass
+class ShardEntry:
+    """What the index knows about one shard."""
+
+    name: str
+    bytes: int
+    checksum: str
+    keys: list[str]
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    row_groups: list[tuple[int, int, int]] = field(default_factory=list)
+    partition: str | None = None
+
+    @property
+    def samples(self) -> int:
+        return len(self.keys)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "bytes": self.bytes,
+            "samples": self.samples,
+            "checksum": self.checksum,
+            "partition": self.partition,
+            "keys": self.keys,
+        }
+        if self.offsets or not self.row_groups:
+            out["offsets"] = self.offsets
+            out["sizes"] = self.sizes
+        if self.row_groups:
+            out["row_groups"] = [list(rg) for rg in self.row_groups]
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ShardEntry:
+        entry = cls(
+            name=str(raw["name"]),
+            bytes=int(raw["bytes"]),
+            checksum=str(raw["checksum"]),
+            keys=[str(k) for k in raw["keys"]],
+            offsets=[int(x) for x in raw.get("offsets", [])],
+            sizes=[int(x) for x in raw.get("sizes", [])],
+            row_groups=[(int(a), int(b), int(c)) for a, b, c in raw.get("row_groups", [])],
+            partition=raw.get("partition"),
+        )
+        if int(raw["samples"]) != entry.samples:
+            raise ValueError(f"shard {entry.name}: 'samples' {raw['samples']} != {entry.samples} keys")
+        if entry.offsets and not (len(entry.offsets) == len(entry.sizes) == entry.samples):
+            raise ValueError(f"shard {entry.name}: offsets/sizes do not have one entry per sample")
+        if entry.row_groups and sum(rg[2] for rg in entry.row_groups) != entry.samples:
+            raise ValueError(f"shard {entry.name}: row group rows do not add up to the sample count")
+        return entry
+
+
+@dataclass
+class DatasetIndex:
+    """A packed dataset: its shards in order, the fields seen and what was left out."""
+
+    shard_format: str
+    fields: list[str]
+    shards: list[ShardEntry]
+    options: dict[str, Any] = field(default_factory=dict)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    payload_bytes: int = 0
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "shard_format": self.shard_format,
+            "checksum": CHECKSUM_ALGORITHM,
+            "fields": self.fields,
+            "totals": {
+                "shards": len(self.shards),
+                "samples": self.samples,
+                "bytes": self.bytes,
+                "payload_bytes": self.payload_bytes,
+            },
+            "options": self.options,
+            "skipped": self.skipped,
+            "shards": [s.to_dict() for s in self.shards],
+        }
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
+    """Parse and validate ``index.json`` bytes; raise :class:`IndexFormatError` naming ``where``."""
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFormatError(f"{where} is not valid JSON ({exc}); re-run `fastload pack`") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise IndexFormatError(f"{where} is not a fastload index (no \"format\": \"{FORMAT}\")")
+    if raw.get("version") != VERSION:
+        raise IndexFormatError(
+            f"{where} has index version {raw.get('version')!r}; this fastload reads version {VERSION}: "
+            "upgrade fastload or re-pack the dataset"
+        )
+    if raw.get("checksum") != CHECKSUM_ALGORITHM:
+        raise IndexFormatError(f"{where} uses checksum {raw.get('checksum')!r}, expected crc32c")
+    try:
+        index = DatasetIndex(
+            shard_format=str(raw["shard_format"]),
+            fields=[str(f) for f in raw["fields"]],
+            shards=[ShardEntry.from_dict(s) for s in raw["shards"]],
+            options=dict(raw.get("options", {})),
+            skipped=list(raw.get("skipped", [])),
+            payload_bytes=int(raw.get("totals", {}).get("payload_bytes", 0)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise IndexFormatError(f"{where} is malformed: {exc!r}; re-run `fastload pack`") from None
+    if index.shard_format not in SHARD_FORMATS:
+        raise IndexFormatError(f"{where}: unknown shard_format {index.shard_format!r}")
+    return index
+
+
+def locate(shard: ShardEntry, sample: int) -> tuple[int, int]:
+    """Byte range ``(offset, size)`` holding sample ``sample`` of a tar shard."""
+    if not shard.offsets:
+        raise IndexFormatError(f"shard {shard.name} has no per-sample offsets (it is not a tar shard)")
+    return shard.offsets[sample], shard.sizes[sample]
+
+
+def fields_of(shards: Sequence[Sequence[str]]) -> list[str]:
+    """Sorted union of field names."""
+    return sorted({f for fields in shards for f in fields})

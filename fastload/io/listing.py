@@ -1,0 +1,109 @@
+"""Listing a local source tree into file entries, with every unusable path reported, never dropped.
+
+The lister only lists; :class:`LocalSource` also opens entries for reading. An S3 source will offer the
+same two methods (``list`` and ``open``), so the packer does not care where bytes come from.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from fastload.errors import NotFoundError, Skip, SourceError
+
+
+def display(path: str) -> str:
+    """A printable form of a path that may hold undecodable bytes (shown as ``\\xNN``)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One regular file of a source: its ``/``-separated path relative to the root, and what stat said."""
+
+    relpath: str
+    path: str
+    size: int
+    mtime_ns: int
+
+
+class LocalSource:
+    """A folder tree on a local (or mounted) file system. Symlinks are followed; loops are reported."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        if not os.path.exists(self.root):
+            raise NotFoundError(f"source {self.root} does not exist", path=self.root)
+        if not os.path.isdir(self.root):
+            raise SourceError(f"source {self.root} is not a folder; pass the folder holding the files",
+                              path=self.root)
+
+    def __repr__(self) -> str:
+        return f"LocalSource({self.root!r})"
+
+    def list(self) -> Iterator[FileEntry | Skip]:
+        """Every regular file under the root (depth-first, each folder's entries sorted), or a :class:`Skip`
+        for a path that cannot be used."""
+        root_stat = os.stat(self.root)
+        yield from self._walk(self.root, "", ((root_stat.st_dev, root_stat.st_ino),))
+
+    def _walk(self, folder: str, prefix: str, ancestors: tuple[tuple[int, int], ...]) -> Iterator[FileEntry | Skip]:
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            yield Skip(display(prefix.rstrip("/") or "."), f"cannot list folder: {exc.strerror}")
+            return
+        for entry in entries:
+            relpath = prefix + entry.name
+            try:
+                st = entry.stat(follow_symlinks=True)
+            except OSError as exc:
+                yield Skip(display(relpath), self._stat_problem(entry, exc))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                ident = (st.st_dev, st.st_ino)
+                if ident in ancestors:
+                    yield Skip(display(relpath),
+                               "symlink loop: this folder links back to one of its parents; remove the link")
+                    continue
+                yield from self._walk(entry.path, relpath + "/", (*ancestors, ident))
+            elif stat.S_ISREG(st.st_mode):
+                yield FileEntry(relpath, entry.path, st.st_size, st.st_mtime_ns)
+            else:
+                yield Skip(display(relpath), "not a regular file (a FIFO, socket or device)")
+
+    @staticmethod
+    def _stat_problem(entry: os.DirEntry[str], exc: OSError) -> str:
+        if exc.errno == errno.ELOOP:
+            return "symlink loop: the link resolves to itself; remove it"
+        if entry.is_symlink():
+            try:
+                target = os.readlink(entry.path)
+            except OSError:
+                target = "?"
+            if exc.errno == errno.ENOENT:
+                return f"broken symlink (points to {display(target)!r}, which does not exist)"
+            return f"symlink to {display(target)!r} cannot be followed: {exc.strerror}"
+        if exc.errno == errno.ENOENT:
+            return "vanished while the tree was being listed"
+        return f"cannot stat: {exc.strerror}"
+
+    def open(self, entry: FileEntry) -> BinaryIO:
+        """Open an entry for reading (unbuffered; ``readinto`` goes straight to the OS)."""
+        return open(entry.path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+
+
+def read_problem(exc: OSError) -> str:
+    """Plain words for an error met while opening or reading a listed file."""
+    if isinstance(exc, FileNotFoundError):
+        return "vanished after it was listed (deleted or moved during the pack)"
+    if isinstance(exc, PermissionError):
+        return "unreadable: permission denied; fix its permissions"
+    if isinstance(exc, IsADirectoryError):
+        return "became a folder after it was listed"
+    return f"unreadable: {exc.strerror or exc}"

@@ -1,0 +1,40 @@
+"""Local file system helpers: atomic writes and publishing by rename."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one, never a part."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(folder)
+
+
+def publish(tmp: str, final: str) -> None:
+    """Move a finished temporary file to its final name (same file system), creating folders."""
+    folder = os.path.dirname(final)
+    os.makedirs(folder, exist_ok=True)
+    os.replace(tmp, final)

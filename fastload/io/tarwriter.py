@@ -1,0 +1,171 @@
+"""Writing one tar shard: samples' files copied once, through one reusable buffer, with CRC32C on the fly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from crc32c import crc32c
+
+from fastload.core.index import ShardEntry
+from fastload.core.keys import Sample
+from fastload.core.tar import END_OF_ARCHIVE, member_header, padded
+from fastload.errors import Skip
+from fastload.io.inputs import Input, ShrunkError, read_exactly
+from fastload.io.listing import read_problem
+
+DEFAULT_BUFFER_BYTES = 8 << 20
+
+
+@dataclass
+class ShardResult:
+    """A written shard's index entry, the inputs it had to leave out, and the payload bytes copied."""
+
+    entry: ShardEntry
+    skipped: list[Skip] = field(default_factory=list)
+    payload_bytes: int = 0
+    files: int = 0
+
+
+class _Output:
+    """Buffered, checksummed, rewindable writer to a file descriptor."""
+
+    def __init__(self, fd: int, buffer_bytes: int) -> None:
+        self.fd = fd
+        self.buf = bytearray(buffer_bytes)
+        self.view = memoryview(self.buf)
+        self.fill = 0
+        self.flushed = 0
+        self.crc = 0
+
+    @property
+    def position(self) -> int:
+        return self.flushed + self.fill
+
+    def flush(self) -> None:
+        if self.fill:
+            data = self.view[: self.fill]
+            self.crc = crc32c(data, self.crc)
+            _write_all(self.fd, data)
+            self.flushed += self.fill
+            self.fill = 0
+
+    def reserve(self, n: int) -> memoryview:
+        """Room for ``n`` bytes at the current position (flushing first if needed; ``n`` <= buffer)."""
+        if self.fill + n > len(self.buf):
+            self.flush()
+        out = self.view[self.fill : self.fill + n]
+        self.fill += n
+        return out
+
+    def write(self, data: bytes) -> None:
+        self.reserve(len(data))[:] = data
+
+    def rewind(self, position: int, crc: int) -> None:
+        """Forget everything after ``position`` (``crc`` is the checksum up to it)."""
+        if position >= self.flushed:
+            self.fill = position - self.flushed
+            return
+        os.ftruncate(self.fd, position)
+        os.lseek(self.fd, position, os.SEEK_SET)
+        self.flushed, self.fill, self.crc = position, 0, crc
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def _copy_member(out: _Output, name: str, f: BinaryIO, size: int, mtime: int) -> None:
+    header = member_header(name, size, mtime=mtime)
+    total = len(header) + padded(size)
+    if total <= len(out.buf):
+        room = out.reserve(total)
+        room[: len(header)] = header
+        read_exactly(f, room[len(header) : len(header) + size])
+        room[len(header) + size :] = bytes(total - len(header) - size)
+        return
+    out.write(header)
+    left = size
+    while left:
+        chunk = min(left, len(out.buf))
+        read_exactly(f, out.reserve(chunk))
+        left -= chunk
+    out.write(bytes(padded(size) - size))
+
+
+def write_tar_shard(
+    name: str,
+    samples: Sequence[Sample[Input]],
+    tmp_path: str,
+    *,
+    mtime: int = 0,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    fsync: bool = False,
+) -> ShardResult:
+    """Write ``samples`` as a tar shard at ``tmp_path``; return its index entry (named ``name``).
+
+    A sample whose file cannot be opened, or shrinks while being read, is rolled back out of the shard
+    and reported in ``skipped``; the other samples are unaffected.
+    """
+    result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=[]))
+    entry = result.entry
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        out = _Output(fd, buffer_bytes)
+        for sample in samples:
+            start, crc = out.position, out.crc
+            files: list[BinaryIO] = []
+            members: list[tuple[str, BinaryIO, int, Input]] = []
+            failed: Skip | None = None
+            try:
+                for field_name, item in sample.members:
+                    try:
+                        f = item.open()
+                        files.append(f)
+                        size = os.fstat(f.fileno()).st_size
+                    except OSError as exc:
+                        failed = Skip(item.shown, read_problem(exc))
+                        break
+                    if size == 0:
+                        failed = Skip(item.shown, "empty file (it was emptied after it was listed)")
+                        break
+                    members.append((f"{sample.key}.{field_name}", f, size, item))
+                for member, f, size, item in members if failed is None else ():
+                    try:
+                        _copy_member(out, member, f, size, mtime)
+                    except OSError as exc:
+                        reason = str(exc) if isinstance(exc, ShrunkError) else read_problem(exc)
+                        failed = Skip(item.shown, reason)
+                        break
+            finally:
+                for f in files:
+                    f.close()
+            if failed is not None:
+                out.rewind(start, crc)
+                result.skipped.append(
+                    Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {name}")
+                )
+                continue
+            entry.keys.append(sample.key)
+            entry.offsets.append(start)
+            entry.sizes.append(out.position - start)
+            result.payload_bytes += sum(m[2] for m in members)
+            result.files += len(members)
+        out.write(END_OF_ARCHIVE)
+        out.flush()
+        if fsync:
+            os.fsync(fd)
+        entry.bytes = out.position
+        entry.checksum = f"{out.crc:08x}"
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_path)
+        raise
+    os.close(fd)
+    return result

@@ -1,0 +1,72 @@
+"""``fastload inspect``: what a dataset index holds, in words, and the samples of one shard."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
+from fastload.core.units import format_size
+from fastload.errors import ConfigError, NotFoundError
+
+
+def load_index(dataset: str | os.PathLike[str]) -> DatasetIndex:
+    """Read ``index.json`` from a dataset folder (or the file itself)."""
+    path = os.fspath(dataset)
+    if os.path.isdir(path):
+        path = os.path.join(path, INDEX_NAME)
+    try:
+        with open(path, "rb") as f:
+            return parse_index(f.read(), where=path)
+    except FileNotFoundError:
+        raise NotFoundError(f"{path} not found: is this a folder written by `fastload pack`?", path=path) from None
+
+
+def describe(index: DatasetIndex) -> str:
+    """Summary: shards, samples, bytes, fields, and a histogram of shard sizes."""
+    lines = [
+        f"format:   {index.shard_format} (checksum crc32c)",
+        f"shards:   {len(index.shards):,}",
+        f"samples:  {index.samples:,}",
+        f"bytes:    {format_size(index.bytes)} ({index.bytes:,}); payload {format_size(index.payload_bytes)}",
+        f"fields:   {', '.join(index.fields)}",
+    ]
+    fields = Counter(k for s in index.shards for k in ([s.partition] if s.partition else []))
+    if fields:
+        lines.append("partitions: " + ", ".join(f"{p} ({n} shards)" for p, n in sorted(fields.items())))
+    if index.skipped:
+        lines.append(f"skipped:  {len(index.skipped)} input(s) when packing (see index.json)")
+    if index.shards:
+        sizes = [s.bytes for s in index.shards]
+        lo, hi = min(sizes), max(sizes)
+        lines.append(f"shard size: min {format_size(lo)}, median {format_size(sorted(sizes)[len(sizes) // 2])}, "
+                     f"max {format_size(hi)}")
+        bins = 8
+        width = max(1, (hi - lo) / bins)
+        counts = Counter(min(bins - 1, int((s - lo) / width)) for s in sizes)
+        top = max(counts.values())
+        for b in range(bins if hi > lo else 1):
+            left = lo + b * width
+            bar = "#" * round(30 * counts.get(b, 0) / top)
+            lines.append(f"  {format_size(left):>10} .. {format_size(left + width):>10} | {bar} {counts.get(b, 0)}")
+    return "\n".join(lines)
+
+
+def list_shard(index: DatasetIndex, shard: str, *, limit: int | None = None) -> str:
+    """One line per sample of ``shard`` (its name, or its position in the index)."""
+    entry = next((s for s in index.shards if s.name == shard or os.path.basename(s.name) == shard), None)
+    if entry is None and shard.isdigit() and int(shard) < len(index.shards):
+        entry = index.shards[int(shard)]
+    if entry is None:
+        raise ConfigError(f"no shard {shard!r} in the index; give a shard name or a number below "
+                          f"{len(index.shards)}")
+    lines = [f"{entry.name}: {entry.samples} samples, {entry.bytes:,} bytes, crc32c {entry.checksum}"]
+    rows = entry.keys if limit is None else entry.keys[:limit]
+    for i, key in enumerate(rows):
+        if entry.offsets:
+            lines.append(f"  {i:6d}  {key}  offset {entry.offsets[i]}  size {entry.sizes[i]}")
+        else:
+            lines.append(f"  {i:6d}  {key}")
+    if limit is not None and entry.samples > limit:
+        lines.append(f"  ... {entry.samples - limit} more (use --limit 0 for all)")
+    return "\n".join(lines)

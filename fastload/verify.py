@@ -1,0 +1,216 @@
+"""``fastload.verify``: re-read every shard and check it against ``index.json``; lint foreign tars.
+
+With an index: file size and CRC32C, sample count, keys in index order, each sample's byte range, members
+of a sample adjacent and well named. Without one (foreign WebDataset tars): duplicate members, keys whose
+members are not adjacent, names WebDataset would split differently or ignore, and archive structure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow.parquet as pq
+
+from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
+from fastload.core.keys import KeyRuleError, lint_member_name, split_key
+from fastload.core.tar import Member, TarFormatError
+from fastload.errors import NotFoundError, VerifyError
+from fastload.io.tarread import ChecksumReader, iter_members
+
+
+@dataclass
+class VerifyReport:
+    """Result of a verify run: ``ok`` only when no problem was found."""
+
+    target: str
+    shards: int = 0
+    samples: int = 0
+    bytes: int = 0
+    indexed: bool = True
+    problems: list[VerifyError] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        what = "shards checked against index.json" if self.indexed else "tar file(s) linted (no index.json)"
+        head = f"{self.shards} {what}: {self.samples:,} samples, {self.bytes:,} bytes"
+        if self.ok:
+            return f"OK: {head}"
+        lines = [f"FAILED: {head}; {len(self.problems)} problem(s). First: {self.problems[0]}"]
+        lines += [f"  {p}" for p in self.problems[1:20]]
+        if len(self.problems) > 20:
+            lines.append(f"  ... and {len(self.problems) - 20} more")
+        return "\n".join(lines)
+
+
+def verify(target: str | os.PathLike[str], *, workers: int | None = None) -> VerifyReport:
+    """Verify a dataset folder (with ``index.json``), or lint a foreign tar file or folder of tars."""
+    target = os.path.abspath(os.fspath(target))
+    if not os.path.exists(target):
+        raise NotFoundError(f"{target} does not exist", path=target)
+    index_path = os.path.join(target, INDEX_NAME)
+    pool_size = workers or os.cpu_count() or 1
+    if os.path.isdir(target) and os.path.exists(index_path):
+        with open(index_path, "rb") as f:
+            index = parse_index(f.read(), where=index_path)
+        report = VerifyReport(target)
+        with ThreadPoolExecutor(max_workers=pool_size) as pool:
+            for problems, samples in pool.map(lambda s: _check_shard(target, index, s), index.shards):
+                report.problems += problems
+                report.samples += samples
+        report.shards = len(index.shards)
+        report.bytes = index.bytes
+        return report
+    tars = [target] if os.path.isfile(target) else sorted(_find_tars(target))
+    report = VerifyReport(target, indexed=False)
+    with ThreadPoolExecutor(max_workers=pool_size) as pool:
+        for problems, samples, size in pool.map(_lint_tar, tars):
+            report.problems += problems
+            report.samples += samples
+            report.bytes += size
+    report.shards = len(tars)
+    if not tars:
+        report.problems.append(VerifyError("no index.json and no .tar files here", shard=target))
+    return report
+
+
+def _find_tars(folder: str) -> Iterator[str]:
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        yield from (os.path.join(root, f) for f in sorted(files) if f.endswith(".tar"))
+
+
+def _check_shard(root: str, index: DatasetIndex, shard: ShardEntry) -> tuple[list[VerifyError], int]:
+    path = os.path.join(root, shard.name)
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        return [VerifyError(f"cannot read the shard ({exc.strerror}); re-run `fastload pack`", shard=shard.name)], 0
+    problems: list[VerifyError] = []
+    if size != shard.bytes:
+        problems.append(VerifyError(f"file is {size} bytes, index says {shard.bytes} (truncated or replaced)",
+                                    shard=shard.name, offset=min(size, shard.bytes)))
+    with open(path, "rb", buffering=0) as f:
+        reader = ChecksumReader(f)  # type: ignore[arg-type]
+        if index.shard_format == "tar":
+            problems += _check_tar_samples(reader, shard)
+        reader.drain()
+    if reader.crc != int(shard.checksum, 16):
+        problems.append(VerifyError(f"CRC32C is {reader.crc:08x}, index says {shard.checksum}: the shard's bytes "
+                                    "changed; re-download or re-pack it", shard=shard.name))
+    if index.shard_format == "parquet" and not problems:
+        problems += _check_parquet(path, shard)
+    return problems, shard.samples
+
+
+def _samples_of(members: Iterator[Member]) -> Iterator[tuple[str, list[Member]]]:
+    """Group consecutive members by key (members that break the key rule come as key ``""``)."""
+    key: str | None = None
+    group: list[Member] = []
+    for m in members:
+        try:
+            k = split_key(m.name)[0]
+        except KeyRuleError:
+            k = ""
+        if k != key and group:
+            yield key or "", group
+            group = []
+        key = k
+        group.append(m)
+    if group:
+        yield key or "", group
+
+
+def _check_tar_samples(reader: ChecksumReader, shard: ShardEntry) -> list[VerifyError]:
+    problems: list[VerifyError] = []
+    i = 0
+    try:
+        for key, members in _samples_of(iter_members(reader)):
+            first = members[0]
+            where = {"shard": shard.name, "key": key, "offset": first.header_offset}
+            if i >= shard.samples:
+                problems.append(VerifyError("sample not in the index (extra data in the shard)", **where))
+                break
+            expected = shard.keys[i]
+            if key != expected:
+                problems.append(VerifyError(f"expected sample {expected!r} here (index position {i}); members "
+                                            "reordered, renamed or missing", **where))
+                break
+            names = [m.name for m in members]
+            if len(set(names)) != len(names):
+                problems.append(VerifyError("duplicate member names in the sample", **where))
+            span = (first.header_offset, members[-1].end - first.header_offset)
+            if span != (shard.offsets[i], shard.sizes[i]):
+                problems.append(VerifyError(f"sample spans bytes {span[0]}+{span[1]}, index says "
+                                            f"{shard.offsets[i]}+{shard.sizes[i]}", **where))
+            i += 1
+    except TarFormatError as exc:
+        problems.append(VerifyError(str(exc), shard=shard.name,
+                                    key=shard.keys[i] if i < shard.samples else None))
+        return problems
+    if not problems and i != shard.samples:
+        problems.append(VerifyError(f"holds {i} samples, index says {shard.samples}", shard=shard.name,
+                                    key=shard.keys[i] if i < shard.samples else None))
+    return problems
+
+
+def _check_parquet(path: str, shard: ShardEntry) -> list[VerifyError]:
+    try:
+        meta = pq.read_metadata(path)
+        keys = pq.read_table(path, columns=["__key__"]).column(0).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        return [VerifyError(f"not a readable Parquet file: {exc}", shard=shard.name)]
+    problems: list[VerifyError] = []
+    rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    if rows != [rg[2] for rg in shard.row_groups]:
+        problems.append(VerifyError(f"row groups hold {rows} rows, index says "
+                                    f"{[rg[2] for rg in shard.row_groups]}", shard=shard.name))
+    if keys != shard.keys:
+        bad = next((i for i, (a, b) in enumerate(zip(keys, shard.keys)) if a != b), min(len(keys), shard.samples))
+        problems.append(VerifyError(f"row {bad} holds key {keys[bad] if bad < len(keys) else None!r}, index says "
+                                    f"{shard.keys[bad] if bad < shard.samples else None!r}",
+                                    shard=shard.name, key=shard.keys[bad] if bad < shard.samples else None))
+    return problems
+
+
+def _lint_tar(path: str) -> tuple[list[VerifyError], int, int]:
+    problems: list[VerifyError] = []
+    seen_keys: dict[str, int] = {}
+    seen_names: set[str] = set()
+    samples = 0
+    name = os.path.basename(path)
+    size = os.path.getsize(path)
+    with open(path, "rb", buffering=0) as f:
+        reader = ChecksumReader(f)  # type: ignore[arg-type]
+        try:
+            for key, members in _samples_of(iter_members(reader)):
+                for m in members:
+                    where = {"shard": name, "key": key or None, "offset": m.header_offset}
+                    if m.typeflag not in ("0", "\0", "7"):
+                        problems.append(VerifyError(f"member {m.name!r} is not a regular file (type {m.typeflag!r});"
+                                                    " WebDataset skips it", **where))
+                        continue
+                    if m.name in seen_names:
+                        problems.append(VerifyError(f"duplicate member {m.name!r}", **where))
+                    seen_names.add(m.name)
+                    why = lint_member_name(m.name)
+                    if why:
+                        problems.append(VerifyError(f"member {m.name!r}: {why}", **where))
+                if not key:
+                    continue
+                if key in seen_keys:
+                    problems.append(VerifyError(
+                        f"members of sample {key!r} are not adjacent (also at byte {seen_keys[key]}); "
+                        "WebDataset would yield it as two samples", shard=name, key=key,
+                        offset=members[0].header_offset))
+                else:
+                    seen_keys[key] = members[0].header_offset
+                    samples += 1
+        except TarFormatError as exc:
+            problems.append(VerifyError(str(exc), shard=name))
+    return problems, samples, size
