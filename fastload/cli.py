@@ -26,40 +26,72 @@ def _partition(text: str) -> tuple[int, str | None]:
     level, _, name = text.partition(":")
     if not level.isdigit():
         raise argparse.ArgumentTypeError(
-            f"{text!r}: write LEVEL or LEVEL:NAME, e.g. 0:split (the key's top folder becomes split=VALUE/)")
+            f"{text!r}: write LEVEL or LEVEL:NAME, e.g. 0:split (the key's top folder becomes split=VALUE/)"
+        )
     return int(level), name or None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastload", description="Keep GPUs fed: pack, verify and inspect "
-                                     "sharded datasets.")
+    parser = argparse.ArgumentParser(
+        prog="fastload", description="Keep GPUs fed: pack, verify and inspect sharded datasets."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("pack", help="pack a tree of small files into tar or Parquet shards plus index.json")
-    p.add_argument("src", nargs="+", metavar="SRC", help="source folder(s); files are grouped into samples by key")
-    p.add_argument("dst", metavar="DST", help="destination folder (new or empty, or an interrupted pack with --resume)")
+    p.add_argument(
+        "src", nargs="+", metavar="SRC", help="source folder(s); files are grouped into samples by key"
+    )
+    p.add_argument(
+        "dst", metavar="DST", help="destination folder (new or empty, or an interrupted pack with --resume)"
+    )
     p.add_argument("--format", dest="shard_format", choices=SHARD_FORMATS, default="tar")
-    p.add_argument("--shard-size", type=_size, default=256 << 20, metavar="SIZE",
-                   help="target shard size, e.g. 256MiB (default), 1GB")
+    p.add_argument(
+        "--shard-size",
+        type=_size,
+        default=256 << 20,
+        metavar="SIZE",
+        help="target shard size, e.g. 256MiB (default), 1GB",
+    )
     p.add_argument("--max-samples", type=int, default=None, metavar="N", help="at most N samples per shard")
     p.add_argument("--prefix", default="shard", help="shard name prefix (default: shard -> shard-000000.tar)")
     p.add_argument("--shuffle", action="store_true", help="shuffle sample order (needs --seed)")
     p.add_argument("--seed", type=int, default=None, help="seed for --shuffle (same seed, same shards)")
     p.add_argument("--workers", type=int, default=None, help="parallel shard writers (default: all cores)")
-    p.add_argument("--row-group-size", type=_size, default=64 << 20, metavar="SIZE",
-                   help="Parquet row group size in bytes of sample data (default 64MiB)")
-    p.add_argument("--compression", choices=PARQUET_COMPRESSIONS, default="none",
-                   help="Parquet compression (default none: samples are usually compressed already)")
-    p.add_argument("--partition-by", type=_partition, default=None, metavar="LEVEL[:NAME]",
-                   help="put shards in hive-style folders NAME=VALUE by the key's folder at LEVEL (0 = top)")
+    p.add_argument(
+        "--row-group-size",
+        type=_size,
+        default=64 << 20,
+        metavar="SIZE",
+        help="Parquet row group size in bytes of sample data (default 64MiB)",
+    )
+    p.add_argument(
+        "--compression",
+        choices=PARQUET_COMPRESSIONS,
+        default="none",
+        help="Parquet compression (default none: samples are usually compressed already)",
+    )
+    p.add_argument(
+        "--partition-by",
+        type=_partition,
+        default=None,
+        metavar="LEVEL[:NAME]",
+        help="put shards in hive-style folders NAME=VALUE by the key's folder at LEVEL (0 = top)",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted pack into DST")
-    p.add_argument("--allow-skip", action="store_true",
-                   help="finish with exit 0 even when some inputs had to be skipped (they are listed)")
+    p.add_argument(
+        "--allow-skip",
+        action="store_true",
+        help="finish with exit 0 even when some inputs had to be skipped (they are listed)",
+    )
     p.add_argument("--fsync", action="store_true", help="fsync each shard before publishing it (slower)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    v = sub.add_parser("verify", help="re-read shards and check them against index.json (or lint foreign tars)")
-    v.add_argument("target", metavar="DST", help="dataset folder, or a .tar file / folder of tars without index")
+    v = sub.add_parser(
+        "verify", help="re-read shards and check them against index.json (or lint foreign tars)"
+    )
+    v.add_argument(
+        "target", metavar="DST", help="dataset folder, or a .tar file / folder of tars without index"
+    )
     v.add_argument("--workers", type=int, default=None)
 
     i = sub.add_parser("inspect", help="summarise index.json, or list the samples of one shard")
@@ -83,10 +115,20 @@ def _pack(args: argparse.Namespace) -> int:
         raise ConfigError("--seed only applies with --shuffle")
     level, name = args.partition_by or (None, None)
     config = PackConfig(
-        shard_format=args.shard_format, shard_size_bytes=args.shard_size, max_samples=args.max_samples,
-        prefix=args.prefix, shuffle_seed=args.seed, workers=args.workers, row_group_bytes=args.row_group_size,
-        compression=args.compression, partition_level=level, partition_name=name, resume=args.resume,
-        allow_skip=args.allow_skip, fsync=args.fsync, progress=False if args.quiet else None,
+        shard_format=args.shard_format,
+        shard_size_bytes=args.shard_size,
+        max_samples=args.max_samples,
+        prefix=args.prefix,
+        shuffle_seed=args.seed,
+        workers=args.workers,
+        row_group_bytes=args.row_group_size,
+        compression=args.compression,
+        partition_level=level,
+        partition_name=name,
+        resume=args.resume,
+        allow_skip=args.allow_skip,
+        fsync=args.fsync,
+        progress=False if args.quiet else None,
     )
     try:
         report = pack(args.src, args.dst, config)

@@ -40,23 +40,30 @@ class PackConfig:
         if self.shard_format not in SHARD_FORMATS:
             raise ConfigError(f"shard_format={self.shard_format!r}; choose one of {', '.join(SHARD_FORMATS)}")
         if self.shard_size_bytes < 4096:
-            raise ConfigError(f"shard_size_bytes={self.shard_size_bytes} is too small; use at least 4 KiB "
-                              "(a few hundred MiB is typical)")
+            raise ConfigError(
+                f"shard_size_bytes={self.shard_size_bytes} is too small; use at least 4 KiB "
+                "(a few hundred MiB is typical)"
+            )
         if self.max_samples is not None and self.max_samples < 1:
             raise ConfigError(f"max_samples={self.max_samples} must be >= 1")
         if not self.prefix or "/" in self.prefix or self.prefix.startswith("."):
-            raise ConfigError(f"prefix={self.prefix!r} must be a non-empty file name part without '/' "
-                              "that does not start with '.'")
+            raise ConfigError(
+                f"prefix={self.prefix!r} must be a non-empty file name part without '/' "
+                "that does not start with '.'"
+            )
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"workers={self.workers} must be >= 1")
         if not 1 <= self.row_group_bytes <= 1 << 30:
             raise ConfigError(f"row_group_bytes={self.row_group_bytes} must be between 1 byte and 1 GiB")
         if self.compression not in PARQUET_COMPRESSIONS:
-            raise ConfigError(f"compression={self.compression!r}; choose one of {', '.join(PARQUET_COMPRESSIONS)}")
+            raise ConfigError(
+                f"compression={self.compression!r}; choose one of {', '.join(PARQUET_COMPRESSIONS)}"
+            )
         if self.partition_level is not None and self.partition_level < 0:
             raise ConfigError(f"partition_level={self.partition_level} must be >= 0 (0 = top folder)")
-        if self.partition_name is not None and (not self.partition_name or "/" in self.partition_name
-                                                or "=" in self.partition_name):
+        if self.partition_name is not None and (
+            not self.partition_name or "/" in self.partition_name or "=" in self.partition_name
+        ):
             raise ConfigError(f"partition_name={self.partition_name!r} must be non-empty, without '/' or '='")
 
     @property

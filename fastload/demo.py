@@ -10,8 +10,14 @@ import random
 import numpy as np
 
 
-def make_demo_tree(root: str | os.PathLike[str], *, samples: int = 2000, seed: int = 0,
-                   min_bytes: int = 2048, max_bytes: int = 65536) -> int:
+def make_demo_tree(
+    root: str | os.PathLike[str],
+    *,
+    samples: int = 2000,
+    seed: int = 0,
+    min_bytes: int = 2048,
+    max_bytes: int = 65536,
+) -> int:
     """Write ``samples`` samples under ``root`` (``train/`` and ``val/`` folders, class subfolders),
     each an ``.npy`` array, a ``.cls`` label and a ``.json`` record. Returns the number of files written."""
     rng = random.Random(seed)

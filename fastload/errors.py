@@ -63,11 +63,7 @@ class SkippedInputError(PackError):
         self.written = written
         head = "\n  ".join(str(s) for s in self.skipped[:20])
         more = f"\n  ... and {len(self.skipped) - 20} more" if len(self.skipped) > 20 else ""
-        what = (
-            "the shards and index were written without them"
-            if written
-            else "nothing was written"
-        )
+        what = "the shards and index were written without them" if written else "nothing was written"
         super().__init__(
             f"{len(self.skipped)} input(s) skipped ({what}):\n  {head}{more}\n"
             "Fix or remove these files, or pass --allow-skip (allow_skip=True) to pack without them."

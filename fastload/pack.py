@@ -6,6 +6,7 @@ in parallel to temporary names, publish each by rename, journal it -> write ``in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -45,7 +46,11 @@ class PackReport:
     def summary(self) -> str:
         idx = self.index
         mb = idx.payload_bytes / 1e6
-        rate = f", {self.files / self.seconds:,.0f} files/s, {mb / self.seconds:,.1f} MB/s" if self.seconds else ""
+        rate = (
+            f", {self.files / self.seconds:,.0f} files/s, {mb / self.seconds:,.1f} MB/s"
+            if self.seconds
+            else ""
+        )
         lines = [
             f"packed {idx.samples:,} samples ({self.files:,} files, {mb:,.1f} MB) into {len(idx.shards)} "
             f"{idx.shard_format} shard(s) in {self.dst} in {self.seconds:.1f}s{rate}",
@@ -73,7 +78,9 @@ class _Plan:
     files: int
 
 
-def _list_sources(sources: Sequence[str]) -> tuple[list[tuple[str, Input]], list[Skip], list[tuple[str, str]]]:
+def _list_sources(
+    sources: Sequence[str],
+) -> tuple[list[tuple[str, Input]], list[Skip], list[tuple[str, str]]]:
     items: list[tuple[str, Input]] = []
     skipped: list[Skip] = []
     bad_keys: list[tuple[str, str]] = []
@@ -91,10 +98,8 @@ def _list_sources(sources: Sequence[str]) -> tuple[list[tuple[str, Input]], list
                 problem = Skip(os.path.join(source.root, found.path), found.reason)
                 relpath = found.path
             skipped.append(problem)
-            try:
+            with contextlib.suppress(KeyRuleError):
                 bad_keys.append((split_key(relpath)[0], f"{problem.path} was skipped ({problem.reason})"))
-            except KeyRuleError:
-                pass
     return items, skipped, bad_keys
 
 
@@ -117,8 +122,10 @@ def _plan(sources: Sequence[str], config: PackConfig) -> _Plan:
         samples = kept
     if not samples:
         where = ", ".join(sources)
-        raise PackError(f"no samples found in {where}: it holds no regular files with an extension"
-                        + (f" ({len(skipped)} input(s) skipped)" if skipped else ""))
+        raise PackError(
+            f"no samples found in {where}: it holds no regular files with an extension"
+            + (f" ({len(skipped)} input(s) skipped)" if skipped else "")
+        )
     order = sample_order(len(samples), partitions, seed=config.shuffle_seed)
     samples = [samples[i] for i in order]
     if partitions is not None:
@@ -129,8 +136,15 @@ def _plan(sources: Sequence[str], config: PackConfig) -> _Plan:
     else:
         sizes = [sum(it.entry.size for _, it in s.members) for s in samples]
         overhead, suffix = 0, ".parquet"
-    shards = plan_shards(sizes, partitions, shard_bytes=config.shard_size_bytes, max_samples=config.max_samples,
-                         prefix=config.prefix, suffix=suffix, overhead_bytes=overhead)
+    shards = plan_shards(
+        sizes,
+        partitions,
+        shard_bytes=config.shard_size_bytes,
+        max_samples=config.max_samples,
+        prefix=config.prefix,
+        suffix=suffix,
+        overhead_bytes=overhead,
+    )
     digest = hashlib.sha256(json.dumps(config.output_options(), sort_keys=True).encode())
     fields: set[str] = set()
     payload = files = 0
@@ -140,8 +154,15 @@ def _plan(sources: Sequence[str], config: PackConfig) -> _Plan:
             fields.add(f)
             payload += it.entry.size
             files += 1
-            digest.update(b"%s\0%s\0%d\0%d\n" % (f.encode(), it.relpath.encode("utf-8", "surrogateescape"),
-                                                 it.entry.size, it.entry.mtime_ns))
+            digest.update(
+                b"%s\0%s\0%d\0%d\n"
+                % (
+                    f.encode(),
+                    it.relpath.encode("utf-8", "surrogateescape"),
+                    it.entry.size,
+                    it.entry.mtime_ns,
+                )
+            )
     return _Plan(samples, shards, sorted(fields), skipped, digest.hexdigest(), payload, files)
 
 
@@ -159,7 +180,9 @@ def pack(
     vanished or became unreadable during the run.
     """
     config = replace(config or PackConfig(), **options) if options else (config or PackConfig())
-    srcs = [os.fspath(sources)] if isinstance(sources, (str, os.PathLike)) else [os.fspath(s) for s in sources]
+    srcs = (
+        [os.fspath(sources)] if isinstance(sources, (str, os.PathLike)) else [os.fspath(s) for s in sources]
+    )
     if not srcs:
         raise ConfigError("no source given; pass the folder holding the files to pack")
     for s in srcs:
@@ -175,14 +198,23 @@ def pack(
     kept = _prepare_destination(dst, journal, plan, config)
     if kept is None:  # already complete
         index = parse_index(_read(os.path.join(dst, INDEX_NAME)), where=os.path.join(dst, INDEX_NAME))
-        return PackReport(dst, index, skipped=[Skip(s["path"], s["reason"]) for s in index.skipped],
-                          shards_kept=len(index.shards), seconds=time.monotonic() - began)
+        return PackReport(
+            dst,
+            index,
+            skipped=[Skip(s["path"], s["reason"]) for s in index.skipped],
+            shards_kept=len(index.shards),
+            seconds=time.monotonic() - began,
+        )
 
     results: dict[int, ShardResult] = dict(kept)
     todo = [p for p in plan.shards if p.number not in results]
     done_bytes = sum(r.payload_bytes for r in results.values())
-    with Progress(total=plan.payload_bytes, initial=done_bytes, enabled=config.progress,
-                  desc=f"packing {len(plan.shards)} shards") as progress:
+    with Progress(
+        total=plan.payload_bytes,
+        initial=done_bytes,
+        enabled=config.progress,
+        desc=f"packing {len(plan.shards)} shards",
+    ) as progress:
         try:
             _write_all(todo, plan, config, dst, journal, results, progress.advance)
         finally:
@@ -199,9 +231,15 @@ def pack(
     )
     atomic_write(os.path.join(dst, INDEX_NAME), index.to_json())
     journal.remove()
-    report = PackReport(dst, index, skipped=plan.skipped + written_skips, shards_written=len(todo),
-                        shards_kept=len(kept), files=sum(r.files for r in results.values()),
-                        seconds=time.monotonic() - began)
+    report = PackReport(
+        dst,
+        index,
+        skipped=plan.skipped + written_skips,
+        shards_written=len(todo),
+        shards_kept=len(kept),
+        files=sum(r.files for r in results.values()),
+        seconds=time.monotonic() - began,
+    )
     if written_skips and not config.allow_skip:
         raise SkippedInputError(written_skips, written=True)
     return report
@@ -221,8 +259,10 @@ def _prepare_destination(
         done = parse_index(_read(index_path), where=index_path)
         if done.options.get("fingerprint") == plan.fingerprint:
             return None
-        raise PackError(f"{dst} holds a finished pack of other files or options; "
-                        "pack into an empty folder instead of resuming")
+        raise PackError(
+            f"{dst} holds a finished pack of other files or options; "
+            "pack into an empty folder instead of resuming"
+        )
     if config.resume and journal.exists():
         if journal.fingerprint() != plan.fingerprint:
             raise PackError(
@@ -231,8 +271,11 @@ def _prepare_destination(
             )
         return _kept_shards(dst, journal, plan)
     if os.path.isdir(dst) and os.listdir(dst):
-        hint = ("pass --resume to continue the interrupted pack there, or "
-                if os.path.isdir(os.path.join(dst, STATE_DIR)) else "")
+        hint = (
+            "pass --resume to continue the interrupted pack there, or "
+            if os.path.isdir(os.path.join(dst, STATE_DIR))
+            else ""
+        )
         raise PackError(f"destination {dst} is not empty; {hint}choose an empty or new folder")
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise PackError(f"destination {dst} is a file; choose a folder")
@@ -253,8 +296,12 @@ def _kept_shards(dst: str, journal: PackJournal, plan: _Plan) -> dict[int, Shard
         except OSError:
             continue
         if size == entry.bytes:
-            kept[number] = ShardResult(entry, [Skip(s["path"], s["reason"]) for s in record["skipped"]],
-                                       int(record["payload_bytes"]), int(record["files"]))
+            kept[number] = ShardResult(
+                entry,
+                [Skip(s["path"], s["reason"]) for s in record["skipped"]],
+                int(record["payload_bytes"]),
+                int(record["files"]),
+            )
     return kept
 
 
@@ -271,13 +318,19 @@ def _write_all(
         tmp = os.path.join(journal.tmp_dir, f"{shard.number:06d}.part")
         samples = plan.samples[shard.start : shard.stop]
         if config.shard_format == "tar":
-            result = write_tar_shard(shard.name, samples, tmp, fsync=config.fsync)
+            result = write_tar_shard(shard.name, samples, tmp, fsync=config.fsync, on_sample=advance)
         else:
-            result = write_parquet_shard(shard.name, samples, tmp, fields=plan.fields,
-                                         row_group_bytes=config.row_group_bytes, compression=config.compression)
+            result = write_parquet_shard(
+                shard.name,
+                samples,
+                tmp,
+                fields=plan.fields,
+                row_group_bytes=config.row_group_bytes,
+                compression=config.compression,
+                on_sample=advance,
+            )
         result.entry.partition = shard.partition
         publish(tmp, os.path.join(dst, shard.name))
-        advance(result.payload_bytes, result.files)
         return result
 
     with ThreadPoolExecutor(max_workers=min(config.worker_count, max(1, len(todo)))) as pool:
@@ -293,7 +346,13 @@ def _write_all(
                 shard = futures[fut]
                 result = fut.result()
                 results[shard.number] = result
-                journal.record({"number": shard.number, "entry": result.entry.to_dict(),
-                                "skipped": [{"path": s.path, "reason": s.reason} for s in result.skipped],
-                                "payload_bytes": result.payload_bytes, "files": result.files},
-                               fsync=config.fsync)
+                journal.record(
+                    {
+                        "number": shard.number,
+                        "entry": result.entry.to_dict(),
+                        "skipped": [{"path": s.path, "reason": s.reason} for s in result.skipped],
+                        "payload_bytes": result.payload_bytes,
+                        "files": result.files,
+                    },
+                    fsync=config.fsync,
+                )

@@ -15,23 +15,35 @@ class Progress:
 
     def __init__(self, *, total: int, initial: int = 0, enabled: bool | None, desc: str) -> None:
         show = sys.stderr.isatty() if enabled is None else enabled
-        self._bar = tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024,
-                         desc=desc, disable=not show, file=sys.stderr, dynamic_ncols=True)
+        self._bar = tqdm(
+            total=total,
+            initial=initial,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=desc,
+            disable=not show,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
         self._lock = threading.Lock()
         self._files = 0
         self._start = time.monotonic()
+        self._shown = self._start
 
     def advance(self, nbytes: int, files: int) -> None:
         with self._lock:
             self._files += files
             self._bar.update(nbytes)
-            elapsed = time.monotonic() - self._start
-            if elapsed > 0:
-                self._bar.set_postfix_str(f"{self._files / elapsed:,.0f} files/s", refresh=False)
+            now = time.monotonic()
+            if now - self._shown >= 0.5:
+                self._shown = now
+                self._bar.set_postfix_str(f"{self._files / (now - self._start):,.0f} files/s", refresh=False)
 
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._bar.close()

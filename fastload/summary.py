@@ -19,7 +19,9 @@ def load_index(dataset: str | os.PathLike[str]) -> DatasetIndex:
         with open(path, "rb") as f:
             return parse_index(f.read(), where=path)
     except FileNotFoundError:
-        raise NotFoundError(f"{path} not found: is this a folder written by `fastload pack`?", path=path) from None
+        raise NotFoundError(
+            f"{path} not found: is this a folder written by `fastload pack`?", path=path
+        ) from None
 
 
 def describe(index: DatasetIndex) -> str:
@@ -39,8 +41,10 @@ def describe(index: DatasetIndex) -> str:
     if index.shards:
         sizes = [s.bytes for s in index.shards]
         lo, hi = min(sizes), max(sizes)
-        lines.append(f"shard size: min {format_size(lo)}, median {format_size(sorted(sizes)[len(sizes) // 2])}, "
-                     f"max {format_size(hi)}")
+        lines.append(
+            f"shard size: min {format_size(lo)}, median {format_size(sorted(sizes)[len(sizes) // 2])}, "
+            f"max {format_size(hi)}"
+        )
         bins = 8
         width = max(1, (hi - lo) / bins)
         counts = Counter(min(bins - 1, int((s - lo) / width)) for s in sizes)
@@ -48,7 +52,9 @@ def describe(index: DatasetIndex) -> str:
         for b in range(bins if hi > lo else 1):
             left = lo + b * width
             bar = "#" * round(30 * counts.get(b, 0) / top)
-            lines.append(f"  {format_size(left):>10} .. {format_size(left + width):>10} | {bar} {counts.get(b, 0)}")
+            lines.append(
+                f"  {format_size(left):>10} .. {format_size(left + width):>10} | {bar} {counts.get(b, 0)}"
+            )
     return "\n".join(lines)
 
 
@@ -58,8 +64,9 @@ def list_shard(index: DatasetIndex, shard: str, *, limit: int | None = None) -> 
     if entry is None and shard.isdigit() and int(shard) < len(index.shards):
         entry = index.shards[int(shard)]
     if entry is None:
-        raise ConfigError(f"no shard {shard!r} in the index; give a shard name or a number below "
-                          f"{len(index.shards)}")
+        raise ConfigError(
+            f"no shard {shard!r} in the index; give a shard name or a number below {len(index.shards)}"
+        )
     lines = [f"{entry.name}: {entry.samples} samples, {entry.bytes:,} bytes, crc32c {entry.checksum}"]
     rows = entry.keys if limit is None else entry.keys[:limit]
     for i, key in enumerate(rows):

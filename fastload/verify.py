@@ -90,19 +90,31 @@ def _check_shard(root: str, index: DatasetIndex, shard: ShardEntry) -> tuple[lis
     try:
         size = os.path.getsize(path)
     except OSError as exc:
-        return [VerifyError(f"cannot read the shard ({exc.strerror}); re-run `fastload pack`", shard=shard.name)], 0
+        return [
+            VerifyError(f"cannot read the shard ({exc.strerror}); re-run `fastload pack`", shard=shard.name)
+        ], 0
     problems: list[VerifyError] = []
     if size != shard.bytes:
-        problems.append(VerifyError(f"file is {size} bytes, index says {shard.bytes} (truncated or replaced)",
-                                    shard=shard.name, offset=min(size, shard.bytes)))
+        problems.append(
+            VerifyError(
+                f"file is {size} bytes, index says {shard.bytes} (truncated or replaced)",
+                shard=shard.name,
+                offset=min(size, shard.bytes),
+            )
+        )
     with open(path, "rb", buffering=0) as f:
-        reader = ChecksumReader(f)  # type: ignore[arg-type]
+        reader = ChecksumReader(f)
         if index.shard_format == "tar":
             problems += _check_tar_samples(reader, shard)
         reader.drain()
     if reader.crc != int(shard.checksum, 16):
-        problems.append(VerifyError(f"CRC32C is {reader.crc:08x}, index says {shard.checksum}: the shard's bytes "
-                                    "changed; re-download or re-pack it", shard=shard.name))
+        problems.append(
+            VerifyError(
+                f"CRC32C is {reader.crc:08x}, index says {shard.checksum}: the shard's bytes "
+                "changed; re-download or re-pack it",
+                shard=shard.name,
+            )
+        )
     if index.shard_format == "parquet" and not problems:
         problems += _check_parquet(path, shard)
     return problems, shard.samples
@@ -132,30 +144,47 @@ def _check_tar_samples(reader: ChecksumReader, shard: ShardEntry) -> list[Verify
     try:
         for key, members in _samples_of(iter_members(reader)):
             first = members[0]
-            where = {"shard": shard.name, "key": key, "offset": first.header_offset}
+
+            def problem(message: str, key: str = key, offset: int = first.header_offset) -> VerifyError:
+                return VerifyError(message, shard=shard.name, key=key, offset=offset)
+
             if i >= shard.samples:
-                problems.append(VerifyError("sample not in the index (extra data in the shard)", **where))
+                problems.append(problem("sample not in the index (extra data in the shard)"))
                 break
             expected = shard.keys[i]
             if key != expected:
-                problems.append(VerifyError(f"expected sample {expected!r} here (index position {i}); members "
-                                            "reordered, renamed or missing", **where))
+                problems.append(
+                    problem(
+                        f"expected sample {expected!r} here (index position {i}); members "
+                        "reordered, renamed or missing"
+                    )
+                )
                 break
             names = [m.name for m in members]
             if len(set(names)) != len(names):
-                problems.append(VerifyError("duplicate member names in the sample", **where))
+                problems.append(problem("duplicate member names in the sample"))
             span = (first.header_offset, members[-1].end - first.header_offset)
             if span != (shard.offsets[i], shard.sizes[i]):
-                problems.append(VerifyError(f"sample spans bytes {span[0]}+{span[1]}, index says "
-                                            f"{shard.offsets[i]}+{shard.sizes[i]}", **where))
+                problems.append(
+                    problem(
+                        f"sample spans bytes {span[0]}+{span[1]}, index says "
+                        f"{shard.offsets[i]}+{shard.sizes[i]}"
+                    )
+                )
             i += 1
     except TarFormatError as exc:
-        problems.append(VerifyError(str(exc), shard=shard.name,
-                                    key=shard.keys[i] if i < shard.samples else None))
+        problems.append(
+            VerifyError(str(exc), shard=shard.name, key=shard.keys[i] if i < shard.samples else None)
+        )
         return problems
     if not problems and i != shard.samples:
-        problems.append(VerifyError(f"holds {i} samples, index says {shard.samples}", shard=shard.name,
-                                    key=shard.keys[i] if i < shard.samples else None))
+        problems.append(
+            VerifyError(
+                f"holds {i} samples, index says {shard.samples}",
+                shard=shard.name,
+                key=shard.keys[i] if i < shard.samples else None,
+            )
+        )
     return problems
 
 
@@ -168,13 +197,25 @@ def _check_parquet(path: str, shard: ShardEntry) -> list[VerifyError]:
     problems: list[VerifyError] = []
     rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     if rows != [rg[2] for rg in shard.row_groups]:
-        problems.append(VerifyError(f"row groups hold {rows} rows, index says "
-                                    f"{[rg[2] for rg in shard.row_groups]}", shard=shard.name))
+        problems.append(
+            VerifyError(
+                f"row groups hold {rows} rows, index says {[rg[2] for rg in shard.row_groups]}",
+                shard=shard.name,
+            )
+        )
     if keys != shard.keys:
-        bad = next((i for i, (a, b) in enumerate(zip(keys, shard.keys)) if a != b), min(len(keys), shard.samples))
-        problems.append(VerifyError(f"row {bad} holds key {keys[bad] if bad < len(keys) else None!r}, index says "
-                                    f"{shard.keys[bad] if bad < shard.samples else None!r}",
-                                    shard=shard.name, key=shard.keys[bad] if bad < shard.samples else None))
+        bad = next(
+            (i for i, (a, b) in enumerate(zip(keys, shard.keys, strict=False)) if a != b),
+            min(len(keys), shard.samples),
+        )
+        problems.append(
+            VerifyError(
+                f"row {bad} holds key {keys[bad] if bad < len(keys) else None!r}, index says "
+                f"{shard.keys[bad] if bad < shard.samples else None!r}",
+                shard=shard.name,
+                key=shard.keys[bad] if bad < shard.samples else None,
+            )
+        )
     return problems
 
 
@@ -186,28 +227,40 @@ def _lint_tar(path: str) -> tuple[list[VerifyError], int, int]:
     name = os.path.basename(path)
     size = os.path.getsize(path)
     with open(path, "rb", buffering=0) as f:
-        reader = ChecksumReader(f)  # type: ignore[arg-type]
+        reader = ChecksumReader(f)
         try:
             for key, members in _samples_of(iter_members(reader)):
                 for m in members:
-                    where = {"shard": name, "key": key or None, "offset": m.header_offset}
+
+                    def problem(message: str, m: Member = m, key: str = key) -> VerifyError:
+                        return VerifyError(message, shard=name, key=key or None, offset=m.header_offset)
+
                     if m.typeflag not in ("0", "\0", "7"):
-                        problems.append(VerifyError(f"member {m.name!r} is not a regular file (type {m.typeflag!r});"
-                                                    " WebDataset skips it", **where))
+                        problems.append(
+                            problem(
+                                f"member {m.name!r} is not a regular file (type {m.typeflag!r}); "
+                                "WebDataset skips it"
+                            )
+                        )
                         continue
                     if m.name in seen_names:
-                        problems.append(VerifyError(f"duplicate member {m.name!r}", **where))
+                        problems.append(problem(f"duplicate member {m.name!r}"))
                     seen_names.add(m.name)
                     why = lint_member_name(m.name)
                     if why:
-                        problems.append(VerifyError(f"member {m.name!r}: {why}", **where))
+                        problems.append(problem(f"member {m.name!r}: {why}"))
                 if not key:
                     continue
                 if key in seen_keys:
-                    problems.append(VerifyError(
-                        f"members of sample {key!r} are not adjacent (also at byte {seen_keys[key]}); "
-                        "WebDataset would yield it as two samples", shard=name, key=key,
-                        offset=members[0].header_offset))
+                    problems.append(
+                        VerifyError(
+                            f"members of sample {key!r} are not adjacent (also at byte {seen_keys[key]}); "
+                            "WebDataset would yield it as two samples",
+                            shard=name,
+                            key=key,
+                            offset=members[0].header_offset,
+                        )
+                    )
                 else:
                     seen_keys[key] = members[0].header_offset
                     samples += 1

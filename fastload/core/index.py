@@ -19,6 +19,7 @@ digits. A tar sample's byte range covers its members' headers and padded data, s
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -124,7 +125,7 @@ class DatasetIndex:
             "shards": [s.to_dict() for s in self.shards],
         }
 
-    def to_json(self) -> bytes:
+    def to_json(self) -> builtins.bytes:
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
@@ -135,7 +136,7 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise IndexFormatError(f"{where} is not valid JSON ({exc}); re-run `fastload pack`") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise IndexFormatError(f"{where} is not a fastload index (no \"format\": \"{FORMAT}\")")
+        raise IndexFormatError(f'{where} is not a fastload index (no "format": "{FORMAT}")')
     if raw.get("version") != VERSION:
         raise IndexFormatError(
             f"{where} has index version {raw.get('version')!r}; this fastload reads version {VERSION}: "

@@ -36,12 +36,12 @@ class ShrunkError(OSError):
     """A file gave fewer bytes than its size said (it shrank while being read)."""
 
 
-def read_exactly(f: BinaryIO, view: memoryview) -> None:
+def read_exactly(f: BinaryIO, view: memoryview) -> None:  # f: any raw binary file with readinto
     """Fill ``view`` from ``f`` or raise :class:`ShrunkError`; never leaves a short read unnoticed."""
     got = 0
     total = len(view)
     while got < total:
-        n = f.readinto(view[got:])
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]
         if not n:
             raise ShrunkError(f"file ended after {got} of {total} bytes (it shrank while being packed)")
         got += n

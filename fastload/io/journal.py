@@ -38,8 +38,10 @@ class PackJournal:
             with open(self._state, "rb") as f:
                 return str(json.load(f)["fingerprint"])
         except (OSError, ValueError, KeyError) as exc:
-            raise PackError(f"the resume state in {self.dir} is unreadable ({exc}); "
-                            "delete the destination folder and pack again") from None
+            raise PackError(
+                f"the resume state in {self.dir} is unreadable ({exc}); "
+                "delete the destination folder and pack again"
+            ) from None
 
     def finished(self) -> dict[int, dict[str, Any]]:
         """Shard number -> recorded result, for every complete journal line (a torn last line is ignored)."""

@@ -39,8 +39,9 @@ class LocalSource:
         if not os.path.exists(self.root):
             raise NotFoundError(f"source {self.root} does not exist", path=self.root)
         if not os.path.isdir(self.root):
-            raise SourceError(f"source {self.root} is not a folder; pass the folder holding the files",
-                              path=self.root)
+            raise SourceError(
+                f"source {self.root} is not a folder; pass the folder holding the files", path=self.root
+            )
 
     def __repr__(self) -> str:
         return f"LocalSource({self.root!r})"
@@ -51,7 +52,9 @@ class LocalSource:
         root_stat = os.stat(self.root)
         yield from self._walk(self.root, "", ((root_stat.st_dev, root_stat.st_ino),))
 
-    def _walk(self, folder: str, prefix: str, ancestors: tuple[tuple[int, int], ...]) -> Iterator[FileEntry | Skip]:
+    def _walk(
+        self, folder: str, prefix: str, ancestors: tuple[tuple[int, int], ...]
+    ) -> Iterator[FileEntry | Skip]:
         try:
             with os.scandir(folder) as it:
                 entries = sorted(it, key=lambda e: e.name)
@@ -68,8 +71,10 @@ class LocalSource:
             if stat.S_ISDIR(st.st_mode):
                 ident = (st.st_dev, st.st_ino)
                 if ident in ancestors:
-                    yield Skip(display(relpath),
-                               "symlink loop: this folder links back to one of its parents; remove the link")
+                    yield Skip(
+                        display(relpath),
+                        "symlink loop: this folder links back to one of its parents; remove the link",
+                    )
                     continue
                 yield from self._walk(entry.path, relpath + "/", (*ancestors, ident))
             elif stat.S_ISREG(st.st_mode):
@@ -95,7 +100,7 @@ class LocalSource:
 
     def open(self, entry: FileEntry) -> BinaryIO:
         """Open an entry for reading (unbuffered; ``readinto`` goes straight to the OS)."""
-        return open(entry.path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+        return open(entry.path, "rb", buffering=0)
 
 
 def read_problem(exc: OSError) -> str:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
-from crc32c import crc32c
 import pyarrow as pa
 import pyarrow.parquet as pq
+from crc32c import crc32c
 
 from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
@@ -60,7 +60,9 @@ class _ChecksumSink(io.RawIOBase):
 
 def parquet_schema(fields: Sequence[str]) -> pa.Schema:
     """``__key__`` (string) then one nullable binary column per field, in the given order."""
-    return pa.schema([pa.field(KEY_COLUMN, pa.string(), nullable=False)] + [pa.field(f, pa.binary()) for f in fields])
+    return pa.schema(
+        [pa.field(KEY_COLUMN, pa.string(), nullable=False)] + [pa.field(f, pa.binary()) for f in fields]
+    )
 
 
 def _read_sample(sample: Sample[Input]) -> tuple[list[tuple[str, BinaryIO, int]], Skip | None]:
@@ -97,8 +99,12 @@ def write_parquet_shard(
     fields: Sequence[str],
     row_group_bytes: int,
     compression: str = "none",
+    on_sample: Callable[[int, int], None] | None = None,
 ) -> ShardResult:
-    """Write ``samples`` as a Parquet shard at ``tmp_path``; return its index entry (named ``name``)."""
+    """Write ``samples`` as a Parquet shard at ``tmp_path``; return its index entry (named ``name``).
+
+    ``on_sample(payload_bytes, files)`` is called after each row group with its totals.
+    """
     result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=[]))
     entry = result.entry
     schema = parquet_schema(fields)
@@ -115,10 +121,13 @@ def write_parquet_shard(
         )
         rows_per_group: list[int] = []
         for start, stop in plan_row_groups(sizes, row_group_bytes=row_group_bytes):
-            rows = _row_group(samples[start:stop], column_of, result, name)
-            if rows is not None:
-                writer.write_table(pa.Table.from_arrays(rows, schema=schema), row_group_size=len(rows[0]))
-                rows_per_group.append(len(rows[0]))
+            before = (result.payload_bytes, result.files)
+            arrays = _row_group(samples[start:stop], column_of, result, name)
+            if on_sample is not None:
+                on_sample(result.payload_bytes - before[0], result.files - before[1])
+            if arrays is not None:
+                writer.write_table(pa.Table.from_arrays(arrays, schema=schema), row_group_size=len(arrays[0]))
+                rows_per_group.append(len(arrays[0]))
         writer.close()
         sink.close()
     except BaseException:
@@ -152,7 +161,9 @@ def _row_group(
     for sample in samples:
         opened, failed = _read_sample(sample)
         if failed is not None:
-            result.skipped.append(Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {shard}"))
+            result.skipped.append(
+                Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {shard}")
+            )
             continue
         kept.append((sample, opened))
     try:
@@ -163,7 +174,9 @@ def _row_group(
                 totals[column_of[field_name]] += size
         for field_name, i in column_of.items():
             if totals[i] > _MAX_COLUMN_BYTES:
-                raise ValueError(f"column {field_name!r} of one row group exceeds 2 GiB; lower --row-group-size")
+                raise ValueError(
+                    f"column {field_name!r} of one row group exceeds 2 GiB; lower --row-group-size"
+                )
         data = [bytearray(t) for t in totals]
         views = [memoryview(d) for d in data]
         offsets = [[0] for _ in range(ncols)]
@@ -180,7 +193,9 @@ def _row_group(
                 except OSError as exc:
                     item = dict(sample.members)[field_name]
                     reason = str(exc) if isinstance(exc, ShrunkError) else read_problem(exc)
-                    result.skipped.append(Skip(item.shown, f"{reason}; sample {sample.key!r} left out of {shard}"))
+                    result.skipped.append(
+                        Skip(item.shown, f"{reason}; sample {sample.key!r} left out of {shard}")
+                    )
                     ok = False
                     break
                 present[i] = size
@@ -188,11 +203,11 @@ def _row_group(
                 continue
             keys.append(sample.key)
             for i in range(ncols):
-                size = present.get(i)
-                if size is None:
+                got = present.get(i)
+                if got is None:
                     valid[i].append(False)
                 else:
-                    fill[i] += size
+                    fill[i] += got
                     valid[i].append(True)
                 offsets[i].append(fill[i])
             result.payload_bytes += sum(present.values())
@@ -211,5 +226,7 @@ def _row_group(
         validity = pa.array(valid[i], type=pa.bool_()).buffers()[1] if nulls else None
         offsets_buffer = pa.array(offsets[i], type=pa.int32()).buffers()[1]
         values = pa.py_buffer(data[i])[: fill[i]]
-        arrays.append(pa.Array.from_buffers(pa.binary(), n, [validity, offsets_buffer, values], null_count=nulls))
+        arrays.append(
+            pa.Array.from_buffers(pa.binary(), n, [validity, offsets_buffer, values], null_count=nulls)
+        )
     return arrays

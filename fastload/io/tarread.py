@@ -56,8 +56,9 @@ def iter_members(r: ChecksumReader) -> Iterator[Member]:
         header_offset = r.pos
         block = r.read(BLOCK)
         if not block:
-            raise TarFormatError(f"archive ends at byte {header_offset} without end-of-archive blocks "
-                                 "(truncated?)")
+            raise TarFormatError(
+                f"archive ends at byte {header_offset} without end-of-archive blocks (truncated?)"
+            )
         try:
             parsed = parse_block(block)
         except TarFormatError as exc:
@@ -86,9 +87,13 @@ def iter_members(r: ChecksumReader) -> Iterator[Member]:
             size = pending_size
         start = header_offset if meta_offset is None else meta_offset
         data_offset = r.pos
-        yield Member(name.decode("utf-8", "surrogateescape"), typeflag.decode("latin-1"), start, data_offset, size)
+        yield Member(
+            name.decode("utf-8", "surrogateescape"), typeflag.decode("latin-1"), start, data_offset, size
+        )
         skipped = r.skip(padded(size)) if typeflag in (b"0", b"\0", b"7") else 0
         if typeflag in (b"0", b"\0", b"7") and skipped < padded(size):
-            raise TarFormatError(f"member {name!r} at byte {start} is truncated: "
-                                 f"{skipped} of {padded(size)} data bytes present")
+            raise TarFormatError(
+                f"member {name!r} at byte {start} is truncated: "
+                f"{skipped} of {padded(size)} data bytes present"
+            )
         pending_path = pending_size = meta_offset = None

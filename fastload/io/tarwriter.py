@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -106,11 +106,13 @@ def write_tar_shard(
     mtime: int = 0,
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     fsync: bool = False,
+    on_sample: Callable[[int, int], None] | None = None,
 ) -> ShardResult:
     """Write ``samples`` as a tar shard at ``tmp_path``; return its index entry (named ``name``).
 
     A sample whose file cannot be opened, or shrinks while being read, is rolled back out of the shard
-    and reported in ``skipped``; the other samples are unaffected.
+    and reported in ``skipped``; the other samples are unaffected. ``on_sample(payload_bytes, files)`` is
+    called after each sample written.
     """
     result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=[]))
     entry = result.entry
@@ -154,8 +156,11 @@ def write_tar_shard(
             entry.keys.append(sample.key)
             entry.offsets.append(start)
             entry.sizes.append(out.position - start)
-            result.payload_bytes += sum(m[2] for m in members)
+            nbytes = sum(m[2] for m in members)
+            result.payload_bytes += nbytes
             result.files += len(members)
+            if on_sample is not None:
+                on_sample(nbytes, len(members))
         out.write(END_OF_ARCHIVE)
         out.flush()
         if fsync:
