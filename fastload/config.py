@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -85,3 +86,77 @@ class PackConfig:
             out.pop("row_group_bytes")
             out.pop("compression")
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Config:
+    """How fastload talks to S3 (or an S3-compatible store).
+
+    Memory bound of one reader: ``readahead_bytes + part_size_bytes`` (parts fetched ahead, plus the part
+    being consumed), where ``readahead_bytes`` defaults to ``part_size_bytes x max_concurrency``
+    (128 MiB with the defaults). Requests in flight across all readers of a process are capped by
+    ``process_max_concurrency`` and lowered automatically while the store throttles (AIMD).
+
+    Unset fields fall back to botocore's own chain (environment, ``~/.aws/config``, instance roles).
+    """
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    addressing_style: str = "auto"
+    part_size_bytes: int = 8 << 20
+    max_concurrency: int = 16
+    readahead_bytes: int | None = None
+    process_max_concurrency: int = 64
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 10.0
+    max_attempts: int = 20
+    base_backoff_s: float = 0.05
+    max_backoff_s: float = 4.0
+    deadline_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.part_size_bytes < 1:
+            raise ConfigError(f"part_size_bytes={self.part_size_bytes} must be >= 1 (8 MiB is typical)")
+        if self.max_concurrency < 1:
+            raise ConfigError(f"max_concurrency={self.max_concurrency} must be >= 1")
+        if self.process_max_concurrency < 1:
+            raise ConfigError(f"process_max_concurrency={self.process_max_concurrency} must be >= 1")
+        if self.readahead_bytes is not None and self.readahead_bytes < 0:
+            raise ConfigError(f"readahead_bytes={self.readahead_bytes} must be >= 0")
+        if self.addressing_style not in ("auto", "path", "virtual"):
+            raise ConfigError(f"addressing_style={self.addressing_style!r}; choose auto, path or virtual")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise ConfigError("connect_timeout_s and read_timeout_s must be > 0")
+        if self.max_attempts < 1 or self.deadline_s <= 0:
+            raise ConfigError(
+                f"max_attempts={self.max_attempts} must be >= 1 and deadline_s={self.deadline_s} > 0"
+            )
+
+    @property
+    def readahead_parts(self) -> int:
+        """Parts kept in flight or buffered ahead of the read position (at least 1)."""
+        window = self.readahead_bytes
+        if window is None:
+            window = self.part_size_bytes * self.max_concurrency
+        return max(1, window // self.part_size_bytes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> S3Config:
+        """Settings from the standard AWS variables (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``,
+        ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_PROFILE``) and ``FASTLOAD_S3_ADDRESSING_STYLE``; explicit
+        ``overrides`` win."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            values["endpoint_url"] = endpoint
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        if region:
+            values["region"] = region
+        if env.get("AWS_PROFILE"):
+            values["profile"] = env["AWS_PROFILE"]
+        if env.get("FASTLOAD_S3_ADDRESSING_STYLE"):
+            values["addressing_style"] = env["FASTLOAD_S3_ADDRESSING_STYLE"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

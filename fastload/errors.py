@@ -9,7 +9,12 @@
     ├── PackError                        a pack run cannot proceed (destination state, changed source)
     │   └── SkippedInputError            the pack finished but skipped inputs (see ``.skipped``)
     ├── IndexFormatError                 an ``index.json`` that is missing, malformed or of another version
-    └── VerifyError                      a shard does not match its index (names shard, sample, offset)
+    ├── VerifyError                      a shard does not match its index (names shard, sample, offset)
+    └── S3Error                          an S3 request failed for good (names bucket and key)
+        ├── RangeReadError(OSError)      retries spent on one byte range (range, attempts, last error)
+        ├── ObjectChangedError           the object was overwritten while being read (ETag changed)
+        ├── AccessDeniedError(PermissionError)  401/403
+        └── S3NotFoundError(NotFoundError)      404: no such bucket or key
 
 Errors carry the data a user needs (path, shard, key, byte offset) as attributes and say what to do.
 """
@@ -94,3 +99,68 @@ class VerifyError(FastloadError):
         self.shard = shard
         self.key = key
         self.offset = offset
+
+
+class S3Error(FastloadError):
+    """An S3 request failed for good. Never carries credentials."""
+
+    def __init__(self, message: str, *, bucket: str, key: str) -> None:
+        super().__init__(message)
+        self.bucket = bucket
+        self.key = key
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+class RangeReadError(S3Error, OSError):
+    """Every retry of one byte range failed; the reader returns no bytes for it (never short data)."""
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        key: str,
+        start: int,
+        end: int,
+        attempts: int,
+        elapsed_s: float,
+        last_error: str,
+        cause: str,
+    ) -> None:
+        self.start, self.end = start, end
+        self.attempts = attempts
+        self.elapsed_s = elapsed_s
+        self.last_error = last_error
+        self.cause = cause
+        advice = {
+            "throttle": "the store kept throttling (503 SlowDown): lower max_concurrency or DataLoader workers, "
+            "spread keys over more prefixes, or raise the retry deadline",
+            "timeout": "responses stalled or never came: check the endpoint and network, or raise read_timeout_s",
+            "connection": "connections kept failing: check the endpoint URL and that the server is up",
+        }.get(
+            cause, "the store kept failing: retry later or raise the retry budget (max_attempts, deadline_s)"
+        )
+        super().__init__(
+            f"s3://{bucket}/{key} bytes {start}-{end - 1}: gave up after {attempts} attempt(s) in "
+            f"{elapsed_s:.1f}s; last error: {last_error}. {advice}",
+            bucket=bucket,
+            key=key,
+        )
+
+
+class ObjectChangedError(S3Error):
+    """The object was overwritten between two range reads; its bytes would mix two versions."""
+
+
+class AccessDeniedError(S3Error, PermissionError):
+    """The store refused the request (401/403)."""
+
+
+class S3NotFoundError(S3Error, NotFoundError):
+    """No such bucket or key (404)."""
+
+    def __init__(self, message: str, *, bucket: str, key: str) -> None:
+        S3Error.__init__(self, message, bucket=bucket, key=key)
+        self.path = f"s3://{bucket}/{key}"

@@ -1,0 +1,131 @@
+"""The only place that imports boto3/botocore: clients (one per process and config, fork-safe) and the
+translation of botocore's exceptions into retry faults and fastload errors."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import botocore.config
+import botocore.exceptions
+import urllib3.exceptions
+
+from fastload.config import S3Config
+from fastload.core.retry import Fault, classify_status
+from fastload.errors import AccessDeniedError, ConfigError, S3Error, S3NotFoundError
+
+_lock = threading.Lock()
+_clients: dict[tuple[int, S3Config], Any] = {}
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``("bucket", "key/or/prefix")`` from ``s3://bucket/key``."""
+    if not url.startswith("s3://"):
+        raise ConfigError(f"{url!r} is not an s3:// URL")
+    bucket, _, key = url[5:].partition("/")
+    if not bucket:
+        raise ConfigError(f"{url!r} has no bucket name; write s3://BUCKET/KEY")
+    return bucket, key
+
+
+def get_client(config: S3Config) -> Any:
+    """A botocore S3 client for ``config``, created lazily in each process (never shared across fork)."""
+    ident = (os.getpid(), config)
+    client = _clients.get(ident)
+    if client is not None:
+        return client
+    with _lock:
+        client = _clients.get(ident)
+        if client is None:
+            session = (
+                boto3.session.Session(profile_name=config.profile)
+                if config.profile
+                else boto3.session.Session()
+            )
+            client = session.client(
+                "s3",
+                endpoint_url=config.endpoint_url,
+                region_name=config.region,
+                config=botocore.config.Config(
+                    s3={"addressing_style": config.addressing_style},
+                    connect_timeout=config.connect_timeout_s,
+                    read_timeout=config.read_timeout_s,
+                    retries={"total_max_attempts": 1, "mode": "standard"},
+                    max_pool_connections=max(config.process_max_concurrency, config.max_concurrency) + 4,
+                    tcp_keepalive=True,
+                ),
+            )
+            _clients[ident] = client
+    return client
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed request, classified: the fault, the HTTP status (if any) and printable words."""
+
+    fault: Fault
+    status: int | None
+    message: str
+
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    botocore.exceptions.ConnectionClosedError,
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectionError,
+    urllib3.exceptions.ProtocolError,
+    ConnectionError,
+)
+_TIMEOUT_ERRORS: tuple[type[BaseException], ...] = (
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectTimeoutError,
+    urllib3.exceptions.ReadTimeoutError,
+    TimeoutError,
+)
+_SHORT_ERRORS: tuple[type[BaseException], ...] = (
+    botocore.exceptions.IncompleteReadError,
+    botocore.exceptions.ResponseStreamingError,
+)
+
+
+def classify_exception(exc: BaseException) -> Failure | None:
+    """The retry fault for an exception raised by botocore or while reading a body; None if not ours."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        meta = exc.response.get("ResponseMetadata", {})
+        status = int(meta.get("HTTPStatusCode", 0) or 0)
+        code = str(exc.response.get("Error", {}).get("Code", "") or "")
+        fault = classify_status(status, code or None)
+        return Failure(fault, status, f"HTTP {status} {code}".strip())
+    if isinstance(exc, _TIMEOUT_ERRORS):
+        return Failure(Fault.TIMEOUT, None, f"timed out ({type(exc).__name__})")
+    if isinstance(exc, _SHORT_ERRORS):
+        return Failure(Fault.SHORT_BODY, None, f"response body ended early ({type(exc).__name__})")
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return Failure(Fault.CONNECTION, None, f"connection failed ({type(exc).__name__})")
+    return None
+
+
+def fail_fast_error(failure: Failure, bucket: str, key: str, what: str = "read") -> S3Error:
+    """The error for a failure not worth retrying (404, 403, other 4xx), saying what to check."""
+    url = f"s3://{bucket}/{key}"
+    if failure.fault is Fault.NOT_FOUND:
+        return S3NotFoundError(
+            f"{url}: not found ({failure.message}); check the bucket and key names, and that the endpoint and "
+            "region point at the store that holds them",
+            bucket=bucket,
+            key=key,
+        )
+    if failure.fault is Fault.DENIED:
+        return AccessDeniedError(
+            f"{url}: access denied ({failure.message}); check the credentials in use (AWS_PROFILE or the "
+            f"AWS_ACCESS_KEY_ID variables), that they may {what} this bucket, and the region/endpoint",
+            bucket=bucket,
+            key=key,
+        )
+    return S3Error(
+        f"{url}: the store rejected the request ({failure.message}); this will not succeed on retry",
+        bucket=bucket,
+        key=key,
+    )

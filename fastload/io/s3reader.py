@@ -1,0 +1,363 @@
+"""The parallel ranged-GET reader: a seekable, read-only binary file over one S3 object.
+
+Parts of ``part_size_bytes`` are fetched concurrently (up to ``max_concurrency`` per reader, and the
+process-wide AIMD gate across readers) with ``Range`` and ``If-Match``; every response is checked against
+the range contract (``core.ranges``); failures are retried per range by ``core.retry`` (resuming after the
+last good byte); a part is handed to the reader only when complete and correct.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from fastload.config import S3Config
+from fastload.core.ranges import ByteRange, Verdict, check_response
+from fastload.core.retry import Fault, RetryPolicy
+from fastload.errors import ObjectChangedError, RangeReadError
+from fastload.io.gate import process_gate
+from fastload.io.s3client import Failure, classify_exception, fail_fast_error, get_client
+from fastload.io.s3stats import STATS
+
+T = TypeVar("T")
+_CHUNK = 1 << 20
+
+
+class _BadResponse(Exception):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class RangedReader(io.RawIOBase):
+    """Read-only, seekable view of ``s3://bucket/key``; see :class:`~fastload.config.S3Config` for the
+    memory bound. Use :func:`fastload.open` rather than constructing it directly."""
+
+    def __init__(
+        self,
+        bucket: str,
+        key: str,
+        *,
+        config: S3Config | None = None,
+        client: Any = None,
+        version_id: str | None = None,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.bucket, self.key = bucket, key
+        self._config = config or S3Config()
+        self._client = client if client is not None else get_client(self._config)
+        self._version_id = version_id
+        self._policy = RetryPolicy(
+            max_attempts=self._config.max_attempts,
+            base_backoff_s=self._config.base_backoff_s,
+            max_backoff_s=self._config.max_backoff_s,
+            deadline_s=self._config.deadline_s,
+        )
+        self._rng = rng or random.Random()
+        self._sleep, self._clock = sleep, clock
+        self._gate = process_gate(self._config.process_max_concurrency)
+        self._part = self._config.part_size_bytes
+        self._window = self._config.readahead_parts
+        self._lock = threading.Lock()
+        self._size: int | None = None
+        self._etag: str | None = None
+        self._whole: bytes | None = None
+        self._parts: dict[int, Future[bytes | bytearray]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pos = 0
+
+    def __repr__(self) -> str:
+        return f"RangedReader('s3://{self.bucket}/{self.key}')"
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    # -- io.RawIOBase ---------------------------------------------------------------------------------
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    @property
+    def size(self) -> int:
+        """Object size in bytes (asks the store once if no byte has been read yet)."""
+        if self._size is None:
+            self._head()
+        assert self._size is not None
+        return self._size
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self.size + offset
+        else:
+            raise ValueError(f"invalid whence {whence}")
+        if pos < 0:
+            raise ValueError(f"negative seek position {pos}")
+        self._pos = pos
+        if self._size is not None:
+            self._retain(pos // self._part)
+        return pos
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        view = memoryview(buffer).cast("B")
+        if not len(view):
+            return 0
+        if self._size is None:
+            self._first_read(self._pos)
+        assert self._size is not None
+        if self._pos >= self._size:
+            return 0
+        if self._whole is not None:
+            data: bytes | bytearray = self._whole
+            offset = self._pos
+        else:
+            index = self._pos // self._part
+            self._retain(index)
+            data = self._parts[index].result()
+            offset = self._pos - index * self._part
+        n = min(len(view), len(data) - offset)
+        view[:n] = memoryview(data)[offset : offset + n]
+        self._pos += n
+        return n
+
+    def readall(self) -> bytes:
+        out = bytearray()
+        while True:
+            chunk = self.read(max(self._part, 1))
+            if not chunk:
+                return bytes(out)
+            out += chunk
+
+    def close(self) -> None:
+        if not self.closed:
+            for fut in self._parts.values():
+                fut.cancel()
+            self._parts.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._whole = None
+        super().close()
+
+    # -- parts ----------------------------------------------------------------------------------------
+
+    def _retain(self, index: int) -> None:
+        """Keep parts ``index .. index+window-1`` scheduled; cancel or drop every other part."""
+        assert self._size is not None
+        if self._whole is not None:
+            return
+        last = (self._size - 1) // self._part if self._size else -1
+        wanted = range(index, min(index + self._window, last + 1))
+        for i in [i for i in self._parts if i not in wanted]:
+            self._parts.pop(i).cancel()
+        if self._pool is None and len(wanted) > 1:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self._config.max_concurrency, thread_name_prefix="fastload-s3"
+            )
+        for i in wanted:
+            if i not in self._parts:
+                r = ByteRange(i * self._part, min((i + 1) * self._part, self._size))
+                if self._pool is None:
+                    fut: Future[bytes | bytearray] = Future()
+                    try:
+                        fut.set_result(self._fetch(r))
+                    except BaseException as exc:
+                        fut.set_exception(exc)
+                    self._parts[i] = fut
+                else:
+                    self._parts[i] = self._pool.submit(self._fetch, r)
+
+    def _first_read(self, pos: int) -> None:
+        """The first GET: learns size and ETag from its response, keeps its bytes as a part."""
+        index = pos // self._part
+        asked = ByteRange(index * self._part, (index + 1) * self._part)
+        try:
+            data = self._fetch(asked, first=True)
+        except _PastEnd:
+            self._head()
+            return
+        if self._whole is None:
+            fut: Future[bytes | bytearray] = Future()
+            fut.set_result(data)
+            self._parts[index] = fut
+
+    def _head(self) -> None:
+        def attempt() -> None:
+            params = self._params()
+            resp = self._client.head_object(**params)
+            self._learn(int(resp["ContentLength"]), resp.get("ETag"))
+
+        self._retrying(attempt, ByteRange(0, 1), "HEAD")
+
+    def _params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self.key}
+        if self._version_id:
+            params["VersionId"] = self._version_id
+        elif self._etag:
+            params["IfMatch"] = self._etag
+        return params
+
+    def _learn(self, size: int, etag: str | None) -> None:
+        with self._lock:
+            if self._etag is not None and etag is not None and etag != self._etag:
+                raise ObjectChangedError(
+                    f"{self.url} changed while being read (ETag {self._etag} became {etag}); open it again "
+                    "to read the new version",
+                    bucket=self.bucket,
+                    key=self.key,
+                )
+            if self._size is not None and size != self._size:
+                raise ObjectChangedError(
+                    f"{self.url} changed size while being read ({self._size} -> {size}); open it again",
+                    bucket=self.bucket,
+                    key=self.key,
+                )
+            self._size = size
+            self._etag = self._etag or etag
+
+    def _fetch(self, asked: ByteRange, *, first: bool = False) -> bytes | bytearray:
+        """Bytes of ``asked`` (clipped to the object on the first request), retried until complete."""
+        state: dict[str, Any] = {"buf": None, "got": 0}
+
+        def attempt() -> bytes | bytearray:
+            got = state["got"]
+            cur = ByteRange(asked.start + got, asked.end)
+            params = self._params()
+            params["Range"] = cur.header()
+            started = self._clock()
+            try:
+                resp = self._client.get_object(**params)
+            except Exception as exc:
+                failure = classify_exception(exc)
+                if first and failure is not None and failure.status == 416:
+                    raise _PastEnd() from None
+                raise
+            latency = self._clock() - started
+            body = resp["Body"]
+            try:
+                status = int(resp["ResponseMetadata"]["HTTPStatusCode"])
+                check = check_response(
+                    status, resp.get("ContentRange"), resp.get("ContentLength"), cur, self._size
+                )
+                if check.verdict is Verdict.BAD:
+                    raise _BadResponse(Failure(Fault.BAD_RANGE, status, check.reason))
+                assert check.total is not None
+                self._learn(check.total, resp.get("ETag"))
+                if check.verdict is Verdict.WHOLE:
+                    whole = _read_body(body, check.total)
+                    STATS.request_done(latency, len(whole))
+                    self._whole = whole
+                    end = min(asked.end, check.total)
+                    return whole[asked.start : end]
+                end = min(asked.end, check.total)
+                if state["buf"] is None:
+                    state["buf"] = bytearray(end - asked.start)
+                buf: bytearray = state["buf"]
+                view = memoryview(buf)
+                try:
+                    while state["got"] < len(buf):
+                        chunk = body.read(min(_CHUNK, len(buf) - state["got"]))
+                        if not chunk:
+                            break
+                        view[state["got"] : state["got"] + len(chunk)] = chunk
+                        state["got"] += len(chunk)
+                finally:
+                    STATS.request_done(latency, state["got"] - got)
+                if state["got"] < len(buf):
+                    raise _BadResponse(
+                        Failure(
+                            Fault.SHORT_BODY,
+                            status,
+                            f"body ended after {state['got'] - got} of {end - cur.start} bytes",
+                        )
+                    )
+                if body.read(1):
+                    raise _BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
+                return buf
+            finally:
+                body.close()
+
+        return self._retrying(attempt, asked, "GET")
+
+    def _retrying(self, attempt: Callable[[], T], asked: ByteRange, verb: str) -> T:
+        began = self._clock()
+        tries = 0
+        while True:
+            tries += 1
+            self._gate.acquire()
+            outcome: Failure | None = None
+            try:
+                result = attempt()
+            except (_BadResponse, _PastEnd, ObjectChangedError) as exc:
+                if not isinstance(exc, _BadResponse):
+                    self._gate.release()
+                    raise
+                outcome = exc.failure
+            except Exception as exc:
+                outcome = classify_exception(exc)
+                if outcome is None:
+                    self._gate.release()
+                    raise
+            else:
+                self._gate.release(succeeded=True)
+                return result
+            self._gate.release(throttled=outcome.fault is Fault.THROTTLE)
+            if outcome.fault is Fault.CHANGED:
+                STATS.request_failed(outcome.fault, retried=False)
+                raise ObjectChangedError(
+                    f"{self.url} was overwritten while being read ({outcome.message} on If-Match "
+                    f"{self._etag}); open it again to read the new version",
+                    bucket=self.bucket,
+                    key=self.key,
+                )
+            delay = self._policy.decide(outcome.fault, tries, self._clock() - began, self._rng)
+            STATS.request_failed(outcome.fault, retried=delay is not None)
+            if delay is None:
+                if outcome.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
+                    raise fail_fast_error(outcome, self.bucket, self.key)
+                end = asked.end if self._size is None else min(asked.end, self._size)
+                raise RangeReadError(
+                    bucket=self.bucket,
+                    key=self.key,
+                    start=asked.start,
+                    end=max(end, asked.start + 1),
+                    attempts=tries,
+                    elapsed_s=self._clock() - began,
+                    last_error=f"{verb}: {outcome.message}",
+                    cause=outcome.fault.value,
+                )
+            self._sleep(delay)
+
+
+class _PastEnd(Exception):
+    """416 on the first request: the read position is at or past the end of the object."""
+
+
+def _read_body(body: Any, size: int) -> bytes:
+    data = body.read()
+    if len(data) != size:
+        raise _BadResponse(
+            Failure(Fault.SHORT_BODY, 200, f"whole-object body has {len(data)} of {size} bytes")
+        )
+    return bytes(data)

@@ -1,0 +1,51 @@
+"""``fastload.open``: one call for local paths and ``s3://`` URLs, returning a read-only binary file."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+from typing import Any, BinaryIO
+
+from fastload.config import S3Config
+from fastload.errors import ConfigError
+
+DEFAULT_BUFFER_BYTES = 1 << 20
+
+
+def open(  # noqa: A001 - the public name the design asks for; reads only
+    url: str | os.PathLike[str],
+    mode: str = "rb",
+    *,
+    config: S3Config | None = None,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    **s3_options: Any,
+) -> BinaryIO:
+    """Open ``url`` for reading: a local path, ``file://`` URL, or ``s3://bucket/key``.
+
+    S3 objects are read with parallel ranged GETs (see :class:`~fastload.config.S3Config`; keyword
+    options such as ``part_size_bytes=`` or ``max_concurrency=`` override the config). The result supports
+    ``read``, ``readinto``, ``seek``, ``tell`` and works with ``tarfile``, ``zipfile`` and ``pyarrow``.
+    """
+    if mode not in ("rb", "br"):
+        raise ConfigError(f"mode={mode!r}: fastload.open only reads binary; use 'rb'")
+    text = os.fspath(url)
+    if text.startswith("s3://"):
+        from fastload.io.s3client import parse_s3_url
+        from fastload.io.s3reader import RangedReader
+
+        bucket, key = parse_s3_url(text)
+        if not key or key.endswith("/"):
+            raise ConfigError(f"{text!r} names a prefix, not an object; give the full key")
+        if config is not None and s3_options:
+            from dataclasses import replace
+
+            config = replace(config, **s3_options)
+        elif config is None:
+            config = S3Config.from_env(**s3_options)
+        raw = RangedReader(bucket, key, config=config)
+        return io.BufferedReader(raw, buffer_size=buffer_bytes)  # type: ignore[return-value]
+    if s3_options:
+        raise ConfigError(f"S3 options {sorted(s3_options)} given for the local path {text!r}")
+    path = text[len("file://") :] if text.startswith("file://") else text
+    return builtins.open(path, "rb")
