@@ -135,9 +135,10 @@ class RangeReadError(S3Error, OSError):
         self.last_error = last_error
         self.cause = cause
         advice = {
-            "throttle": "the store kept throttling (503 SlowDown): lower max_concurrency or DataLoader workers, "
-            "spread keys over more prefixes, or raise the retry deadline",
-            "timeout": "responses stalled or never came: check the endpoint and network, or raise read_timeout_s",
+            "throttle": "the store kept throttling (503 SlowDown): lower max_concurrency or DataLoader "
+            "workers, spread keys over more prefixes, or raise the retry deadline",
+            "timeout": "responses stalled or never came: check the endpoint and network, or raise "
+            "read_timeout_s",
             "connection": "connections kept failing: check the endpoint URL and that the server is up",
         }.get(
             cause, "the store kept failing: retry later or raise the retry budget (max_attempts, deadline_s)"

@@ -13,7 +13,7 @@ from fastload.errors import ConfigError
 DEFAULT_BUFFER_BYTES = 1 << 20
 
 
-def open(  # noqa: A001 - the public name the design asks for; reads only
+def open(
     url: str | os.PathLike[str],
     mode: str = "rb",
     *,
@@ -44,7 +44,7 @@ def open(  # noqa: A001 - the public name the design asks for; reads only
         elif config is None:
             config = S3Config.from_env(**s3_options)
         raw = RangedReader(bucket, key, config=config)
-        return io.BufferedReader(raw, buffer_size=buffer_bytes)  # type: ignore[return-value]
+        return io.BufferedReader(raw, buffer_size=buffer_bytes)
     if s3_options:
         raise ConfigError(f"S3 options {sorted(s3_options)} given for the local path {text!r}")
     path = text[len("file://") :] if text.startswith("file://") else text

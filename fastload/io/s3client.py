@@ -112,8 +112,8 @@ def fail_fast_error(failure: Failure, bucket: str, key: str, what: str = "read")
     url = f"s3://{bucket}/{key}"
     if failure.fault is Fault.NOT_FOUND:
         return S3NotFoundError(
-            f"{url}: not found ({failure.message}); check the bucket and key names, and that the endpoint and "
-            "region point at the store that holds them",
+            f"{url}: not found ({failure.message}); check the bucket and key names, and that the endpoint "
+            "and region point at the store that holds them",
             bucket=bucket,
             key=key,
         )

@@ -18,20 +18,14 @@ from typing import Any, TypeVar
 
 from fastload.config import S3Config
 from fastload.core.ranges import ByteRange, Verdict, check_response
-from fastload.core.retry import Fault, RetryPolicy
+from fastload.core.retry import Fault
 from fastload.errors import ObjectChangedError, RangeReadError
-from fastload.io.gate import process_gate
+from fastload.io.retrying import BadResponse, Retrier
 from fastload.io.s3client import Failure, classify_exception, fail_fast_error, get_client
 from fastload.io.s3stats import STATS
 
 T = TypeVar("T")
 _CHUNK = 1 << 20
-
-
-class _BadResponse(Exception):
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
 
 
 class RangedReader(io.RawIOBase):
@@ -55,15 +49,10 @@ class RangedReader(io.RawIOBase):
         self._config = config or S3Config()
         self._client = client if client is not None else get_client(self._config)
         self._version_id = version_id
-        self._policy = RetryPolicy(
-            max_attempts=self._config.max_attempts,
-            base_backoff_s=self._config.base_backoff_s,
-            max_backoff_s=self._config.max_backoff_s,
-            deadline_s=self._config.deadline_s,
+        self._retrier = Retrier.from_config(
+            self._config, rng=rng or random.Random(), sleep=sleep, clock=clock
         )
-        self._rng = rng or random.Random()
-        self._sleep, self._clock = sleep, clock
-        self._gate = process_gate(self._config.process_max_concurrency)
+        self._clock = clock
         self._part = self._config.part_size_bytes
         self._window = self._config.readahead_parts
         self._lock = threading.Lock()
@@ -261,7 +250,7 @@ class RangedReader(io.RawIOBase):
                     status, resp.get("ContentRange"), resp.get("ContentLength"), cur, self._size
                 )
                 if check.verdict is Verdict.BAD:
-                    raise _BadResponse(Failure(Fault.BAD_RANGE, status, check.reason))
+                    raise BadResponse(Failure(Fault.BAD_RANGE, status, check.reason))
                 assert check.total is not None
                 self._learn(check.total, resp.get("ETag"))
                 if check.verdict is Verdict.WHOLE:
@@ -285,7 +274,7 @@ class RangedReader(io.RawIOBase):
                 finally:
                     STATS.request_done(latency, state["got"] - got)
                 if state["got"] < len(buf):
-                    raise _BadResponse(
+                    raise BadResponse(
                         Failure(
                             Fault.SHORT_BODY,
                             status,
@@ -293,7 +282,7 @@ class RangedReader(io.RawIOBase):
                         )
                     )
                 if body.read(1):
-                    raise _BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
+                    raise BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
                 return buf
             finally:
                 body.close()
@@ -301,53 +290,29 @@ class RangedReader(io.RawIOBase):
         return self._retrying(attempt, asked, "GET")
 
     def _retrying(self, attempt: Callable[[], T], asked: ByteRange, verb: str) -> T:
-        began = self._clock()
-        tries = 0
-        while True:
-            tries += 1
-            self._gate.acquire()
-            outcome: Failure | None = None
-            try:
-                result = attempt()
-            except (_BadResponse, _PastEnd, ObjectChangedError) as exc:
-                if not isinstance(exc, _BadResponse):
-                    self._gate.release()
-                    raise
-                outcome = exc.failure
-            except Exception as exc:
-                outcome = classify_exception(exc)
-                if outcome is None:
-                    self._gate.release()
-                    raise
-            else:
-                self._gate.release(succeeded=True)
-                return result
-            self._gate.release(throttled=outcome.fault is Fault.THROTTLE)
-            if outcome.fault is Fault.CHANGED:
-                STATS.request_failed(outcome.fault, retried=False)
-                raise ObjectChangedError(
-                    f"{self.url} was overwritten while being read ({outcome.message} on If-Match "
+        def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
+            if failure.fault is Fault.CHANGED:
+                return ObjectChangedError(
+                    f"{self.url} was overwritten while being read ({failure.message} on If-Match "
                     f"{self._etag}); open it again to read the new version",
                     bucket=self.bucket,
                     key=self.key,
                 )
-            delay = self._policy.decide(outcome.fault, tries, self._clock() - began, self._rng)
-            STATS.request_failed(outcome.fault, retried=delay is not None)
-            if delay is None:
-                if outcome.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
-                    raise fail_fast_error(outcome, self.bucket, self.key)
-                end = asked.end if self._size is None else min(asked.end, self._size)
-                raise RangeReadError(
-                    bucket=self.bucket,
-                    key=self.key,
-                    start=asked.start,
-                    end=max(end, asked.start + 1),
-                    attempts=tries,
-                    elapsed_s=self._clock() - began,
-                    last_error=f"{verb}: {outcome.message}",
-                    cause=outcome.fault.value,
-                )
-            self._sleep(delay)
+            if failure.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
+                return fail_fast_error(failure, self.bucket, self.key)
+            end = asked.end if self._size is None else min(asked.end, self._size)
+            return RangeReadError(
+                bucket=self.bucket,
+                key=self.key,
+                start=asked.start,
+                end=max(end, asked.start + 1),
+                attempts=tries,
+                elapsed_s=elapsed_s,
+                last_error=f"{verb}: {failure.message}",
+                cause=failure.fault.value,
+            )
+
+        return self._retrier.call(attempt, give_up)
 
 
 class _PastEnd(Exception):
@@ -357,7 +322,7 @@ class _PastEnd(Exception):
 def _read_body(body: Any, size: int) -> bytes:
     data = body.read()
     if len(data) != size:
-        raise _BadResponse(
+        raise BadResponse(
             Failure(Fault.SHORT_BODY, 200, f"whole-object body has {len(data)} of {size} bytes")
         )
     return bytes(data)

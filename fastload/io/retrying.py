@@ -1,0 +1,76 @@
+"""The retry loop for one S3 request: attempt, classify, back off (policy from ``core.retry``), give up
+with an error built by the caller. Sleep, clock and randomness are injected so tests run instantly."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from fastload.config import S3Config
+from fastload.core.retry import Fault, RetryPolicy
+from fastload.io.gate import ConcurrencyGate, process_gate
+from fastload.io.s3client import Failure, classify_exception
+from fastload.io.s3stats import STATS
+
+T = TypeVar("T")
+
+
+class BadResponse(Exception):
+    """A response that broke the contract (wrong range, short body); carries its classified failure."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+@dataclass
+class Retrier:
+    """Runs attempts of one request under the process gate until success or the policy gives up."""
+
+    policy: RetryPolicy
+    gate: ConcurrencyGate
+    rng: random.Random = field(default_factory=random.Random)
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+    @classmethod
+    def from_config(cls, config: S3Config, **kwargs: object) -> Retrier:
+        policy = RetryPolicy(
+            max_attempts=config.max_attempts,
+            base_backoff_s=config.base_backoff_s,
+            max_backoff_s=config.max_backoff_s,
+            deadline_s=config.deadline_s,
+        )
+        return cls(policy, process_gate(config.process_max_concurrency), **kwargs)  # type: ignore[arg-type]
+
+    def call(self, attempt: Callable[[], T], give_up: Callable[[Failure, int, float], Exception]) -> T:
+        """Result of the first successful ``attempt()``; ``give_up(failure, tries, elapsed_s)`` builds the
+        error raised when a failure is not retryable or the budget is spent. Exceptions that are neither
+        botocore/HTTP failures nor :class:`BadResponse` pass through untouched."""
+        began = self.clock()
+        tries = 0
+        while True:
+            tries += 1
+            self.gate.acquire()
+            try:
+                result = attempt()
+            except BadResponse as exc:
+                failure = exc.failure
+            except Exception as exc:
+                classified = classify_exception(exc)
+                if classified is None:
+                    self.gate.release()
+                    raise
+                failure = classified
+            else:
+                self.gate.release(succeeded=True)
+                return result
+            self.gate.release(throttled=failure.fault is Fault.THROTTLE)
+            delay = self.policy.decide(failure.fault, tries, self.clock() - began, self.rng)
+            STATS.request_failed(failure.fault, retried=delay is not None)
+            if delay is None:
+                raise give_up(failure, tries, self.clock() - began)
+            self.sleep(delay)
