@@ -56,6 +56,10 @@ def get_client(config: S3Config) -> Any:
                     retries={"total_max_attempts": 1, "mode": "standard"},
                     max_pool_connections=max(config.process_max_concurrency, config.max_concurrency) + 4,
                     tcp_keepalive=True,
+                    # fastload sends its own checksums (see io/s3upload.py); botocore's automatic ones use
+                    # aws-chunked trailers that several S3-compatible stores reject.
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
                 ),
             )
             _clients[ident] = client
