@@ -99,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--shard", default=None, help="list the samples of this shard (name or number)")
     i.add_argument("--limit", type=int, default=20, help="samples to list with --shard (0 = all)")
 
+    c = sub.add_parser("cp", help="copy an object or prefix between S3 and local disk (parallel ranged I/O)")
+    c.add_argument("src", metavar="SRC")
+    c.add_argument("dst", metavar="DST")
+    c.add_argument("--recursive", "-r", action="store_true", help="copy a whole prefix or folder")
+    c.add_argument("--jobs", type=int, default=8, help="objects copied at once with --recursive")
+
+    ls = sub.add_parser("ls", help="list objects under an s3:// prefix (or files under a folder)")
+    ls.add_argument("url", metavar="URL")
+    ls.add_argument("--recursive", "-r", action="store_true", help="list every key, not one level")
+
     d = sub.add_parser("demo-data", help="write a small generated tree of sample files to try fastload on")
     d.add_argument("dir", metavar="DIR")
     d.add_argument("--samples", type=int, default=2000)
@@ -158,6 +168,21 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cp(args: argparse.Namespace) -> int:
+    from fastload.copy import copy
+
+    print(copy(args.src, args.dst, recursive=args.recursive, jobs=args.jobs).summary())
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from fastload.copy import listing
+
+    for line in listing(args.url, recursive=args.recursive):
+        print(line)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from fastload.demo import make_demo_tree
 
@@ -168,7 +193,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"pack": _pack, "verify": _verify, "inspect": _inspect, "demo-data": _demo}[args.command]
+    handler = {
+        "pack": _pack,
+        "verify": _verify,
+        "inspect": _inspect,
+        "demo-data": _demo,
+        "cp": _cp,
+        "ls": _ls,
+    }[args.command]
     try:
         return handler(args)
     except ConfigError as exc:
@@ -180,3 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fastload {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

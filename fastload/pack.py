@@ -16,17 +16,18 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fastload.config import PackConfig
+from fastload.config import PackConfig, S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
 from fastload.core.keys import KeyRuleError, Sample, group_samples, partition_value, split_key
 from fastload.core.plan import ShardPlan, plan_shards, sample_order
 from fastload.core.tar import END_OF_ARCHIVE, member_size
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
+from fastload.io.dest import Destination, destination
 from fastload.io.inputs import Input
 from fastload.io.journal import STATE_DIR, PackJournal
 from fastload.io.listing import FileEntry, LocalSource
-from fastload.io.localfs import atomic_write, publish
 from fastload.io.parquetwriter import write_parquet_shard
+from fastload.io.s3source import S3Source
 from fastload.io.tarwriter import ShardResult, write_tar_shard
 from fastload.progress import Progress
 
@@ -42,9 +43,15 @@ class PackReport:
     shards_kept: int = 0
     files: int = 0
     seconds: float = 0.0
+    already_complete: bool = False
 
     def summary(self) -> str:
         idx = self.index
+        if self.already_complete:
+            return (
+                f"nothing to do: {self.dst} already holds this pack ({idx.samples:,} samples in "
+                f"{len(idx.shards)} {idx.shard_format} shard(s)); skipped {len(self.skipped)} input(s)"
+            )
         mb = idx.payload_bytes / 1e6
         rate = (
             f", {self.files / self.seconds:,.0f} files/s, {mb / self.seconds:,.1f} MB/s"
@@ -79,23 +86,25 @@ class _Plan:
 
 
 def _list_sources(
-    sources: Sequence[str],
+    sources: Sequence[str], s3_config: S3Config | None
 ) -> tuple[list[tuple[str, Input]], list[Skip], list[tuple[str, str]]]:
     items: list[tuple[str, Input]] = []
     skipped: list[Skip] = []
     bad_keys: list[tuple[str, str]] = []
     for src in sources:
-        source = LocalSource(src)
+        source: LocalSource | S3Source = (
+            S3Source(src, config=s3_config) if src.startswith("s3://") else LocalSource(src)
+        )
         for found in source.list():
             if isinstance(found, FileEntry):
                 if found.size == 0:
-                    problem = Skip(os.path.join(source.root, found.relpath), "empty file")
+                    problem = Skip(_join(source.root, found.relpath), "empty file")
                 else:
                     items.append((found.relpath, Input(source, found)))
                     continue
                 relpath = found.relpath
             else:
-                problem = Skip(os.path.join(source.root, found.path), found.reason)
+                problem = Skip(_join(source.root, found.path), found.reason)
                 relpath = found.path
             skipped.append(problem)
             with contextlib.suppress(KeyRuleError):
@@ -103,8 +112,8 @@ def _list_sources(
     return items, skipped, bad_keys
 
 
-def _plan(sources: Sequence[str], config: PackConfig) -> _Plan:
-    items, skipped, bad_keys = _list_sources(sources)
+def _plan(sources: Sequence[str], config: PackConfig, s3_config: S3Config | None) -> _Plan:
+    items, skipped, bad_keys = _list_sources(sources, s3_config)
     samples, rejected = group_samples(items, bad_keys)
     skipped += [Skip(r.item.shown, r.reason) for r in rejected]
     partitions: list[str | None] | None = None
@@ -155,29 +164,36 @@ def _plan(sources: Sequence[str], config: PackConfig) -> _Plan:
             payload += it.entry.size
             files += 1
             digest.update(
-                b"%s\0%s\0%d\0%d\n"
+                b"%s\0%s\0%d\0%s\n"
                 % (
                     f.encode(),
                     it.relpath.encode("utf-8", "surrogateescape"),
                     it.entry.size,
-                    it.entry.mtime_ns,
+                    it.entry.version.encode(),
                 )
             )
     return _Plan(samples, shards, sorted(fields), skipped, digest.hexdigest(), payload, files)
+
+
+def _join(root: str, relpath: str) -> str:
+    return root + relpath if root.endswith("/") else os.path.join(root, relpath)
 
 
 def pack(
     sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     dst: str | os.PathLike[str],
     config: PackConfig | None = None,
+    *,
+    s3_config: S3Config | None = None,
     **options: Any,
 ) -> PackReport:
-    """Pack the files under ``sources`` into shards plus ``index.json`` in ``dst``.
+    """Pack the files under ``sources`` (local folders or ``s3://`` prefixes) into shards plus
+    ``index.json`` in ``dst`` (a local folder or an ``s3://`` prefix).
 
-    ``options`` override fields of ``config`` (see :class:`PackConfig`). Raises
-    :class:`~fastload.errors.SkippedInputError` when inputs had to be left out and ``allow_skip`` is
-    false: before writing anything for problems seen while listing, after writing for files that
-    vanished or became unreadable during the run.
+    ``options`` override fields of ``config`` (see :class:`PackConfig`); ``s3_config`` defaults to
+    :meth:`S3Config.from_env`. Raises :class:`~fastload.errors.SkippedInputError` when inputs had to be
+    left out and ``allow_skip`` is false: before writing anything for problems seen while listing, after
+    writing for files that vanished or became unreadable during the run.
     """
     config = replace(config or PackConfig(), **options) if options else (config or PackConfig())
     srcs = (
@@ -185,30 +201,34 @@ def pack(
     )
     if not srcs:
         raise ConfigError("no source given; pass the folder holding the files to pack")
-    for s in srcs:
-        if s.startswith("s3://"):
-            raise ConfigError(f"{s}: packing from S3 is not supported yet; copy the files locally first")
-    dst = os.path.abspath(os.fspath(dst))
+    target = os.fspath(dst)
+    if any(u.startswith("s3://") for u in [*srcs, target]):
+        s3_config = s3_config or S3Config.from_env()
     began = time.monotonic()
-    plan = _plan(srcs, config)
+    plan = _plan(srcs, config, s3_config)
     if plan.skipped and not config.allow_skip:
         raise SkippedInputError(plan.skipped, written=False)
 
-    journal = PackJournal(dst)
-    kept = _prepare_destination(dst, journal, plan, config)
+    dest = destination(
+        target if target.startswith("s3://") else os.path.abspath(target), STATE_DIR, config=s3_config
+    )
+    journal = PackJournal(dest)
+    kept = _prepare_destination(dest, journal, plan, config)
     if kept is None:  # already complete
-        index = parse_index(_read(os.path.join(dst, INDEX_NAME)), where=os.path.join(dst, INDEX_NAME))
+        index = parse_index(dest.read_bytes(INDEX_NAME) or b"", where=f"{dest.url}/{INDEX_NAME}")
         return PackReport(
-            dst,
+            dest.url,
             index,
             skipped=[Skip(s["path"], s["reason"]) for s in index.skipped],
             shards_kept=len(index.shards),
             seconds=time.monotonic() - began,
+            already_complete=True,
         )
 
     results: dict[int, ShardResult] = dict(kept)
     todo = [p for p in plan.shards if p.number not in results]
     done_bytes = sum(r.payload_bytes for r in results.values())
+    remote = any(src.startswith("s3://") for src in srcs)
     with Progress(
         total=plan.payload_bytes,
         initial=done_bytes,
@@ -216,9 +236,10 @@ def pack(
         desc=f"packing {len(plan.shards)} shards",
     ) as progress:
         try:
-            _write_all(todo, plan, config, dst, journal, results, progress.advance)
-        finally:
-            journal.close()
+            _write_all(todo, plan, config, dest, journal, results, progress.advance, remote=remote)
+        except BaseException:
+            dest.cleanup()
+            raise
 
     written_skips = [s for n in sorted(results) for s in results[n].skipped]
     index = DatasetIndex(
@@ -229,10 +250,10 @@ def pack(
         skipped=[{"path": s.path, "reason": s.reason} for s in plan.skipped + written_skips],
         payload_bytes=sum(r.payload_bytes for r in results.values()),
     )
-    atomic_write(os.path.join(dst, INDEX_NAME), index.to_json())
+    dest.write_bytes(INDEX_NAME, index.to_json())
     journal.remove()
     report = PackReport(
-        dst,
+        dest.url,
         index,
         skipped=plan.skipped + written_skips,
         shards_written=len(todo),
@@ -245,63 +266,52 @@ def pack(
     return report
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def _prepare_destination(
-    dst: str, journal: PackJournal, plan: _Plan, config: PackConfig
+    dest: Destination, journal: PackJournal, plan: _Plan, config: PackConfig
 ) -> dict[int, ShardResult] | None:
-    """Set up ``dst`` for writing; return the shards a resumed run keeps, or None if already complete."""
-    index_path = os.path.join(dst, INDEX_NAME)
-    if config.resume and not journal.exists() and os.path.exists(index_path):
-        done = parse_index(_read(index_path), where=index_path)
-        if done.options.get("fingerprint") == plan.fingerprint:
-            return None
-        raise PackError(
-            f"{dst} holds a finished pack of other files or options; "
-            "pack into an empty folder instead of resuming"
-        )
-    if config.resume and journal.exists():
-        if journal.fingerprint() != plan.fingerprint:
+    """Set up the destination; return the shards a resumed run keeps, or None if already complete."""
+    if dest.exists_as_file():
+        raise PackError(f"destination {dest.url} is a file; choose a folder")
+    if config.resume:
+        if journal.exists():
+            if journal.fingerprint() != plan.fingerprint:
+                raise PackError(
+                    f"the source files or pack options changed since the interrupted pack in {dest.url}, so "
+                    "its shards cannot be reused; delete the destination and pack again, or restore the "
+                    "source"
+                )
+            dest.prepare()
+            return _kept_shards(dest, journal, plan)
+        raw = dest.read_bytes(INDEX_NAME)
+        if raw is not None:
+            done = parse_index(raw, where=f"{dest.url}/{INDEX_NAME}")
+            if done.options.get("fingerprint") == plan.fingerprint:
+                return None
             raise PackError(
-                f"the source files or pack options changed since the interrupted pack in {dst}, so its "
-                "shards cannot be reused; delete the folder and pack again, or restore the source"
+                f"{dest.url} holds a finished pack of other files or options; pack into an empty "
+                "destination instead of resuming"
             )
-        return _kept_shards(dst, journal, plan)
-    if os.path.isdir(dst) and os.listdir(dst):
-        hint = (
-            "pass --resume to continue the interrupted pack there, or "
-            if os.path.isdir(os.path.join(dst, STATE_DIR))
-            else ""
-        )
-        raise PackError(f"destination {dst} is not empty; {hint}choose an empty or new folder")
-    if os.path.exists(dst) and not os.path.isdir(dst):
-        raise PackError(f"destination {dst} is a file; choose a folder")
-    os.makedirs(dst, exist_ok=True)
+    if not dest.is_empty():
+        hint = "pass --resume to continue the interrupted pack there, or " if journal.exists() else ""
+        raise PackError(f"destination {dest.url} is not empty; {hint}choose an empty or new folder")
+    dest.prepare()
     journal.start(plan.fingerprint, len(plan.shards))
     return {}
 
 
-def _kept_shards(dst: str, journal: PackJournal, plan: _Plan) -> dict[int, ShardResult]:
+def _kept_shards(dest: Destination, journal: PackJournal, plan: _Plan) -> dict[int, ShardResult]:
     kept: dict[int, ShardResult] = {}
     names = {p.number: p.name for p in plan.shards}
     for number, record in journal.finished().items():
         entry = ShardEntry.from_dict(record["entry"])
-        if names.get(number) != entry.name:
+        if names.get(number) != entry.name or dest.size(entry.name) != entry.bytes:
             continue
-        try:
-            size = os.path.getsize(os.path.join(dst, entry.name))
-        except OSError:
-            continue
-        if size == entry.bytes:
-            kept[number] = ShardResult(
-                entry,
-                [Skip(s["path"], s["reason"]) for s in record["skipped"]],
-                int(record["payload_bytes"]),
-                int(record["files"]),
-            )
+        kept[number] = ShardResult(
+            entry,
+            [Skip(s["path"], s["reason"]) for s in record["skipped"]],
+            int(record["payload_bytes"]),
+            int(record["files"]),
+        )
     return kept
 
 
@@ -309,16 +319,22 @@ def _write_all(
     todo: list[ShardPlan],
     plan: _Plan,
     config: PackConfig,
-    dst: str,
+    dest: Destination,
     journal: PackJournal,
     results: dict[int, ShardResult],
     advance: Callable[[int, int], None],
+    *,
+    remote: bool,
 ) -> None:
+    open_threads = 16 if remote else 0
+
     def one(shard: ShardPlan) -> ShardResult:
-        tmp = os.path.join(journal.tmp_dir, f"{shard.number:06d}.part")
+        tmp = os.path.join(dest.tmp_dir, f"{shard.number:06d}.part")
         samples = plan.samples[shard.start : shard.stop]
         if config.shard_format == "tar":
-            result = write_tar_shard(shard.name, samples, tmp, fsync=config.fsync, on_sample=advance)
+            result = write_tar_shard(
+                shard.name, samples, tmp, fsync=config.fsync, on_sample=advance, open_threads=open_threads
+            )
         else:
             result = write_parquet_shard(
                 shard.name,
@@ -328,9 +344,19 @@ def _write_all(
                 row_group_bytes=config.row_group_bytes,
                 compression=config.compression,
                 on_sample=advance,
+                open_threads=open_threads,
             )
         result.entry.partition = shard.partition
-        publish(tmp, os.path.join(dst, shard.name))
+        dest.publish(tmp, shard.name)
+        journal.record(
+            {
+                "number": shard.number,
+                "entry": result.entry.to_dict(),
+                "skipped": [{"path": s.path, "reason": s.reason} for s in result.skipped],
+                "payload_bytes": result.payload_bytes,
+                "files": result.files,
+            }
+        )
         return result
 
     with ThreadPoolExecutor(max_workers=min(config.worker_count, max(1, len(todo)))) as pool:
@@ -339,20 +365,9 @@ def _write_all(
         while pending:
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
             for fut in finished:
-                if fut.exception() is not None:
+                exc = fut.exception()
+                if exc is not None:
                     for other in pending:
                         other.cancel()
-                    raise fut.exception()  # type: ignore[misc]
-                shard = futures[fut]
-                result = fut.result()
-                results[shard.number] = result
-                journal.record(
-                    {
-                        "number": shard.number,
-                        "entry": result.entry.to_dict(),
-                        "skipped": [{"path": s.path, "reason": s.reason} for s in result.skipped],
-                        "payload_bytes": result.payload_bytes,
-                        "files": result.files,
-                    },
-                    fsync=config.fsync,
-                )
+                    raise exc
+                results[futures[fut].number] = fut.result()

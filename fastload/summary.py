@@ -5,23 +5,25 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
 from fastload.core.units import format_size
 from fastload.errors import ConfigError, NotFoundError
+from fastload.io import storage
 
 
-def load_index(dataset: str | os.PathLike[str]) -> DatasetIndex:
-    """Read ``index.json`` from a dataset folder (or the file itself)."""
-    path = os.fspath(dataset)
-    if os.path.isdir(path):
-        path = os.path.join(path, INDEX_NAME)
+def load_index(dataset: str | os.PathLike[str], *, s3_config: S3Config | None = None) -> DatasetIndex:
+    """Read ``index.json`` from a dataset folder or ``s3://`` prefix (or the index file itself)."""
+    url = storage.normalise(dataset)
+    if not url.endswith(".json"):
+        url = storage.join(url, INDEX_NAME)
     try:
-        with open(path, "rb") as f:
-            return parse_index(f.read(), where=path)
-    except FileNotFoundError:
+        raw = storage.read_bytes(url, config=s3_config)
+    except (NotFoundError, FileNotFoundError):
         raise NotFoundError(
-            f"{path} not found: is this a folder written by `fastload pack`?", path=path
+            f"{url} not found: is this a dataset written by `fastload pack`?", path=url
         ) from None
+    return parse_index(raw, where=url)
 
 
 def describe(index: DatasetIndex) -> str:

@@ -7,17 +7,21 @@ members are not adjacent, names WebDataset would split differently or ignore, an
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import pyarrow.parquet as pq
 
+from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
 from fastload.core.keys import KeyRuleError, lint_member_name, split_key
 from fastload.core.tar import Member, TarFormatError
-from fastload.errors import NotFoundError, VerifyError
+from fastload.errors import FastloadError, NotFoundError, VerifyError
+from fastload.io import storage
 from fastload.io.tarread import ChecksumReader, iter_members
 
 
@@ -48,75 +52,82 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify(target: str | os.PathLike[str], *, workers: int | None = None) -> VerifyReport:
-    """Verify a dataset folder (with ``index.json``), or lint a foreign tar file or folder of tars."""
-    target = os.path.abspath(os.fspath(target))
-    if not os.path.exists(target):
-        raise NotFoundError(f"{target} does not exist", path=target)
-    index_path = os.path.join(target, INDEX_NAME)
+def verify(
+    target: str | os.PathLike[str], *, workers: int | None = None, s3_config: S3Config | None = None
+) -> VerifyReport:
+    """Verify a dataset (a folder or ``s3://`` prefix holding ``index.json``), or lint a foreign tar file
+    or folder/prefix of tars."""
+    root = storage.normalise(target)
     pool_size = workers or os.cpu_count() or 1
-    if os.path.isdir(target) and os.path.exists(index_path):
-        with open(index_path, "rb") as f:
-            index = parse_index(f.read(), where=index_path)
-        report = VerifyReport(target)
+    index_url = storage.join(root, INDEX_NAME)
+    index: DatasetIndex | None = None
+    if storage.is_folder(root):
+        try:
+            raw = storage.read_bytes(index_url, config=s3_config)
+        except (NotFoundError, FileNotFoundError):
+            raw = None
+        if raw is not None:
+            index = parse_index(raw, where=index_url)
+    if index is not None:
+        idx = index
+        report = VerifyReport(root)
         with ThreadPoolExecutor(max_workers=pool_size) as pool:
-            for problems, samples in pool.map(lambda s: _check_shard(target, index, s), index.shards):
+            for problems, samples in pool.map(lambda s: _check_shard(root, idx, s, s3_config), idx.shards):
                 report.problems += problems
                 report.samples += samples
-        report.shards = len(index.shards)
-        report.bytes = index.bytes
+        report.shards = len(idx.shards)
+        report.bytes = idx.bytes
         return report
-    tars = [target] if os.path.isfile(target) else sorted(_find_tars(target))
-    report = VerifyReport(target, indexed=False)
+    if not storage.is_remote(root) and not os.path.exists(root):
+        raise NotFoundError(f"{root} does not exist", path=root)
+    tars = [root] if not storage.is_folder(root) else storage.list_files(root, ".tar", config=s3_config)
+    report = VerifyReport(root, indexed=False)
     with ThreadPoolExecutor(max_workers=pool_size) as pool:
-        for problems, samples, size in pool.map(_lint_tar, tars):
+        for problems, samples, size in pool.map(lambda t: _lint_tar(t, s3_config), tars):
             report.problems += problems
             report.samples += samples
             report.bytes += size
     report.shards = len(tars)
     if not tars:
-        report.problems.append(VerifyError("no index.json and no .tar files here", shard=target))
+        report.problems.append(VerifyError("no index.json and no .tar files here", shard=root))
     return report
 
 
-def _find_tars(folder: str) -> Iterator[str]:
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        yield from (os.path.join(root, f) for f in sorted(files) if f.endswith(".tar"))
-
-
-def _check_shard(root: str, index: DatasetIndex, shard: ShardEntry) -> tuple[list[VerifyError], int]:
-    path = os.path.join(root, shard.name)
+def _check_shard(
+    root: str, index: DatasetIndex, shard: ShardEntry, s3_config: S3Config | None
+) -> tuple[list[VerifyError], int]:
+    url = storage.join(root, shard.name)
     try:
-        size = os.path.getsize(path)
-    except OSError as exc:
-        return [
-            VerifyError(f"cannot read the shard ({exc.strerror}); re-run `fastload pack`", shard=shard.name)
-        ], 0
+        f = storage.open_read(url, config=s3_config)
+    except (OSError, FastloadError) as exc:
+        return [VerifyError(f"cannot read the shard ({exc}); re-run `fastload pack`", shard=shard.name)], 0
     problems: list[VerifyError] = []
-    if size != shard.bytes:
-        problems.append(
-            VerifyError(
-                f"file is {size} bytes, index says {shard.bytes} (truncated or replaced)",
-                shard=shard.name,
-                offset=min(size, shard.bytes),
+    with f:
+        size = f.seek(0, io.SEEK_END)
+        f.seek(0)
+        if size != shard.bytes:
+            problems.append(
+                VerifyError(
+                    f"file is {size} bytes, index says {shard.bytes} (truncated or replaced)",
+                    shard=shard.name,
+                    offset=min(size, shard.bytes),
+                )
             )
-        )
-    with open(path, "rb", buffering=0) as f:
         reader = ChecksumReader(f)
         if index.shard_format == "tar":
             problems += _check_tar_samples(reader, shard)
         reader.drain()
-    if reader.crc != int(shard.checksum, 16):
-        problems.append(
-            VerifyError(
-                f"CRC32C is {reader.crc:08x}, index says {shard.checksum}: the shard's bytes "
-                "changed; re-download or re-pack it",
-                shard=shard.name,
+        if reader.crc != int(shard.checksum, 16):
+            problems.append(
+                VerifyError(
+                    f"CRC32C is {reader.crc:08x}, index says {shard.checksum}: the shard's bytes "
+                    "changed; re-download or re-pack it",
+                    shard=shard.name,
+                )
             )
-        )
-    if index.shard_format == "parquet" and not problems:
-        problems += _check_parquet(path, shard)
+        if index.shard_format == "parquet" and not problems:
+            f.seek(0)
+            problems += _check_parquet(f, shard)
     return problems, shard.samples
 
 
@@ -188,10 +199,11 @@ def _check_tar_samples(reader: ChecksumReader, shard: ShardEntry) -> list[Verify
     return problems
 
 
-def _check_parquet(path: str, shard: ShardEntry) -> list[VerifyError]:
+def _check_parquet(path: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
     try:
-        meta = pq.read_metadata(path)
-        keys = pq.read_table(path, columns=["__key__"]).column(0).to_pylist()
+        parquet = pq.ParquetFile(path)
+        meta = parquet.metadata
+        keys = parquet.read(columns=["__key__"]).column(0).to_pylist()
     except Exception as exc:  # pyarrow raises several types for a corrupt file
         return [VerifyError(f"not a readable Parquet file: {exc}", shard=shard.name)]
     problems: list[VerifyError] = []
@@ -219,14 +231,15 @@ def _check_parquet(path: str, shard: ShardEntry) -> list[VerifyError]:
     return problems
 
 
-def _lint_tar(path: str) -> tuple[list[VerifyError], int, int]:
+def _lint_tar(path: str, s3_config: S3Config | None) -> tuple[list[VerifyError], int, int]:
     problems: list[VerifyError] = []
     seen_keys: dict[str, int] = {}
     seen_names: set[str] = set()
     samples = 0
-    name = os.path.basename(path)
-    size = os.path.getsize(path)
-    with open(path, "rb", buffering=0) as f:
+    name = path.rsplit("/", 1)[-1]
+    with storage.open_read(path, config=s3_config) as f:
+        size = f.seek(0, io.SEEK_END)
+        f.seek(0)
         reader = ChecksumReader(f)
         try:
             for key, members in _samples_of(iter_members(reader)):

@@ -157,6 +157,15 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
         raise IndexFormatError(f"{where} is malformed: {exc!r}; re-run `fastload pack`") from None
     if index.shard_format not in SHARD_FORMATS:
         raise IndexFormatError(f"{where}: unknown shard_format {index.shard_format!r}")
+    for shard in index.shards:
+        if index.shard_format == "tar" and len(shard.offsets) != shard.samples:
+            raise IndexFormatError(
+                f"{where}: tar shard {shard.name} lacks per-sample offsets; re-run `fastload pack`"
+            )
+        if index.shard_format == "parquet" and sum(rg[2] for rg in shard.row_groups) != shard.samples:
+            raise IndexFormatError(
+                f"{where}: parquet shard {shard.name} lacks row groups; re-run `fastload pack`"
+            )
     return index
 
 

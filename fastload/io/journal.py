@@ -1,79 +1,60 @@
-"""The resume journal of a pack run: a fingerprint of the plan, and one JSON line per finished shard."""
+"""The resume journal of a pack run, kept in the destination under ``.fastload-pack/``: the plan's
+fingerprint, and one small record per finished shard (its index entry and skips)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from typing import Any
 
 from fastload.errors import PackError
-from fastload.io.localfs import atomic_write
+from fastload.io.dest import Destination
 
 STATE_DIR = ".fastload-pack"
+_STATE = f"{STATE_DIR}/state.json"
+_DONE = f"{STATE_DIR}/done"
 
 
 class PackJournal:
-    """State kept under ``DST/.fastload-pack/`` while a pack runs; removed when the index is written."""
+    """State kept while a pack runs; removed once the index is written."""
 
-    def __init__(self, dst: str) -> None:
-        self.dir = os.path.join(dst, STATE_DIR)
-        self.tmp_dir = os.path.join(self.dir, "tmp")
-        self._state = os.path.join(self.dir, "state.json")
-        self._lines = os.path.join(self.dir, "journal.jsonl")
-        self._file: Any = None
+    def __init__(self, dest: Destination) -> None:
+        self.dest = dest
 
     def exists(self) -> bool:
-        return os.path.exists(self._state)
+        return self.dest.read_bytes(_STATE) is not None
 
     def start(self, fingerprint: str, shards: int) -> None:
         """Begin a fresh run."""
-        os.makedirs(self.tmp_dir, exist_ok=True)
-        atomic_write(self._state, json.dumps({"fingerprint": fingerprint, "shards": shards}).encode())
-        with open(self._lines, "wb"):
-            pass
+        self.dest.write_bytes(_STATE, json.dumps({"fingerprint": fingerprint, "shards": shards}).encode())
 
     def fingerprint(self) -> str:
+        raw = self.dest.read_bytes(_STATE)
         try:
-            with open(self._state, "rb") as f:
-                return str(json.load(f)["fingerprint"])
-        except (OSError, ValueError, KeyError) as exc:
+            return str(json.loads(raw or b"")["fingerprint"])
+        except (ValueError, KeyError, TypeError) as exc:
             raise PackError(
-                f"the resume state in {self.dir} is unreadable ({exc}); "
-                "delete the destination folder and pack again"
+                f"the resume state in {self.dest.url}/{STATE_DIR} is unreadable ({exc}); delete the "
+                "destination and pack again"
             ) from None
 
     def finished(self) -> dict[int, dict[str, Any]]:
-        """Shard number -> recorded result, for every complete journal line (a torn last line is ignored)."""
+        """Shard number -> recorded result, for every complete record (records are written atomically)."""
         out: dict[int, dict[str, Any]] = {}
-        try:
-            with open(self._lines, "rb") as f:
-                for line in f:
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue
-                    out[int(record["number"])] = record
-        except FileNotFoundError:
-            pass
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
-        os.makedirs(self.tmp_dir, exist_ok=True)
+        for name in self.dest.list(_DONE):
+            raw = self.dest.read_bytes(name)
+            try:
+                record = json.loads(raw or b"")
+                out[int(record["number"])] = record
+            except (ValueError, KeyError, TypeError):
+                continue
         return out
 
-    def record(self, record: dict[str, Any], *, fsync: bool) -> None:
-        """Append one finished shard (its index entry and skips), flushed before returning."""
-        if self._file is None:
-            self._file = open(self._lines, "ab")  # noqa: SIM115 - closed in close()
-        self._file.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
-        self._file.flush()
-        if fsync:
-            os.fsync(self._file.fileno())
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def record(self, record: dict[str, Any]) -> None:
+        """Store one finished shard's record (after the shard itself is published)."""
+        self.dest.write_bytes(
+            f"{_DONE}/{int(record['number']):06d}.json", json.dumps(record, ensure_ascii=False).encode()
+        )
 
     def remove(self) -> None:
-        self.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dest.remove_tree(STATE_DIR)
+        self.dest.cleanup()

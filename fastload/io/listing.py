@@ -23,12 +23,13 @@ def display(path: str) -> str:
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One regular file of a source: its ``/``-separated path relative to the root, and what stat said."""
+    """One file of a source: its ``/``-separated path relative to the root, its full path or URL, its size
+    and a version tag that changes when the content may have (mtime for files, ETag for objects)."""
 
     relpath: str
     path: str
     size: int
-    mtime_ns: int
+    version: str
 
 
 class LocalSource:
@@ -78,7 +79,7 @@ class LocalSource:
                     continue
                 yield from self._walk(entry.path, relpath + "/", (*ancestors, ident))
             elif stat.S_ISREG(st.st_mode):
-                yield FileEntry(relpath, entry.path, st.st_size, st.st_mtime_ns)
+                yield FileEntry(relpath, entry.path, st.st_size, str(st.st_mtime_ns))
             else:
                 yield Skip(display(relpath), "not a regular file (a FIFO, socket or device)")
 
@@ -98,17 +99,11 @@ class LocalSource:
             return "vanished while the tree was being listed"
         return f"cannot stat: {exc.strerror}"
 
-    def open(self, entry: FileEntry) -> BinaryIO:
-        """Open an entry for reading (unbuffered; ``readinto`` goes straight to the OS)."""
-        return open(entry.path, "rb", buffering=0)
-
-
-def read_problem(exc: OSError) -> str:
-    """Plain words for an error met while opening or reading a listed file."""
-    if isinstance(exc, FileNotFoundError):
-        return "vanished after it was listed (deleted or moved during the pack)"
-    if isinstance(exc, PermissionError):
-        return "unreadable: permission denied; fix its permissions"
-    if isinstance(exc, IsADirectoryError):
-        return "became a folder after it was listed"
-    return f"unreadable: {exc.strerror or exc}"
+    def open(self, entry: FileEntry) -> tuple[BinaryIO, int]:
+        """Open an entry for reading (unbuffered; ``readinto`` goes straight to the OS), with its size now."""
+        f = open(entry.path, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+        try:
+            return f, os.fstat(f.fileno()).st_size
+        except OSError:
+            f.close()
+            raise

@@ -10,7 +10,6 @@ import contextlib
 import io
 import os
 from collections.abc import Callable, Sequence
-from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,8 +19,7 @@ from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
 from fastload.core.plan import plan_row_groups
 from fastload.errors import Skip
-from fastload.io.inputs import Input, ShrunkError, read_exactly
-from fastload.io.listing import read_problem
+from fastload.io.inputs import Input, Opened, close_all, open_ahead, read_exactly, read_problem
 from fastload.io.tarwriter import ShardResult
 
 KEY_COLUMN = "__key__"
@@ -65,32 +63,6 @@ def parquet_schema(fields: Sequence[str]) -> pa.Schema:
     )
 
 
-def _read_sample(sample: Sample[Input]) -> tuple[list[tuple[str, BinaryIO, int]], Skip | None]:
-    """Open a sample's files and stat them; on failure close what was opened and say why."""
-    opened: list[tuple[str, BinaryIO, int]] = []
-    for field_name, item in sample.members:
-        try:
-            f = item.open()
-        except OSError as exc:
-            failed = Skip(item.shown, read_problem(exc))
-            break
-        try:
-            size = os.fstat(f.fileno()).st_size
-        except OSError as exc:  # pragma: no cover - fstat on an open file practically never fails
-            f.close()
-            failed = Skip(item.shown, read_problem(exc))
-            break
-        opened.append((field_name, f, size))
-        if size == 0:
-            failed = Skip(item.shown, "empty file (it was emptied after it was listed)")
-            break
-    else:
-        return opened, None
-    for _, f, _ in opened:
-        f.close()
-    return [], failed
-
-
 def write_parquet_shard(
     name: str,
     samples: Sequence[Sample[Input]],
@@ -99,6 +71,8 @@ def write_parquet_shard(
     fields: Sequence[str],
     row_group_bytes: int,
     compression: str = "none",
+    open_threads: int = 0,
+    window_bytes: int = 64 << 20,
     on_sample: Callable[[int, int], None] | None = None,
 ) -> ShardResult:
     """Write ``samples`` as a Parquet shard at ``tmp_path``; return its index entry (named ``name``).
@@ -111,6 +85,7 @@ def write_parquet_shard(
     column_of = {f: i for i, f in enumerate(fields)}
     sizes = [sum(item.entry.size for _, item in s.members) for s in samples]
     sink = _ChecksumSink(tmp_path)
+    writer = None
     try:
         writer = pq.ParquetWriter(
             sink,
@@ -120,9 +95,10 @@ def write_parquet_shard(
             write_statistics=[KEY_COLUMN],
         )
         rows_per_group: list[int] = []
+        opened = open_ahead(samples, threads=open_threads, window_bytes=window_bytes)
         for start, stop in plan_row_groups(sizes, row_group_bytes=row_group_bytes):
             before = (result.payload_bytes, result.files)
-            arrays = _row_group(samples[start:stop], column_of, result, name)
+            arrays = _row_group([next(opened) for _ in range(start, stop)], column_of, result, name)
             if on_sample is not None:
                 on_sample(result.payload_bytes - before[0], result.files - before[1])
             if arrays is not None:
@@ -131,6 +107,9 @@ def write_parquet_shard(
         writer.close()
         sink.close()
     except BaseException:
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
         sink.close()
         with contextlib.suppress(OSError):
             os.unlink(tmp_path)
@@ -154,24 +133,15 @@ def write_parquet_shard(
 
 
 def _row_group(
-    samples: Sequence[Sample[Input]], column_of: dict[str, int], result: ShardResult, shard: str
+    group: list[Opened], column_of: dict[str, int], result: ShardResult, shard: str
 ) -> list[pa.Array] | None:
     """Read a row group's samples into Arrow arrays (skipping, and reporting, samples that fail)."""
-    kept: list[tuple[Sample[Input], list[tuple[str, BinaryIO, int]]]] = []
-    for sample in samples:
-        opened, failed = _read_sample(sample)
-        if failed is not None:
-            result.skipped.append(
-                Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {shard}")
-            )
-            continue
-        kept.append((sample, opened))
     try:
         ncols = len(column_of)
         totals = [0] * ncols
-        for _, opened in kept:
-            for field_name, _, size in opened:
-                totals[column_of[field_name]] += size
+        for _, members, failed in group:
+            for m in members if failed is None else ():
+                totals[column_of[m.field]] += m.size
         for field_name, i in column_of.items():
             if totals[i] > _MAX_COLUMN_BYTES:
                 raise ValueError(
@@ -179,27 +149,24 @@ def _row_group(
                 )
         data = [bytearray(t) for t in totals]
         views = [memoryview(d) for d in data]
-        offsets = [[0] for _ in range(ncols)]
+        offsets: list[list[int]] = [[0] for _ in range(ncols)]
         valid: list[list[bool]] = [[] for _ in range(ncols)]
         fill = [0] * ncols
         keys: list[str] = []
-        for sample, opened in kept:
+        for sample, members, failed in group:
             present: dict[int, int] = {}
-            ok = True
-            for field_name, f, size in opened:
-                i = column_of[field_name]
+            for m in members if failed is None else ():
+                i = column_of[m.field]
                 try:
-                    read_exactly(f, views[i][fill[i] : fill[i] + size])
+                    read_exactly(m.file, views[i][fill[i] : fill[i] + m.size])
                 except OSError as exc:
-                    item = dict(sample.members)[field_name]
-                    reason = str(exc) if isinstance(exc, ShrunkError) else read_problem(exc)
-                    result.skipped.append(
-                        Skip(item.shown, f"{reason}; sample {sample.key!r} left out of {shard}")
-                    )
-                    ok = False
+                    failed = Skip(m.item.shown, read_problem(exc))
                     break
-                present[i] = size
-            if not ok:
+                present[i] = m.size
+            if failed is not None:
+                result.skipped.append(
+                    Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {shard}")
+                )
                 continue
             keys.append(sample.key)
             for i in range(ncols):
@@ -213,9 +180,8 @@ def _row_group(
             result.payload_bytes += sum(present.values())
             result.files += len(present)
     finally:
-        for _, opened in kept:
-            for _, f, _ in opened:
-                f.close()
+        for _, members, _ in group:
+            close_all(members)
     if not keys:
         return None
     result.entry.keys.extend(keys)

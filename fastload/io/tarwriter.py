@@ -14,8 +14,7 @@ from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
 from fastload.core.tar import END_OF_ARCHIVE, member_header, padded
 from fastload.errors import Skip
-from fastload.io.inputs import Input, ShrunkError, read_exactly
-from fastload.io.listing import read_problem
+from fastload.io.inputs import Input, close_all, open_ahead, read_exactly, read_problem
 
 DEFAULT_BUFFER_BYTES = 8 << 20
 
@@ -106,47 +105,33 @@ def write_tar_shard(
     mtime: int = 0,
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     fsync: bool = False,
+    open_threads: int = 0,
+    window_bytes: int = 64 << 20,
     on_sample: Callable[[int, int], None] | None = None,
 ) -> ShardResult:
     """Write ``samples`` as a tar shard at ``tmp_path``; return its index entry (named ``name``).
 
     A sample whose file cannot be opened, or shrinks while being read, is rolled back out of the shard
     and reported in ``skipped``; the other samples are unaffected. ``on_sample(payload_bytes, files)`` is
-    called after each sample written.
+    called after each sample written. With ``open_threads`` > 0 inputs are opened (fetched, for remote
+    sources) ahead by that many threads, at most ``window_bytes`` ahead.
     """
     result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=[]))
     entry = result.entry
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         out = _Output(fd, buffer_bytes)
-        for sample in samples:
+        for sample, members, failed in open_ahead(samples, threads=open_threads, window_bytes=window_bytes):
             start, crc = out.position, out.crc
-            files: list[BinaryIO] = []
-            members: list[tuple[str, BinaryIO, int, Input]] = []
-            failed: Skip | None = None
             try:
-                for field_name, item in sample.members:
+                for m in members if failed is None else ():
                     try:
-                        f = item.open()
-                        files.append(f)
-                        size = os.fstat(f.fileno()).st_size
+                        _copy_member(out, f"{sample.key}.{m.field}", m.file, m.size, mtime)
                     except OSError as exc:
-                        failed = Skip(item.shown, read_problem(exc))
-                        break
-                    if size == 0:
-                        failed = Skip(item.shown, "empty file (it was emptied after it was listed)")
-                        break
-                    members.append((f"{sample.key}.{field_name}", f, size, item))
-                for member, f, size, item in members if failed is None else ():
-                    try:
-                        _copy_member(out, member, f, size, mtime)
-                    except OSError as exc:
-                        reason = str(exc) if isinstance(exc, ShrunkError) else read_problem(exc)
-                        failed = Skip(item.shown, reason)
+                        failed = Skip(m.item.shown, read_problem(exc))
                         break
             finally:
-                for f in files:
-                    f.close()
+                close_all(members)
             if failed is not None:
                 out.rewind(start, crc)
                 result.skipped.append(
@@ -156,7 +141,7 @@ def write_tar_shard(
             entry.keys.append(sample.key)
             entry.offsets.append(start)
             entry.sizes.append(out.position - start)
-            nbytes = sum(m[2] for m in members)
+            nbytes = sum(m.size for m in members)
             result.payload_bytes += nbytes
             result.files += len(members)
             if on_sample is not None:

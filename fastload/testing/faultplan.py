@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Collection
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 from urllib.parse import unquote, urlsplit
 
 FaultKind = Literal[
@@ -39,6 +39,7 @@ FaultKind = Literal[
     "overwrite_before",
 ]
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)
+_N = TypeVar("_N", int, float)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class RequestInfo:
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault kind with its parameters; build it with the class methods, e.g. ``Fault.hang(duration_s=5)``."""
+    """One fault kind with its parameters; build it with a class method: ``Fault.hang(duration_s=5)``."""
 
     kind: FaultKind
     _: KW_ONLY
@@ -167,7 +168,7 @@ class Fault:
         return cls("overwrite_before", callback=callback)
 
 
-def _nonnegative(name: str, value: float) -> float:
+def _nonnegative(name: str, value: _N) -> _N:
     if value < 0:
         raise ValueError(f"{name}={value} must be >= 0")
     return value
@@ -254,7 +255,8 @@ class ActiveRule:
         return spent or (rule.nth is not None and self.matched >= max(rule.nth))
 
     def __repr__(self) -> str:
-        return f"ActiveRule({self.rule.fault.kind}, serial={self.serial}, matched={self.matched}, fired={self.fired})"
+        kind, serial = self.rule.fault.kind, self.serial
+        return f"ActiveRule({kind}, {serial=}, matched={self.matched}, fired={self.fired})"
 
 
 class FaultPlan:

@@ -1,0 +1,140 @@
+"""``fastload cp``: copy an object or a prefix between S3 and local disk with the parallel reader/uploader.
+
+Downloads land under their final name only when complete (temporary name, then rename); a prefix copy
+never writes outside DST: keys with ``..`` or ``.`` segments, absolute paths or NUL are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from fastload.config import S3Config
+from fastload.errors import ConfigError, NotFoundError
+from fastload.io import storage
+from fastload.io.s3client import parse_s3_url
+from fastload.io.s3list import ObjectInfo, list_objects
+from fastload.io.s3reader import RangedReader
+from fastload.io.s3source import unsafe_key_part
+from fastload.io.s3upload import upload_file
+
+
+@dataclass
+class CopyReport:
+    files: int = 0
+    bytes: int = 0
+    copied: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return f"copied {self.files} file(s), {self.bytes:,} bytes"
+
+
+def download(bucket: str, key: str, path: str, *, config: S3Config) -> int:
+    """Download ``s3://bucket/key`` to ``path`` (atomically: a temporary name, renamed when complete)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".part")
+    try:
+        total = 0
+        with os.fdopen(fd, "wb") as out, RangedReader(bucket, key, config=config) as reader:
+            buf = memoryview(bytearray(config.part_size_bytes))
+            while n := reader.readinto(buf):
+                out.write(buf[:n])
+                total += n
+        os.replace(tmp, path)
+        return total
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def copy(
+    src: str, dst: str, *, recursive: bool = False, config: S3Config | None = None, jobs: int = 8
+) -> CopyReport:
+    """Copy between S3 and local paths; ``recursive`` (or SRC ending in ``/``) copies a prefix/folder."""
+    src_remote, dst_remote = storage.is_remote(src), storage.is_remote(dst)
+    if src_remote == dst_remote:
+        raise ConfigError(
+            "fastload cp copies between S3 and local disk: exactly one of SRC and DST must be s3://"
+        )
+    config = config or S3Config.from_env()
+    report = CopyReport()
+    recursive = recursive or src.endswith("/")
+    if src_remote:
+        bucket, key = parse_s3_url(src)
+        if not recursive:
+            target = (
+                os.path.join(dst, key.rsplit("/", 1)[-1]) if dst.endswith("/") or os.path.isdir(dst) else dst
+            )
+            report.bytes += download(bucket, key, target, config=config)
+            report.files, report.copied = 1, [target]
+            return report
+        prefix = key if not key or key.endswith("/") else key + "/"
+        objects = [o for o in list_objects(bucket, prefix, config=config) if isinstance(o, ObjectInfo)]
+        pairs: list[tuple[str, str]] = []
+        for obj in objects:
+            rel = obj.key[len(prefix) :]
+            if obj.key.endswith("/") and obj.size == 0:
+                continue
+            problem = unsafe_key_part(rel)
+            if problem:
+                raise ConfigError(
+                    f"refusing to copy s3://{bucket}/{obj.key}: its key {problem}, so it could land outside "
+                    f"{dst}; copy the other objects by narrower prefixes or rename it"
+                )
+            pairs.append((obj.key, os.path.join(dst, *rel.split("/"))))
+        root = os.path.realpath(dst)
+        for _, target in pairs:
+            if not os.path.realpath(target).startswith(root + os.sep):
+                raise ConfigError(f"refusing to write {target}: it resolves outside {dst}")
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for (_, target), size in zip(
+                pairs, pool.map(lambda p: download(bucket, p[0], p[1], config=config), pairs), strict=True
+            ):
+                report.files += 1
+                report.bytes += size
+                report.copied.append(target)
+        if not pairs:
+            raise NotFoundError(f"no objects under {src}", path=src)
+        return report
+    bucket, key = parse_s3_url(dst)
+    if not recursive:
+        if not os.path.isfile(src):
+            raise NotFoundError(f"{src} is not a file (use --recursive for a folder)", path=src)
+        target_key = key + os.path.basename(src) if not key or key.endswith("/") else key
+        upload_file(src, bucket, target_key, config=config)
+        report.files, report.bytes, report.copied = 1, os.path.getsize(src), [f"s3://{bucket}/{target_key}"]
+        return report
+    files = storage.list_files(storage.normalise(src), "")
+    prefix = key if not key or key.endswith("/") else key + "/"
+    base = storage.normalise(src)
+    jobs_list = [(f, prefix + os.path.relpath(f, base).replace(os.sep, "/")) for f in files]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(lambda p: upload_file(p[0], bucket, p[1], config=config), jobs_list))
+    report.files = len(jobs_list)
+    report.bytes = sum(os.path.getsize(f) for f, _ in jobs_list)
+    report.copied = [f"s3://{bucket}/{k}" for _, k in jobs_list]
+    return report
+
+
+def listing(url: str, *, recursive: bool = False, config: S3Config | None = None) -> list[str]:
+    """Lines for ``fastload ls``: ``size  name`` for objects, ``PRE name/`` for common prefixes."""
+    if not storage.is_remote(url):
+        root = storage.normalise(url)
+        if not os.path.exists(root):
+            raise NotFoundError(f"{root} does not exist", path=root)
+        return [f"{os.path.getsize(f):>12}  {os.path.relpath(f, root)}" for f in storage.list_files(root, "")]
+    bucket, prefix = parse_s3_url(url)
+    lines = []
+    for item in list_objects(
+        bucket, prefix, config=config or S3Config.from_env(), delimiter=None if recursive else "/"
+    ):
+        if isinstance(item, str):
+            lines.append(f"{'PRE':>12}  {item}")
+        else:
+            lines.append(f"{item.size:>12}  {item.key}")
+    return lines
