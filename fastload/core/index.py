@@ -69,6 +69,13 @@ class ShardEntry:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ShardEntry:
+        if not isinstance(raw["keys"], list) or not all(isinstance(k, str) for k in raw["keys"]):
+            raise ValueError(f"shard {raw.get('name')!r}: 'keys' must be a list of strings")
+        for field_name in ("bytes", "samples"):
+            if type(raw[field_name]) is not int:
+                raise ValueError(f"shard {raw.get('name')!r}: {field_name!r} must be an integer")
+        if raw.get("partition") is not None and not isinstance(raw["partition"], str):
+            raise ValueError(f"shard {raw.get('name')!r}: 'partition' must be a string or null")
         entry = cls(
             name=str(raw["name"]),
             bytes=int(raw["bytes"]),
@@ -137,13 +144,16 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
         raise IndexFormatError(f"{where} is not valid JSON ({exc}); re-run `fastload pack`") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise IndexFormatError(f'{where} is not a fastload index (no "format": "{FORMAT}")')
-    if raw.get("version") != VERSION:
+    if type(raw.get("version")) is not int or raw.get("version") != VERSION:
         raise IndexFormatError(
             f"{where} has index version {raw.get('version')!r}; this fastload reads version {VERSION}: "
             "upgrade fastload or re-pack the dataset"
         )
     if raw.get("checksum") != CHECKSUM_ALGORITHM:
         raise IndexFormatError(f"{where} uses checksum {raw.get('checksum')!r}, expected crc32c")
+    totals = raw.get("totals", {})
+    if not isinstance(totals, dict):
+        raise IndexFormatError(f"{where} is malformed: 'totals' is not an object; re-run `fastload pack`")
     try:
         index = DatasetIndex(
             shard_format=str(raw["shard_format"]),
@@ -151,9 +161,9 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
             shards=[ShardEntry.from_dict(s) for s in raw["shards"]],
             options=dict(raw.get("options", {})),
             skipped=list(raw.get("skipped", [])),
-            payload_bytes=int(raw.get("totals", {}).get("payload_bytes", 0)),
+            payload_bytes=int(totals.get("payload_bytes", 0)),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise IndexFormatError(f"{where} is malformed: {exc!r}; re-run `fastload pack`") from None
     if index.shard_format not in SHARD_FORMATS:
         raise IndexFormatError(f"{where}: unknown shard_format {index.shard_format!r}")
@@ -171,6 +181,8 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
 
 def locate(shard: ShardEntry, sample: int) -> tuple[int, int]:
     """Byte range ``(offset, size)`` holding sample ``sample`` of a tar shard."""
+    if not 0 <= sample < shard.samples:
+        raise IndexError(f"sample {sample} out of range for shard {shard.name} ({shard.samples} samples)")
     if not shard.offsets:
         raise IndexFormatError(f"shard {shard.name} has no per-sample offsets (it is not a tar shard)")
     return shard.offsets[sample], shard.sizes[sample]

@@ -28,6 +28,8 @@ def split_key(relpath: str) -> tuple[str, str]:
         raise KeyRuleError(
             "name is not valid UTF-8; tar and Parquet shards store UTF-8 names: rename the file"
         ) from None
+    if any(c in relpath for c in "\n\r\0"):
+        raise KeyRuleError("name contains a newline, carriage return or NUL; WebDataset cannot key it")
     if not relpath or relpath.startswith("/") or "//" in relpath:
         raise KeyRuleError("not a normalised relative path")
     slash = relpath.rfind("/")
@@ -80,6 +82,7 @@ def group_samples(
     by_key: dict[str, dict[str, T]] = {}
     rejected: list[Rejected[T]] = []
     sample_problems: dict[str, str] = dict(bad_keys)
+    duplicates: dict[str, list[T]] = {}
     for relpath, item in items:
         try:
             key, field = split_key(relpath)
@@ -91,6 +94,7 @@ def group_samples(
             sample_problems.setdefault(
                 key, f"duplicate key+extension {key!r}.{field!r}: two inputs map to the same member name"
             )
+            duplicates.setdefault(key, []).append(item)
             continue
         fields[field] = item
     samples: list[Sample[T]] = []
@@ -99,7 +103,8 @@ def group_samples(
         problem = sample_problems.get(key)
         if problem is not None:
             rejected.extend(
-                Rejected(item, f"sample {key!r} left out whole: {problem}") for _, item in members
+                Rejected(item, f"sample {key!r} left out whole: {problem}")
+                for item in [*(item for _, item in members), *duplicates.get(key, [])]
             )
             continue
         samples.append(Sample(key, members))

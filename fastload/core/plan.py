@@ -74,6 +74,8 @@ def plan_shards(
         raise ValueError(f"{shard_bytes=} must be > 0")
     if max_samples is not None and max_samples <= 0:
         raise ValueError(f"{max_samples=} must be > 0")
+    if partitions is not None and len(partitions) != len(sizes):
+        raise ValueError(f"{len(partitions)=} must equal {len(sizes)=}")
     plans: list[ShardPlan] = []
 
     def close(start: int, stop: int) -> None:

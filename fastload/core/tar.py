@@ -60,6 +60,8 @@ def member_header(name: str, size: int, *, mtime: int = 0) -> bytes:
     """Header block(s) for a regular file member ``name`` of ``size`` bytes (data follows, padded)."""
     if size < 0:
         raise ValueError(f"{size=} must be >= 0")
+    if not 0 <= mtime <= _MAX_OCTAL_SIZE:
+        raise ValueError(f"{mtime=} must fit 11 octal digits")
     raw = name.encode("utf-8")
     records = b""
     if len(raw) > 100 or not raw.isascii():

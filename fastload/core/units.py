@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 _UNITS = {
     "": 1,
@@ -33,13 +34,14 @@ def parse_size(text: str | int) -> int:
         raise ValueError(
             f"{text!r} is not a size; write a number with an optional unit such as 256MiB, 1GB or 4096"
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    return int(Decimal(match.group(1)) * _UNITS[unit])
 
 
 def format_size(n: float) -> str:
     """Human-readable binary size: ``1.5 GiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+        limit = 1024 if unit == "B" else 1023.95  # what rounds to 1024.0 is shown in the next unit
+        if abs(n) < limit or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"

@@ -1,0 +1,16 @@
+"""Counters users (and ``fastload bench``) can read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastload.io.s3stats import STATS
+
+
+def s3_stats(*, reset: bool = False) -> dict[str, Any]:
+    """This process's S3 counters: requests, bytes, retries by cause, throttles, the current concurrency
+    limit and requests in flight, and first-byte latency percentiles (ms). ``reset`` zeroes them after."""
+    snap = STATS.snapshot()
+    if reset:
+        STATS.reset()
+    return snap
