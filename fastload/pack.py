@@ -19,7 +19,7 @@ from typing import Any
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
 from fastload.core.keys import KeyRuleError, Sample, group_samples, partition_value, split_key
-from fastload.core.plan import ShardPlan, plan_shards, sample_order
+from fastload.core.plan import ShardPlan, parquet_file_overhead, parquet_row_bytes, plan_shards, sample_order
 from fastload.core.tar import END_OF_ARCHIVE, member_size
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.io.dest import Destination, destination
@@ -139,12 +139,14 @@ def _plan(sources: Sequence[str], config: PackConfig, s3_config: S3Config | None
     samples = [samples[i] for i in order]
     if partitions is not None:
         partitions = [partitions[i] for i in order]
+    fields_seen = {f for s in samples for f, _ in s.members}
     if config.shard_format == "tar":
         sizes = [sum(member_size(f"{s.key}.{f}", it.entry.size) for f, it in s.members) for s in samples]
         overhead, suffix = len(END_OF_ARCHIVE), ".tar"
     else:
-        sizes = [sum(it.entry.size for _, it in s.members) for s in samples]
-        overhead, suffix = 0, ".parquet"
+        sizes = [parquet_row_bytes(s.key, [it.entry.size for _, it in s.members]) for s in samples]
+        groups = config.shard_size_bytes // config.row_group_bytes + 1
+        overhead, suffix = parquet_file_overhead(len(fields_seen), groups), ".parquet"
     shards = plan_shards(
         sizes,
         partitions,

@@ -114,3 +114,15 @@ def plan_row_groups(sizes: Sequence[int], *, row_group_bytes: int) -> list[tuple
     if start < len(sizes):
         groups.append((start, len(sizes)))
     return groups
+
+
+def parquet_row_bytes(key: str, field_sizes: Sequence[int]) -> int:
+    """Upper estimate of the bytes one sample adds to an uncompressed Parquet shard: its data, the key, and
+    a 4-byte length plus a definition level per value."""
+    return sum(field_sizes) + len(key.encode("utf-8", "surrogateescape")) + 8 + 6 * len(field_sizes)
+
+
+def parquet_file_overhead(fields: int, row_groups: int) -> int:
+    """Upper estimate of a Parquet shard's fixed bytes: magic, footer and schema, and per row group and
+    column chunk its metadata and page headers."""
+    return 4096 + 64 * fields + row_groups * (fields + 1) * 512

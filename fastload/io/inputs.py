@@ -97,9 +97,14 @@ def open_sample(sample: Sample[Input]) -> tuple[list[Member], Skip | None]:
             close_all(members)
             return [], Skip(item.shown, read_problem(exc))
         members.append(Member(field_name, f, size, item))
-        if size == 0:
+        if size != item.entry.size:
             close_all(members)
-            return [], Skip(item.shown, "empty file (it was emptied after it was listed)")
+            change = "emptied" if size == 0 else ("shrank" if size < item.entry.size else "grew")
+            return [], Skip(
+                item.shown,
+                f"changed after it was listed ({change}: {item.entry.size} -> {size} bytes); "
+                "pack again once the files stop changing",
+            )
     return members, None
 
 
