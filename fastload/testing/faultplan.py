@@ -128,19 +128,28 @@ class Fault:
 
     @classmethod
     def ignore_range(cls) -> Fault:
-        """Drop the Range header before forwarding: the upstream answers 200 with the whole object."""
+        """Drop the Range header before forwarding: the upstream answers 200 with the whole object.
+
+        Rewriting a request breaks its SigV4 signature; see the proxy's ``resign`` for servers that check.
+        """
         return cls("ignore_range")
 
     @classmethod
     def shift_range(cls, *, shift_bytes: int) -> Fault:
-        """Forward ``Range: bytes=a-b`` as ``bytes=(a+shift)-(b+shift)``; the 206 comes back unchanged."""
+        """Forward ``Range: bytes=a-b`` as ``bytes=(a+shift)-(b+shift)``; the 206 comes back unchanged.
+
+        No effect on suffix (``bytes=-n``) or multi-range requests, or without Range.
+        """
         if shift_bytes <= 0:
             raise ValueError(f"{shift_bytes=} must be > 0")
         return cls("shift_range", shift_bytes=shift_bytes)
 
     @classmethod
     def wrong_content_range(cls, *, shift_bytes: int = 1) -> Fault:
-        """Forward normally, but make the response's Content-Range claim a range ``shift_bytes`` later."""
+        """Forward normally, but make the response's Content-Range claim a range ``shift_bytes`` later.
+
+        No effect on a response without Content-Range (a 200).
+        """
         if shift_bytes == 0:
             raise ValueError(f"{shift_bytes=} must not be 0")
         return cls("wrong_content_range", shift_bytes=shift_bytes)

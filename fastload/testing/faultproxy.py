@@ -16,6 +16,11 @@ Connections: keep-alive towards the client; one fresh upstream connection per re
 ``Expect: 100-continue`` is answered by the proxy. Response bodies are streamed (Content-Length, chunked
 or close-delimited). Unexpected errors in proxy threads (a bug, a failing callback) are kept in
 ``proxy.errors`` and raised by ``close()``; client disconnects and upstream failures are not errors.
+The response's ``Connection`` header is hop-by-hop: moto's ``Connection: close`` becomes ``keep-alive``.
+
+Pieces: ``faultplan`` (which request gets which fault; pure), ``httpwire`` (heads as bytes; pure),
+``sigv4`` (verify or re-sign a head; pure), ``proxyconn`` (one client connection), this module (lifecycle,
+rules and counters). Everything is re-exported here.
 """
 
 from __future__ import annotations

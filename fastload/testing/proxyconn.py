@@ -237,14 +237,22 @@ class _Connection:
         except wire.HttpParseError as exc:
             self._send(_error(400, "BadRequest", str(exc), "/"))
             return False, False
+        failed = None
         with state.lock:
             state.counts["requests"] += 1
             info = RequestInfo(state.counts["requests"], method, target, head.headers)
-            active = state.plan.decide(info, now=time.monotonic())
+            try:
+                active = state.plan.decide(info, now=time.monotonic())
+            except Exception as exc:  # a rule's ``where`` predicate failed
+                state.errors.append(exc)
+                active, failed = None, exc
             fault = active.rule.fault if active is not None else None
             state.records.append(
                 RequestRecord(info.number, method, target, info.range, fault.kind if fault else None)
             )
+        if failed is not None:
+            self._send_head(info.number, 502, _error(502, "ProxyRuleFailed", repr(failed), info.path))
+            return False, False
         keep, reset = self._respond(head, info, framing, fault)
         return keep and not wire.wants_close(head), reset
 
