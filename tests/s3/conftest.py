@@ -1,0 +1,93 @@
+"""Fixtures for tests against S3 endpoints on 127.0.0.1: a real Ceph RGW and moto's fake.
+
+- ``rgw`` (session): one ``RadosGateway`` for the whole session (~2-5 s to start); fails, never skips, when
+  the Ceph binaries are missing, because CI installs them with ``.ci/install-s3-servers``.
+- ``moto_s3`` (session): one ``MotoS3Server`` (for small objects only).
+- ``rgw_client`` / ``moto_client`` (session): boto3 S3 clients for them, closed at the end.
+- ``bucket`` (function): ``bucket(server) -> name`` creates a uniquely named bucket on ``server``; every
+  bucket it made is emptied and deleted after the test.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# tests/servers is a plain folder of helpers, not an installed package: make `import servers` work from here.
+TESTS_DIR = str(Path(__file__).resolve().parents[1])
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
+from servers.moto_server import MotoS3Server  # noqa: E402
+from servers.rgw import INSTALL_HINT, RadosGateway, missing_binaries  # noqa: E402
+
+S3Server = RadosGateway | MotoS3Server
+
+
+@pytest.fixture(scope="session")
+def rgw() -> Iterator[RadosGateway]:
+    missing = missing_binaries()
+    if missing:
+        pytest.fail(f"Ceph binaries not found: {', '.join(missing)}; {INSTALL_HINT}", pytrace=False)
+    with RadosGateway() as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3Server]:
+    with MotoS3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rgw_client(rgw: RadosGateway) -> Iterator[Any]:
+    client = rgw.client(max_pool_connections=32)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def moto_client(moto_s3: MotoS3Server) -> Iterator[Any]:
+    client = moto_s3.client(max_pool_connections=32)
+    yield client
+    client.close()
+
+
+def empty_and_delete_bucket(client: Any, name: str) -> None:
+    """Abort open multipart uploads, delete every object, then the bucket."""
+    for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=name):
+        for upload in page.get("Uploads", []):
+            client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+    client.delete_bucket(Bucket=name)
+
+
+@pytest.fixture
+def bucket() -> Iterator[Callable[[S3Server], str]]:
+    made: list[tuple[Any, str]] = []
+
+    def make(server: S3Server, *, prefix: str = "fastload-test") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:16]}"
+        client = server.client()
+        try:
+            client.create_bucket(Bucket=name)
+        except BaseException:
+            client.close()
+            raise
+        made.append((client, name))
+        return name
+
+    yield make
+    for client, name in made:
+        try:
+            empty_and_delete_bucket(client, name)
+        finally:
+            client.close()
