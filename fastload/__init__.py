@@ -1,4 +1,7 @@
-"""fastload: keep GPUs fed. Pack small files into shards and read them fast, locally or from S3."""
+"""fastload: keep GPUs fed. Pack small files into shards and read them fast, locally or from S3.
+
+Heavy dependencies (pyarrow, boto3) are imported where first needed, so ``fastload`` starts quickly.
+"""
 
 from fastload import errors
 from fastload.config import PackConfig, S3Config

@@ -209,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FastloadError as exc:
         print(f"fastload {args.command}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # e.g. a destination that cannot be created or written
+        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"fastload {args.command}: {exc.strerror or exc}:{where}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"fastload {args.command}: interrupted", file=sys.stderr)
         return 130

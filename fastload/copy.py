@@ -15,11 +15,6 @@ from dataclasses import dataclass, field
 from fastload.config import S3Config
 from fastload.errors import ConfigError, NotFoundError
 from fastload.io import storage
-from fastload.io.s3client import parse_s3_url
-from fastload.io.s3list import ObjectInfo, list_objects
-from fastload.io.s3reader import RangedReader
-from fastload.io.s3source import unsafe_key_part
-from fastload.io.s3upload import upload_file
 
 
 @dataclass
@@ -34,6 +29,8 @@ class CopyReport:
 
 def download(bucket: str, key: str, path: str, *, config: S3Config) -> int:
     """Download ``s3://bucket/key`` to ``path`` (atomically: a temporary name, renamed when complete)."""
+    from fastload.io.s3reader import RangedReader
+
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".part")
@@ -56,6 +53,11 @@ def copy(
     src: str, dst: str, *, recursive: bool = False, config: S3Config | None = None, jobs: int = 8
 ) -> CopyReport:
     """Copy between S3 and local paths; ``recursive`` (or SRC ending in ``/``) copies a prefix/folder."""
+    from fastload.io.s3client import parse_s3_url
+    from fastload.io.s3list import ObjectInfo, list_objects
+    from fastload.io.s3source import unsafe_key_part
+    from fastload.io.s3upload import upload_file
+
     src_remote, dst_remote = storage.is_remote(src), storage.is_remote(dst)
     if src_remote == dst_remote:
         raise ConfigError(
@@ -128,6 +130,9 @@ def listing(url: str, *, recursive: bool = False, config: S3Config | None = None
         if not os.path.exists(root):
             raise NotFoundError(f"{root} does not exist", path=root)
         return [f"{os.path.getsize(f):>12}  {os.path.relpath(f, root)}" for f in storage.list_files(root, "")]
+    from fastload.io.s3client import parse_s3_url
+    from fastload.io.s3list import list_objects
+
     bucket, prefix = parse_s3_url(url)
     lines = []
     for item in list_objects(

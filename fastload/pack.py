@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
@@ -26,10 +26,11 @@ from fastload.io.dest import Destination, destination
 from fastload.io.inputs import Input
 from fastload.io.journal import STATE_DIR, PackJournal
 from fastload.io.listing import FileEntry, LocalSource
-from fastload.io.parquetwriter import write_parquet_shard
-from fastload.io.s3source import S3Source
 from fastload.io.tarwriter import ShardResult, write_tar_shard
 from fastload.progress import Progress
+
+if TYPE_CHECKING:
+    from fastload.io.s3source import S3Source
 
 
 @dataclass
@@ -80,7 +81,8 @@ class _Plan:
     shards: list[ShardPlan]
     fields: list[str]
     skipped: list[Skip]
-    fingerprint: str
+    layout: str  # options, names and sizes: recorded in index.json
+    fingerprint: str  # layout plus mtimes/ETags: guards --resume against changed files
     payload_bytes: int
     files: int
 
@@ -92,9 +94,12 @@ def _list_sources(
     skipped: list[Skip] = []
     bad_keys: list[tuple[str, str]] = []
     for src in sources:
-        source: LocalSource | S3Source = (
-            S3Source(src, config=s3_config) if src.startswith("s3://") else LocalSource(src)
-        )
+        if src.startswith("s3://"):
+            from fastload.io.s3source import S3Source
+
+            source: LocalSource | S3Source = S3Source(src, config=s3_config)
+        else:
+            source = LocalSource(src)
         for found in source.list():
             if isinstance(found, FileEntry):
                 if found.size == 0:
@@ -156,25 +161,30 @@ def _plan(sources: Sequence[str], config: PackConfig, s3_config: S3Config | None
         suffix=suffix,
         overhead_bytes=overhead,
     )
-    digest = hashlib.sha256(json.dumps(config.output_options(), sort_keys=True).encode())
+    layout = hashlib.sha256(json.dumps(config.output_options(), sort_keys=True).encode())
+    versions = hashlib.sha256()
     fields: set[str] = set()
     payload = files = 0
     for s in samples:
-        digest.update(s.key.encode("utf-8", "surrogateescape") + b"\0")
+        layout.update(s.key.encode("utf-8", "surrogateescape") + b"\0")
         for f, it in s.members:
             fields.add(f)
             payload += it.entry.size
             files += 1
-            digest.update(
-                b"%s\0%s\0%d\0%s\n"
-                % (
-                    f.encode(),
-                    it.relpath.encode("utf-8", "surrogateescape"),
-                    it.entry.size,
-                    it.entry.version.encode(),
-                )
+            layout.update(
+                b"%s\0%s\0%d\n" % (f.encode(), it.relpath.encode("utf-8", "surrogateescape"), it.entry.size)
             )
-    return _Plan(samples, shards, sorted(fields), skipped, digest.hexdigest(), payload, files)
+            versions.update(it.entry.version.encode() + b"\n")
+    return _Plan(
+        samples,
+        shards,
+        sorted(fields),
+        skipped,
+        layout.hexdigest(),
+        layout.hexdigest() + versions.hexdigest(),
+        payload,
+        files,
+    )
 
 
 def _join(root: str, relpath: str) -> str:
@@ -248,7 +258,7 @@ def pack(
         shard_format=config.shard_format,
         fields=plan.fields,
         shards=[results[p.number].entry for p in plan.shards],
-        options={**config.output_options(), "fingerprint": plan.fingerprint},
+        options={**config.output_options(), "layout": plan.layout},
         skipped=[{"path": s.path, "reason": s.reason} for s in plan.skipped + written_skips],
         payload_bytes=sum(r.payload_bytes for r in results.values()),
     )
@@ -287,7 +297,7 @@ def _prepare_destination(
         raw = dest.read_bytes(INDEX_NAME)
         if raw is not None:
             done = parse_index(raw, where=f"{dest.url}/{INDEX_NAME}")
-            if done.options.get("fingerprint") == plan.fingerprint:
+            if done.options.get("layout") == plan.layout:
                 return None
             raise PackError(
                 f"{dest.url} holds a finished pack of other files or options; pack into an empty "
@@ -338,6 +348,8 @@ def _write_all(
                 shard.name, samples, tmp, fsync=config.fsync, on_sample=advance, open_threads=open_threads
             )
         else:
+            from fastload.io.parquetwriter import write_parquet_shard
+
             result = write_parquet_shard(
                 shard.name,
                 samples,

@@ -14,8 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-import pyarrow.parquet as pq
-
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
 from fastload.core.keys import KeyRuleError, lint_member_name, split_key
@@ -200,6 +198,8 @@ def _check_tar_samples(reader: ChecksumReader, shard: ShardEntry) -> list[Verify
 
 
 def _check_parquet(path: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
+    import pyarrow.parquet as pq
+
     try:
         parquet = pq.ParquetFile(path)
         meta = parquet.metadata

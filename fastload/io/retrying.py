@@ -55,20 +55,24 @@ class Retrier:
         while True:
             tries += 1
             self.gate.acquire()
+            outcome = "error"
             try:
-                result = attempt()
-            except BadResponse as exc:
-                failure = exc.failure
-            except Exception as exc:
-                classified = classify_exception(exc)
-                if classified is None:
-                    self.gate.release()
-                    raise
-                failure = classified
-            else:
-                self.gate.release(succeeded=True)
-                return result
-            self.gate.release(throttled=failure.fault is Fault.THROTTLE)
+                try:
+                    result = attempt()
+                except BadResponse as exc:
+                    failure = exc.failure
+                except Exception as exc:
+                    classified = classify_exception(exc)
+                    if classified is None:
+                        raise
+                    failure = classified
+                else:
+                    outcome = "ok"
+                    return result
+                if failure.fault is Fault.THROTTLE:
+                    outcome = "throttle"
+            finally:  # the slot is freed on every path, KeyboardInterrupt included
+                self.gate.release(throttled=outcome == "throttle", succeeded=outcome == "ok")
             delay = self.policy.decide(failure.fault, tries, self.clock() - began, self.rng)
             STATS.request_failed(failure.fault, retried=delay is not None)
             if delay is None:

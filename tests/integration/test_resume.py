@@ -1,0 +1,194 @@
+"""Killing a pack at any moment leaves no partial shard under a final name, and --resume finishes it into
+exactly the bytes of an uninterrupted run."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from .helpers import cli_env, pack_cli, read_index, snapshot
+
+PACK_OPTIONS = ("--workers", "1", "--shard-size", "64KiB")
+STATE_DIR = ".fastload-pack"
+
+
+def final_shards(dst: Path) -> list[Path]:
+    return sorted(p for p in dst.glob("shard-*.tar"))
+
+
+def kill_pack_midway(src: Path, dst: Path, *, after_shards: int, attempts: int = 3) -> None:
+    """Run ``fastload pack`` in a subprocess and SIGKILL it once ``after_shards`` final shards exist but
+    before ``index.json`` does."""
+    for _ in range(attempts):
+        if dst.exists():
+            shutil.rmtree(dst)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fastload", "pack", src, dst, "--quiet", *PACK_OPTIONS],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=cli_env(),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and time.monotonic() < deadline:
+                if dst.is_dir() and len(final_shards(dst)) >= after_shards:
+                    proc.send_signal(signal.SIGKILL)
+                    break
+                time.sleep(0.0005)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+        if proc.returncode == -signal.SIGKILL and not (dst / "index.json").exists():
+            return
+    pytest.fail(f"could not interrupt the pack of {src} in {attempts} attempts (it finished too fast)")
+
+
+@pytest.fixture(scope="module")
+def resume_setup(thousands_tree, tmp_path_factory):
+    """The tree, its clean pack, and an interrupted pack of it (tests copy it before touching it)."""
+    base = tmp_path_factory.mktemp("resume")
+    tree = thousands_tree
+    clean = base / "clean"
+    pack_cli(tree.root, clean, *PACK_OPTIONS)
+    interrupted = base / "interrupted"
+    kill_pack_midway(tree.root, interrupted, after_shards=1)
+    return tree, clean, interrupted
+
+
+def copy_interrupted(interrupted: Path, to: Path) -> Path:
+    shutil.copytree(interrupted, to, symlinks=True)
+    return to
+
+
+def linked_copy(src: Path, to: Path, *, real: str | None = None) -> Path:
+    """The same tree at another place, cheaply: its top folders as symlinks (followed by the lister), except
+    ``real``, copied with its files' sizes and times so that it can be changed."""
+    to.mkdir()
+    for child in src.iterdir():
+        if child.name == real:
+            shutil.copytree(child, to / child.name)
+        else:
+            (to / child.name).symlink_to(child)
+    return to
+
+
+@pytest.mark.parametrize("after_shards", [2, 60])
+def test_killed_pack_leaves_only_complete_shards_and_resume_matches_clean_run(
+    resume_setup, tmp_path, after_shards
+):
+    tree, clean, _ = resume_setup
+    clean_files = snapshot(clean)
+    total = len(read_index(clean)["shards"])
+    assert total > after_shards + 20, "the tree must span many shards for the kill to land midway"
+
+    dst = tmp_path / "dst"
+    kill_pack_midway(tree.root, dst, after_shards=after_shards)
+    present = final_shards(dst)
+    assert after_shards <= len(present) < total
+    assert (dst / STATE_DIR).is_dir()
+    for shard in present:
+        rel = shard.relative_to(dst).as_posix()
+        assert shard.stat().st_size == len(clean_files[rel]), f"{rel} is partial"
+        with tarfile.open(shard) as tf:
+            members = tf.getmembers()  # reads to the end-of-archive blocks; raises on a truncated archive
+        assert members
+        assert shard.read_bytes() == clean_files[rel]
+
+    identity = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in present}
+
+    pack_cli(tree.root, dst, *PACK_OPTIONS, "--resume")
+    assert snapshot(dst) == clean_files
+    # README: "finished shards are kept". With one worker, at most the shard published just before the kill
+    # can be missing from the journal; every other shard on disk must be kept, not rewritten.
+    kept = [p for p in present if (p.stat().st_ino, p.stat().st_mtime_ns) == identity[p]]
+    assert len(kept) >= len(present) - 1, (
+        f"--resume rewrote {len(present) - len(kept)} of the {len(present)} shards finished before the kill"
+    )
+
+
+def test_resume_refuses_when_the_source_changed(resume_setup, tmp_path):
+    tree, _, interrupted = resume_setup
+    src = linked_copy(tree.root, tmp_path / "src", real="part3")
+    dst = copy_interrupted(interrupted, tmp_path / "dst")
+    changed = src / "part3" / "000003.bin"
+    changed.write_bytes(changed.read_bytes() + b"more")
+    before = snapshot(dst)
+
+    proc = pack_cli(src, dst, *PACK_OPTIONS, "--resume", check=1)
+    assert "Traceback" not in proc.stderr
+    assert str(dst) in proc.stderr and "changed" in proc.stderr
+    assert snapshot(dst) == before, "a refused resume must not touch the destination"
+
+
+def test_resume_refuses_when_the_options_changed(resume_setup, tmp_path):
+    tree, _, interrupted = resume_setup
+    dst = copy_interrupted(interrupted, tmp_path / "dst")
+    proc = pack_cli(tree.root, dst, "--workers", "1", "--shard-size", "128KiB", "--resume", check=1)
+    assert "changed" in proc.stderr and str(dst) in proc.stderr
+    assert not (dst / "index.json").exists()
+
+
+def test_resume_from_an_unchanged_copy_of_the_source_succeeds(resume_setup, tmp_path):
+    """Only content, names, sizes and times matter, not where the source folder lives."""
+    tree, clean, interrupted = resume_setup
+    src = linked_copy(tree.root, tmp_path / "src", real="part3")  # the control for the test above
+    dst = copy_interrupted(interrupted, tmp_path / "dst")
+    pack_cli(src, dst, *PACK_OPTIONS, "--resume")
+    assert snapshot(dst) == snapshot(clean)
+
+
+def test_pack_into_interrupted_folder_without_resume_is_refused_with_a_hint(resume_setup, tmp_path):
+    tree, _, interrupted = resume_setup
+    dst = copy_interrupted(interrupted, tmp_path / "dst")
+    before = snapshot(dst)
+    proc = pack_cli(tree.root, dst, *PACK_OPTIONS, check=1)
+    assert "not empty" in proc.stderr and "--resume" in proc.stderr and str(dst) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert snapshot(dst) == before
+
+
+def test_pack_into_unrelated_non_empty_folder_is_refused_without_resume_hint(rich_tree, tmp_path):
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("keep me")
+    proc = pack_cli(rich_tree.root, dst, check=1)
+    assert "not empty" in proc.stderr and str(dst) in proc.stderr
+    assert "--resume" not in proc.stderr
+    assert snapshot(dst) == {"notes.txt": b"keep me"}
+
+
+def test_resume_on_a_completed_pack_is_a_no_op(rich_tree, tmp_path):
+    dst = tmp_path / "dst"
+    pack_cli(rich_tree.root, dst, "--shard-size", "16KiB")
+    before = snapshot(dst)
+    times = {p: p.stat().st_mtime_ns for p in dst.rglob("*")}
+    proc = pack_cli(rich_tree.root, dst, "--shard-size", "16KiB", "--resume")
+    assert proc.returncode == 0
+    assert snapshot(dst) == before
+    assert {p: p.stat().st_mtime_ns for p in dst.rglob("*")} == times, "nothing may be rewritten"
+
+
+def test_resume_on_a_completed_pack_of_other_options_is_refused(rich_tree, tmp_path):
+    dst = tmp_path / "dst"
+    pack_cli(rich_tree.root, dst, "--shard-size", "16KiB")
+    before = snapshot(dst)
+    proc = pack_cli(rich_tree.root, dst, "--shard-size", "32KiB", "--resume", check=1)
+    assert str(dst) in proc.stderr
+    assert snapshot(dst) == before
+
+
+def test_resume_into_a_new_folder_packs_normally(rich_tree, tmp_path):
+    pack_cli(rich_tree.root, tmp_path / "a", "--resume")
+    pack_cli(rich_tree.root, tmp_path / "b")
+    assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")
