@@ -216,6 +216,14 @@ def pack(
     target = os.fspath(dst)
     if any(u.startswith("s3://") for u in [*srcs, target]):
         s3_config = s3_config or S3Config.from_env()
+    for src in srcs:
+        if not src.startswith("s3://") and not target.startswith("s3://"):
+            a, b = os.path.realpath(src), os.path.realpath(target)
+            if b == a or b.startswith(a.rstrip(os.sep) + os.sep):
+                raise ConfigError(
+                    f"destination {target} is inside the source {src}; its shards would be "
+                    "packed again: choose a destination outside the source"
+                )
     began = time.monotonic()
     plan = _plan(srcs, config, s3_config)
     if plan.skipped and not config.allow_skip:

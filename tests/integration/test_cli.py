@@ -200,3 +200,13 @@ def test_inspect_of_a_corrupt_index_exits_1(packed):
     proc = run_cli("inspect", packed)
     assert proc.returncode == 1
     _one_line_error(proc, "index.json")
+
+
+def test_destination_inside_the_source_is_refused_before_writing(rich_tree):
+    dst = rich_tree.root / "packed"
+    before = sorted(p.relative_to(rich_tree.root) for p in rich_tree.root.rglob("*"))
+    proc = run_cli("pack", rich_tree.root, dst, "--quiet")
+    assert proc.returncode == 2, proc.stderr
+    _one_line_error(proc, str(dst))
+    assert "inside the source" in proc.stderr
+    assert sorted(p.relative_to(rich_tree.root) for p in rich_tree.root.rglob("*")) == before
