@@ -47,7 +47,7 @@ def part_index(offset: int, part_size: int) -> int:
     return offset // part_size
 
 
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+([0-9]+)-([0-9]+)/([0-9]+|\*)\s*$")
 
 
 def parse_content_range(value: str) -> tuple[int, int, int | None]:

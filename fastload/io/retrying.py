@@ -60,12 +60,12 @@ class Retrier:
                 try:
                     result = attempt()
                 except BadResponse as exc:
-                    failure = exc.failure
+                    failure, cause = exc.failure, exc
                 except Exception as exc:
                     classified = classify_exception(exc)
                     if classified is None:
                         raise
-                    failure = classified
+                    failure, cause = classified, exc
                 else:
                     outcome = "ok"
                     return result
@@ -76,5 +76,5 @@ class Retrier:
             delay = self.policy.decide(failure.fault, tries, self.clock() - began, self.rng)
             STATS.request_failed(failure.fault, retried=delay is not None)
             if delay is None:
-                raise give_up(failure, tries, self.clock() - began)
+                raise give_up(failure, tries, self.clock() - began) from cause
             self.sleep(delay)
