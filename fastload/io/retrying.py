@@ -56,6 +56,7 @@ class Retrier:
             tries += 1
             self.gate.acquire()
             outcome = "error"
+            cause: Exception
             try:
                 try:
                     result = attempt()
