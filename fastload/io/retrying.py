@@ -12,10 +12,24 @@ from typing import TypeVar
 from fastload.config import S3Config
 from fastload.core.retry import Fault, RetryPolicy
 from fastload.io.gate import ConcurrencyGate, process_gate
-from fastload.io.s3client import Failure, classify_exception
+from fastload.io.s3client import Failure, classify_exception, fail_fast_error
 from fastload.io.s3stats import STATS
 
 T = TypeVar("T")
+GiveUp = Callable[[Failure, int, float], Exception]
+FAIL_FAST = (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT)
+
+
+def give_up_on(bucket: str, key: str, *, what: str, spent: GiveUp) -> GiveUp:
+    """A ``give_up`` for :meth:`Retrier.call`: 404/403/4xx become :func:`fail_fast_error` (saying what to
+    check for ``what``: "read", "list", "write to"); a spent budget becomes ``spent(failure, tries, s)``."""
+
+    def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
+        if failure.fault in FAIL_FAST:
+            return fail_fast_error(failure, bucket, key, what=what)
+        return spent(failure, tries, elapsed_s)
+
+    return give_up
 
 
 class BadResponse(Exception):
@@ -46,7 +60,7 @@ class Retrier:
         )
         return cls(policy, process_gate(config.process_max_concurrency), **kwargs)  # type: ignore[arg-type]
 
-    def call(self, attempt: Callable[[], T], give_up: Callable[[Failure, int, float], Exception]) -> T:
+    def call(self, attempt: Callable[[], T], give_up: GiveUp) -> T:
         """Result of the first successful ``attempt()``; ``give_up(failure, tries, elapsed_s)`` builds the
         error raised when a failure is not retryable or the budget is spent. Exceptions that are neither
         botocore/HTTP failures nor :class:`BadResponse` pass through untouched."""

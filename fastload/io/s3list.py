@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastload.config import S3Config
-from fastload.core.retry import Fault
 from fastload.errors import S3Error
-from fastload.io.retrying import Retrier
-from fastload.io.s3client import Failure, fail_fast_error, get_client
+from fastload.io.retrying import Retrier, give_up_on
+from fastload.io.s3client import Failure, get_client
 
 
 @dataclass(frozen=True)
@@ -42,9 +41,7 @@ def list_objects(
         if delimiter:
             params["Delimiter"] = delimiter
 
-        def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
-            if failure.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
-                return fail_fast_error(failure, bucket, prefix, what="list")
+        def spent(failure: Failure, tries: int, elapsed_s: float) -> Exception:
             return S3Error(
                 f"listing s3://{bucket}/{prefix} failed after {tries} attempt(s) in {elapsed_s:.1f}s: "
                 f"{failure.message}; retry later or check the endpoint",
@@ -52,6 +49,7 @@ def list_objects(
                 key=prefix,
             )
 
+        give_up = give_up_on(bucket, prefix, what="list", spent=spent)
         page = retrier.call(lambda p=params: client.list_objects_v2(**p), give_up)  # type: ignore[misc]
         for common in page.get("CommonPrefixes", []):
             yield str(common["Prefix"])

@@ -11,8 +11,8 @@ from fastload.config import S3Config
 from fastload.core.retry import Fault
 from fastload.errors import RangeReadError, Skip
 from fastload.io.listing import FileEntry
-from fastload.io.retrying import BadResponse, Retrier
-from fastload.io.s3client import Failure, fail_fast_error, get_client, parse_s3_url
+from fastload.io.retrying import BadResponse, Retrier, give_up_on
+from fastload.io.s3client import Failure, get_client, parse_s3_url
 from fastload.io.s3list import ObjectInfo, list_objects
 from fastload.io.s3reader import RangedReader
 from fastload.io.s3stats import STATS
@@ -84,9 +84,7 @@ def get_whole(bucket: str, key: str, *, config: S3Config, client: Any = None) ->
         STATS.add_bytes(len(data))
         return bytes(data)
 
-    def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
-        if failure.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
-            return fail_fast_error(failure, bucket, key)
+    def spent(failure: Failure, tries: int, elapsed_s: float) -> Exception:
         return RangeReadError(
             bucket=bucket,
             key=key,
@@ -98,4 +96,4 @@ def get_whole(bucket: str, key: str, *, config: S3Config, client: Any = None) ->
             cause=failure.fault.value,
         )
 
-    return Retrier.from_config(config).call(attempt, give_up)
+    return Retrier.from_config(config).call(attempt, give_up_on(bucket, key, what="read", spent=spent))

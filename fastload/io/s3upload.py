@@ -17,10 +17,9 @@ from typing import Any
 from crc32c import crc32c
 
 from fastload.config import S3Config
-from fastload.core.retry import Fault
 from fastload.errors import ConfigError, S3Error
-from fastload.io.retrying import Retrier
-from fastload.io.s3client import Failure, fail_fast_error, get_client
+from fastload.io.retrying import GiveUp, Retrier, give_up_on
+from fastload.io.s3client import Failure, get_client
 
 MIN_PART_BYTES = 5 << 20
 MAX_PARTS = 10_000
@@ -60,10 +59,8 @@ def upload_file(
     part = part_size_for(size, config.part_size_bytes)
     url = f"s3://{bucket}/{key}"
 
-    def give_up_for(what: str) -> Any:
-        def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
-            if failure.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
-                return fail_fast_error(failure, bucket, key, what="write to")
+    def give_up_for(what: str) -> GiveUp:
+        def spent(failure: Failure, tries: int, elapsed_s: float) -> Exception:
             return S3Error(
                 f"uploading {path} to {url}: {what} failed after {tries} attempt(s) in {elapsed_s:.1f}s "
                 f"({failure.message}); nothing was left under the key: retry later",
@@ -71,7 +68,7 @@ def upload_file(
                 key=key,
             )
 
-        return give_up
+        return give_up_on(bucket, key, what="write to", spent=spent)
 
     with open(path, "rb") as f:
         if size <= part:
