@@ -126,10 +126,13 @@ def copy(
 def listing(url: str, *, recursive: bool = False, config: S3Config | None = None) -> list[str]:
     """Lines for ``fastload ls``: ``size  name`` for objects, ``PRE name/`` for common prefixes."""
     if not storage.is_remote(url):
-        root = storage.normalise(url)
-        if not os.path.exists(root):
-            raise NotFoundError(f"{root} does not exist", path=root)
-        return [f"{os.path.getsize(f):>12}  {os.path.relpath(f, root)}" for f in storage.list_files(root, "")]
+        from fastload.io.listing import FileEntry, LocalSource
+
+        source = LocalSource(storage.normalise(url))
+        return [
+            f"{found.size:>12}  {found.relpath}" if isinstance(found, FileEntry) else f"{'SKIP':>12}  {found}"
+            for found in source.list()
+        ]
     from fastload.io.s3client import parse_s3_url
     from fastload.io.s3list import list_objects
 

@@ -13,7 +13,7 @@ from fastload.io.retrying import Retrier
 from fastload.io.s3client import fail_fast_error, get_client, parse_s3_url
 from fastload.io.s3list import ObjectInfo, list_objects
 from fastload.io.s3source import get_whole
-from fastload.io.s3upload import upload_file
+from fastload.io.s3upload import abort_stale_uploads, upload_file
 
 
 class S3Destination:
@@ -37,7 +37,10 @@ class S3Destination:
         return False
 
     def prepare(self) -> None:
+        """Make the local temporary folder, and abort multipart uploads left under the prefix by a pack
+        that was killed mid-upload (they would otherwise keep their parts, and their cost, forever)."""
         self.tmp_dir = tempfile.mkdtemp(prefix="fastload-pack-")
+        abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config)
 
     def size(self, name: str) -> int | None:
         retrier = Retrier.from_config(self.config)

@@ -60,6 +60,15 @@ def upload_file(
     url = f"s3://{bucket}/{key}"
 
     def give_up_for(what: str) -> GiveUp:
+        def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
+            error = inner(failure, tries, elapsed_s)
+            if isinstance(error, S3Error) and not str(error).startswith("uploading"):
+                error.args = (
+                    f"uploading {path} to {url}: {what} was refused: {error}. Nothing was written "
+                    "under the key (a multipart upload is aborted)",
+                )
+            return error
+
         def spent(failure: Failure, tries: int, elapsed_s: float) -> Exception:
             return S3Error(
                 f"uploading {path} to {url}: {what} failed after {tries} attempt(s) in {elapsed_s:.1f}s "
@@ -68,7 +77,8 @@ def upload_file(
                 key=key,
             )
 
-        return give_up_on(bucket, key, what="write to", spent=spent)
+        inner = give_up_on(bucket, key, what="write to", spent=spent)
+        return give_up
 
     with open(path, "rb") as f:
         if size <= part:
@@ -139,3 +149,28 @@ def abort(client: Any, bucket: str, key: str, upload_id: str, retrier: Retrier) 
         import warnings
 
         warnings.warn(str(exc), RuntimeWarning, stacklevel=2)
+
+
+def abort_stale_uploads(client: Any, bucket: str, prefix: str, *, config: S3Config) -> int:
+    """Abort every open multipart upload under ``prefix``; return how many were aborted."""
+    retrier = Retrier.from_config(config)
+
+    def spent(failure: Failure, tries: int, elapsed_s: float) -> Exception:
+        return S3Error(
+            f"listing open multipart uploads under s3://{bucket}/{prefix} failed ({failure.message})",
+            bucket=bucket,
+            key=prefix,
+        )
+
+    give_up = give_up_on(bucket, prefix, what="list uploads in", spent=spent)
+    params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    aborted = 0
+    while True:
+        page = retrier.call(lambda p=dict(params): client.list_multipart_uploads(**p), give_up)  # type: ignore[misc]
+        for upload in page.get("Uploads", []):
+            abort(client, bucket, upload["Key"], upload["UploadId"], retrier)
+            aborted += 1
+        if not page.get("IsTruncated"):
+            return aborted
+        params["KeyMarker"] = page.get("NextKeyMarker")
+        params["UploadIdMarker"] = page.get("NextUploadIdMarker")

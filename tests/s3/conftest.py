@@ -5,11 +5,16 @@
 - ``moto_s3`` (session): one ``MotoS3Server`` (for small objects only).
 - ``rgw_client`` / ``moto_client`` (session): boto3 S3 clients for them, closed at the end.
 - ``bucket`` (function): ``bucket(server) -> name`` creates a uniquely named bucket on ``server``; every
-  bucket it made is emptied and deleted after the test.
+  bucket it made is emptied and deleted after the test. ``module_bucket``: the same, kept for a module.
+- ``rgw_env`` (function): fastload's and botocore's environment variables set (monkeypatch) for the RGW,
+  so in-process clients find its credentials; returns them as a dict for subprocesses.
+- ``rgw_proxy`` (function): ``rgw_proxy(seed=0) -> FaultProxy`` in front of the RGW, re-signing rewritten
+  requests; closed after the test, which fails if a proxy thread failed.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from fastload.testing.faultproxy import FaultProxy, SigV4Resigner
 
 # tests/servers is a plain folder of helpers, not an installed package: make `import servers` work from here.
 TESTS_DIR = str(Path(__file__).resolve().parents[1])
@@ -70,8 +77,7 @@ def empty_and_delete_bucket(client: Any, name: str) -> None:
     client.delete_bucket(Bucket=name)
 
 
-@pytest.fixture
-def bucket() -> Iterator[Callable[[S3Server], str]]:
+def _bucket_factory() -> tuple[Callable[..., str], Callable[[], None]]:
     made: list[tuple[Any, str]] = []
 
     def make(server: S3Server, *, prefix: str = "fastload-test") -> str:
@@ -85,9 +91,53 @@ def bucket() -> Iterator[Callable[[S3Server], str]]:
         made.append((client, name))
         return name
 
+    def cleanup() -> None:
+        for client, name in made:
+            try:
+                empty_and_delete_bucket(client, name)
+            finally:
+                client.close()
+
+    return make, cleanup
+
+
+@pytest.fixture
+def bucket() -> Iterator[Callable[..., str]]:
+    make, cleanup = _bucket_factory()
     yield make
-    for client, name in made:
-        try:
-            empty_and_delete_bucket(client, name)
-        finally:
-            client.close()
+    cleanup()
+
+
+@pytest.fixture(scope="module")
+def module_bucket() -> Iterator[Callable[..., str]]:
+    make, cleanup = _bucket_factory()
+    yield make
+    cleanup()
+
+
+@pytest.fixture
+def rgw_env(rgw: RadosGateway, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    from s3util import FOREIGN_AWS_VARIABLES, s3_env
+
+    for name in FOREIGN_AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    env = s3_env(rgw)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+@pytest.fixture
+def rgw_proxy(rgw: RadosGateway) -> Iterator[Callable[..., FaultProxy]]:
+    proxies: list[FaultProxy] = []
+
+    def make(*, seed: int = 0) -> FaultProxy:
+        proxy = FaultProxy(rgw.endpoint_url, seed=seed, resign=SigV4Resigner(rgw.secret_key), io_timeout_s=15)
+        proxies.append(proxy.start())
+        return proxy
+
+    yield make
+    for proxy in proxies:
+        proxy.close()  # raises FaultProxyError if a proxy thread failed
