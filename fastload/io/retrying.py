@@ -4,8 +4,10 @@ with an error built by the caller. Sleep, clock and randomness are injected so t
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -60,13 +62,15 @@ class Retrier:
         )
         return cls(policy, process_gate(config.process_max_concurrency), **kwargs)  # type: ignore[arg-type]
 
-    def call(self, attempt: Callable[[], T], give_up: GiveUp) -> T:
+    def call(self, attempt: Callable[[], T], give_up: GiveUp, *, stop: threading.Event | None = None) -> T:
         """Result of the first successful ``attempt()``; ``give_up(failure, tries, elapsed_s)`` builds the
         error raised when a failure is not retryable or the budget is spent. Exceptions that are neither
         botocore/HTTP failures nor :class:`BadResponse` pass through untouched."""
         began = self.clock()
         tries = 0
         while True:
+            if stop is not None and stop.is_set():
+                raise CancelledError("request abandoned (the reader was closed or seeked away)")
             tries += 1
             self.gate.acquire()
             outcome = "error"
@@ -92,4 +96,7 @@ class Retrier:
             STATS.request_failed(failure.fault, retried=delay is not None)
             if delay is None:
                 raise give_up(failure, tries, self.clock() - began) from cause
-            self.sleep(delay)
+            if stop is not None and self.sleep is time.sleep:
+                stop.wait(delay)  # woken early when the request is abandoned
+            else:
+                self.sleep(delay)

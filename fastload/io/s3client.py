@@ -3,6 +3,7 @@ translation of botocore's exceptions into retry faults and fastload errors."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import threading
 from dataclasses import dataclass
@@ -94,6 +95,19 @@ _SHORT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def _is_incomplete_read(exc: BaseException) -> bool:
+    """urllib3 reports a body that ended early as a ProtocolError wrapping IncompleteRead."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, (urllib3.exceptions.IncompleteRead, http.client.IncompleteRead)):
+            return True
+        nested = [a for a in getattr(cur, "args", ()) if isinstance(a, BaseException)]
+        cur = nested[0] if nested else (cur.__cause__ or cur.__context__)
+    return False
+
+
 def classify_exception(exc: BaseException) -> Failure | None:
     """The retry fault for an exception raised by botocore or while reading a body; None if not ours."""
     if isinstance(exc, botocore.exceptions.ClientError):
@@ -104,7 +118,7 @@ def classify_exception(exc: BaseException) -> Failure | None:
         return Failure(fault, status, f"HTTP {status} {code}".strip())
     if isinstance(exc, _TIMEOUT_ERRORS):
         return Failure(Fault.TIMEOUT, None, f"timed out ({type(exc).__name__})")
-    if isinstance(exc, _SHORT_ERRORS):
+    if isinstance(exc, _SHORT_ERRORS) or _is_incomplete_read(exc):
         return Failure(Fault.SHORT_BODY, None, f"response body ended early ({type(exc).__name__})")
     if isinstance(exc, _CONNECTION_ERRORS):
         return Failure(Fault.CONNECTION, None, f"connection failed ({type(exc).__name__})")

@@ -9,6 +9,7 @@ last good byte); a part is handed to the reader only when complete and correct.
 from __future__ import annotations
 
 import io
+import os
 import random
 import threading
 import time
@@ -49,10 +50,9 @@ class RangedReader(io.RawIOBase):
         self._config = config or S3Config()
         self._client = client if client is not None else get_client(self._config)
         self._version_id = version_id
-        self._retrier = Retrier.from_config(
-            self._config, rng=rng or random.Random(), sleep=sleep, clock=clock
-        )
-        self._clock = clock
+        self._rng, self._sleep, self._clock = rng or random.Random(), sleep, clock
+        self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=sleep, clock=clock)
+        self._pid = os.getpid()
         self._part = self._config.part_size_bytes
         self._window = self._config.readahead_parts
         self._lock = threading.Lock()
@@ -60,8 +60,22 @@ class RangedReader(io.RawIOBase):
         self._etag: str | None = None
         self._whole: bytes | None = None
         self._parts: dict[int, Future[bytes | bytearray]] = {}
+        self._stops: dict[int, threading.Event] = {}
+        self._closing = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._pos = 0
+
+    def _after_fork(self) -> None:
+        """In a forked child (a DataLoader worker), drop the parent's threads, client and gate."""
+        pid = os.getpid()
+        if pid == self._pid:
+            return
+        self._pid = pid
+        self._client = get_client(self._config)
+        self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=self._sleep, clock=self._clock)
+        self._parts = {i: f for i, f in self._parts.items() if f.done() and f.exception() is None}
+        self._stops = {}
+        self._pool = None
 
     def __repr__(self) -> str:
         return f"RangedReader('s3://{self.bucket}/{self.key}')"
@@ -85,6 +99,7 @@ class RangedReader(io.RawIOBase):
     def size(self) -> int:
         """Object size in bytes (asks the store once if no byte has been read yet)."""
         if self._size is None:
+            self._after_fork()
             self._head()
         assert self._size is not None
         return self._size
@@ -92,6 +107,7 @@ class RangedReader(io.RawIOBase):
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if self.closed:
             raise ValueError("I/O operation on closed file")
+        self._after_fork()
         if whence == io.SEEK_SET:
             pos = offset
         elif whence == io.SEEK_CUR:
@@ -110,6 +126,7 @@ class RangedReader(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         if self.closed:
             raise ValueError("I/O operation on closed file")
+        self._after_fork()
         view = memoryview(buffer).cast("B")
         if not len(view):
             return 0
@@ -141,9 +158,13 @@ class RangedReader(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
+            self._closing.set()
+            for stop in self._stops.values():
+                stop.set()
             for fut in self._parts.values():
                 fut.cancel()
             self._parts.clear()
+            self._stops.clear()
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
             self._whole = None
@@ -154,12 +175,20 @@ class RangedReader(io.RawIOBase):
     def _retain(self, index: int) -> None:
         """Keep parts ``index .. index+window-1`` scheduled; cancel or drop every other part."""
         assert self._size is not None
-        if self._whole is not None:
+        if self._whole is not None:  # a 200 brought the whole object: parts still queued are useless
+            for i in list(self._parts):
+                self._parts.pop(i).cancel()
+                stop = self._stops.pop(i, None)
+                if stop is not None:
+                    stop.set()
             return
         last = (self._size - 1) // self._part if self._size else -1
         wanted = range(index, min(index + self._window, last + 1))
         for i in [i for i in self._parts if i not in wanted]:
             self._parts.pop(i).cancel()
+            stop = self._stops.pop(i, None)
+            if stop is not None:
+                stop.set()  # a part already running stops retrying
         if self._pool is None and len(wanted) > 1:
             self._pool = ThreadPoolExecutor(
                 max_workers=self._config.max_concurrency, thread_name_prefix="fastload-s3"
@@ -175,7 +204,8 @@ class RangedReader(io.RawIOBase):
                         fut.set_exception(exc)
                     self._parts[i] = fut
                 else:
-                    self._parts[i] = self._pool.submit(self._fetch, r)
+                    stop = self._stops[i] = threading.Event()
+                    self._parts[i] = self._pool.submit(self._fetch, r, stop=stop)
 
     def _first_read(self, pos: int) -> None:
         """The first GET: learns size and ETag from its response, keeps its bytes as a part."""
@@ -194,7 +224,9 @@ class RangedReader(io.RawIOBase):
     def _head(self) -> None:
         def attempt() -> None:
             params = self._params()
+            started = self._clock()
             resp = self._client.head_object(**params)
+            STATS.request_done(self._clock() - started, 0)
             self._learn(int(resp["ContentLength"]), resp.get("ETag"))
 
         self._retrying(attempt, ByteRange(0, 1), "HEAD")
@@ -225,7 +257,9 @@ class RangedReader(io.RawIOBase):
             self._size = size
             self._etag = self._etag or etag
 
-    def _fetch(self, asked: ByteRange, *, first: bool = False) -> bytes | bytearray:
+    def _fetch(
+        self, asked: ByteRange, *, first: bool = False, stop: threading.Event | None = None
+    ) -> bytes | bytearray:
         """Bytes of ``asked`` (clipped to the object on the first request), retried until complete."""
         state: dict[str, Any] = {"buf": None, "got": 0}
 
@@ -264,9 +298,10 @@ class RangedReader(io.RawIOBase):
                     state["buf"] = bytearray(end - asked.start)
                 buf: bytearray = state["buf"]
                 view = memoryview(buf)
+                read = _chunk_reader(body)
                 try:
                     while state["got"] < len(buf):
-                        chunk = body.read(min(_CHUNK, len(buf) - state["got"]))
+                        chunk = read(min(_CHUNK, len(buf) - state["got"]))
                         if not chunk:
                             break
                         view[state["got"] : state["got"] + len(chunk)] = chunk
@@ -281,15 +316,17 @@ class RangedReader(io.RawIOBase):
                             f"body ended after {state['got'] - got} of {end - cur.start} bytes",
                         )
                     )
-                if body.read(1):
+                if read(1):
                     raise BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
                 return buf
             finally:
                 body.close()
 
-        return self._retrying(attempt, asked, "GET")
+        return self._retrying(attempt, asked, "GET", stop=stop)
 
-    def _retrying(self, attempt: Callable[[], T], asked: ByteRange, verb: str) -> T:
+    def _retrying(
+        self, attempt: Callable[[], T], asked: ByteRange, verb: str, *, stop: threading.Event | None = None
+    ) -> T:
         def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
             if failure.fault is Fault.CHANGED:
                 return ObjectChangedError(
@@ -312,7 +349,15 @@ class RangedReader(io.RawIOBase):
                 cause=failure.fault.value,
             )
 
-        return self._retrier.call(attempt, give_up)
+        return self._retrier.call(attempt, give_up, stop=stop or self._closing)
+
+
+def _chunk_reader(body: Any) -> Callable[[int], bytes]:
+    """A function returning the bytes that have arrived (up to n) without waiting for all n, so that a
+    stalled body loses nothing already received (urllib3's ``read1``); botocore's ``read`` otherwise."""
+    raw = getattr(body, "_raw_stream", None)
+    read1 = getattr(raw, "read1", None)
+    return read1 if callable(read1) else body.read  # type: ignore[no-any-return]
 
 
 class _PastEnd(Exception):
