@@ -15,10 +15,12 @@ from fastload.verify import VerifyReport, verify
 __version__ = "0.1.0"
 
 __all__ = [
+    "DataLoader",
     "DatasetIndex",
     "PackConfig",
     "PackReport",
     "S3Config",
+    "ShardDataset",
     "ShardEntry",
     "VerifyReport",
     "__version__",
@@ -29,3 +31,12 @@ __all__ = [
     "s3_stats",
     "verify",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``ShardDataset`` and ``DataLoader`` import torch, so they load on first use."""
+    if name in ("ShardDataset", "DataLoader"):
+        from fastload import dataset
+
+        return getattr(dataset, name)
+    raise AttributeError(f"module 'fastload' has no attribute {name!r}")

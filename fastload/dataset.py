@@ -1,0 +1,322 @@
+"""``fastload.ShardDataset`` and ``fastload.DataLoader``: exactly-once, deterministic, resumable reading of
+packed datasets in ``torch.utils.data.DataLoader`` (the only torch import besides ``decode``).
+
+The order of samples is decided by ``core.sharding`` from (seed, epoch, rank, world size): workers take
+turns over chunks of ``batch_size`` samples of the rank's order, the same way DataLoader takes turns over
+its workers, so the order reaching the training loop does not depend on ``num_workers``. Resuming skips
+the samples already delivered, which :class:`DataLoader` counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from fastload.config import S3Config
+from fastload.core.index import INDEX_NAME, DatasetIndex
+from fastload.core.sharding import EVEN_POLICIES, RankPlan, rank_order, worker_positions
+from fastload.decode import decode_sample
+from fastload.errors import ConfigError, FastloadError
+from fastload.io import storage
+from fastload.io.shardread import RawSample, ShardReader, runs
+
+_DONE = object()
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
+    """Samples of a packed dataset (a folder or ``s3://`` prefix with ``index.json``), as WebDataset-style
+    dicts with ``__key__``, ``__shard__``, ``__index__`` and one entry per field.
+
+    ``seed`` shuffles shard order and, with ``shuffle_buffer`` > 1, samples within a bounded window; None
+    keeps index order. ``even`` equalises per-rank counts so DDP never hangs (see
+    :func:`fastload.core.sharding.rank_plan`); :meth:`epoch_report` says which samples it dropped or
+    repeated. ``batch_size`` must equal the DataLoader's (:class:`DataLoader` sets it) for the order to be
+    independent of ``num_workers`` and for exact resume.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        seed: int | None = None,
+        shuffle_buffer: int = 0,
+        even: str = "split",
+        rank: int | None = None,
+        world_size: int | None = None,
+        batch_size: int = 1,
+        decode: bool = True,
+        images: bool = True,
+        allow_pickle: bool = False,
+        map: Callable[[dict[str, Any]], Any] | None = None,
+        columns: Sequence[str] | None = None,
+        on_error: str = "raise",
+        prefetch_runs: int = 8,
+        s3_config: S3Config | None = None,
+    ) -> None:
+        super().__init__()
+        if even not in EVEN_POLICIES:
+            raise ConfigError(f"even={even!r}; choose one of {', '.join(EVEN_POLICIES)}")
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error={on_error!r}; choose 'raise' or 'skip'")
+        if batch_size < 1 or prefetch_runs < 1 or shuffle_buffer < 0:
+            raise ConfigError("batch_size and prefetch_runs must be >= 1 and shuffle_buffer >= 0")
+        self.root = storage.normalise(source)
+        self.s3_config = s3_config
+        from fastload.summary import load_index
+
+        self.index: DatasetIndex = load_index(self.root, s3_config=s3_config)
+        if columns is not None and self.index.shard_format != "parquet":
+            raise ConfigError("columns= projects Parquet shards; this dataset is tar")
+        self.seed, self.shuffle_buffer, self.even = seed, shuffle_buffer, even
+        self._rank, self._world = rank, world_size
+        self.batch_size = batch_size
+        self.decode, self.images, self.allow_pickle = decode, images, allow_pickle
+        self.map, self.columns, self.on_error = map, columns, on_error
+        self.prefetch_runs = prefetch_runs
+        # epoch and resume position, shared with DataLoader workers (persistent ones included)
+        self._state = multiprocessing.get_context("spawn").RawArray("q", 2)
+        self.skipped = 0
+
+    def __repr__(self) -> str:
+        return f"ShardDataset({self.root!r}, {len(self.index.shards)} shards, {self.index.samples} samples)"
+
+    # -- epoch and resume ---------------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return int(self._state[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning (call before iterating, as with DistributedSampler)."""
+        self._state[0] = epoch
+        self._state[1] = 0
+
+    def _set_start(self, start: int) -> None:
+        self._state[1] = start
+
+    @property
+    def start(self) -> int:
+        """Samples of this epoch already delivered before the current iteration (resume position)."""
+        return int(self._state[1])
+
+    def rank_world(self) -> tuple[int, int]:
+        return _rank_and_world(self._rank, self._world)
+
+    def plan(self, epoch: int | None = None) -> RankPlan:
+        """This rank's samples for ``epoch`` (default: the current one) in canonical order."""
+        rank, world = self.rank_world()
+        return rank_order(
+            [s.samples for s in self.index.shards],
+            rank=rank,
+            world_size=world,
+            seed=self.seed,
+            epoch=self.epoch if epoch is None else epoch,
+            even=self.even,
+            shuffle_buffer=self.shuffle_buffer,
+        )
+
+    def epoch_report(self, epoch: int | None = None) -> dict[str, Any]:
+        """Which samples the even policy dropped or repeated this epoch, as (shard name, key) pairs."""
+        plan = self.plan(epoch)
+        names = [s.name for s in self.index.shards]
+
+        def named(refs: list[tuple[int, int]]) -> list[tuple[str, str]]:
+            return [(names[s], self.index.shards[s].keys[i]) for s, i in refs]
+
+        return {
+            "samples": len(plan.samples),
+            "dropped": named(plan.dropped),
+            "repeated": named(plan.repeated),
+            "skipped_on_error": self.skipped,
+        }
+
+    def __len__(self) -> int:
+        return len(self.plan().samples) - self.start
+
+    # -- iteration ------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        plan = self.plan()
+        positions = worker_positions(
+            len(plan.samples), worker=worker, workers=workers, chunk=self.batch_size, start=self.start
+        )
+        refs = [plan.samples[p] for p in positions]
+        yield from self._samples(refs)
+
+    def _batches_of_refs(self, refs: list[tuple[int, int]]) -> Iterator[tuple[int, list[int]]]:
+        """Consecutive refs of the same shard grouped, in order: ``(shard, [positions])``."""
+        group: list[int] = []
+        shard = -1
+        for s, i in refs:
+            if s != shard and group:
+                yield shard, group
+                group = []
+            shard = s
+            group.append(i)
+        if group:
+            yield shard, group
+
+    def _samples(self, refs: list[tuple[int, int]]) -> Iterator[dict[str, Any]]:
+        work: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch_runs)
+        stop = threading.Event()
+
+        def produce() -> None:
+            readers: OrderedDict[int, ShardReader] = OrderedDict()
+            try:
+                for shard, positions in self._batches_of_refs(refs):
+                    if stop.is_set():
+                        return
+                    reader = readers.get(shard)
+                    if reader is None:
+                        entry = self.index.shards[shard]
+                        reader = ShardReader(
+                            storage.join(self.root, entry.name), entry, config=self.s3_config
+                        )
+                        readers[shard] = reader
+                        if len(readers) > 4:
+                            readers.popitem(last=False)[1].close()
+                    readers.move_to_end(shard)
+                    for chunk in self._read(reader, positions):
+                        while not stop.is_set():
+                            try:
+                                work.put((shard, chunk), timeout=0.1)
+                                break
+                            except queue.Full:
+                                continue
+            except BaseException as exc:  # travels to the consumer, re-raised there
+                work.put(exc)
+            finally:
+                for r in readers.values():
+                    r.close()
+                work.put(_DONE)
+
+        thread = threading.Thread(target=produce, name="fastload-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = work.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                shard, chunk = item
+                name = self.index.shards[shard].name
+                for raw in chunk:
+                    raw["__shard__"] = name
+                    out = self._finish(raw)
+                    if out is not None:
+                        yield out
+        finally:
+            stop.set()
+            while thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    work.get(timeout=0.1)
+
+    def _read(self, reader: ShardReader, positions: list[int]) -> Iterator[list[RawSample]]:
+        if self.index.shard_format == "parquet":
+            yield reader.read_rows(positions, self.columns)
+            return
+        for first, stop in runs(positions):
+            yield reader.read_run(first, stop)
+
+    def _finish(self, raw: RawSample) -> Any:
+        try:
+            sample = (
+                decode_sample(raw, images=self.images, allow_pickle=self.allow_pickle) if self.decode else raw
+            )
+            return self.map(sample) if self.map is not None else sample
+        except Exception as exc:
+            if self.on_error == "skip":
+                self.skipped += 1
+                return None
+            raise FastloadError(
+                f"shard {raw.get('__shard__')}, sample {raw.get('__key__')!r}: decoding failed ({exc!r}); "
+                "fix the data, pass decode=False, or on_error='skip'"
+            ) from exc
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, dict) and "__key__" in batch:
+        return len(batch["__key__"])
+    if isinstance(batch, (list, tuple)):
+        return len(batch)
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    raise TypeError("cannot count samples in a batch; return dicts with __key__ or sequences from collate")
+
+
+class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+    """``torch.utils.data.DataLoader`` for a :class:`ShardDataset` that can save and restore its position.
+
+    The one line a training script adds: save ``loader.state_dict()`` with the checkpoint, and call
+    ``loader.load_state_dict(state)`` after building the loader on restart. Batches already delivered are
+    never delivered again; none are lost.
+    """
+
+    def __init__(self, dataset: ShardDataset, batch_size: int = 1, **kwargs: Any) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise ConfigError("fastload.DataLoader needs a fastload.ShardDataset")
+        if kwargs.get("in_order") is False:
+            raise ConfigError("fastload.DataLoader needs in_order=True (the default) for exact resume")
+        dataset.batch_size = batch_size
+        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        self._delivered = 0
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        self._delivered = 0
+        for batch in super().__iter__():
+            self._delivered += _batch_len(batch)
+            yield batch
+        dataset._set_start(0)
+        self._delivered = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, samples of it delivered so far, and what must match on restore."""
+        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        rank, world = dataset.rank_world()
+        return {
+            "epoch": dataset.epoch,
+            "delivered": dataset.start + self._delivered,
+            "seed": dataset.seed,
+            "world_size": world,
+            "rank": rank,
+            "batch_size": dataset.batch_size,
+            "samples": dataset.index.samples,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields exactly the samples not yet delivered."""
+        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        _, world = dataset.rank_world()
+        for name, mine in (("seed", dataset.seed), ("world_size", world), ("samples", dataset.index.samples)):
+            if state.get(name) != mine:
+                raise ConfigError(
+                    f"cannot resume: the checkpoint has {name}={state.get(name)!r}, this run has "
+                    f"{mine!r}; resume with the same dataset, seed and world size"
+                )
+        dataset.set_epoch(int(state["epoch"]))
+        dataset._set_start(int(state["delivered"]))
+
+
+__all__ = ["INDEX_NAME", "DataLoader", "ShardDataset"]

@@ -1,0 +1,184 @@
+"""Reading samples out of shards: runs of consecutive samples of a tar shard with one ranged read each
+(offsets from the index), Parquet rows by row group, and whole tar shards without an index."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO
+
+from fastload.config import S3Config
+from fastload.core.index import ShardEntry
+from fastload.core.keys import KeyRuleError, split_key
+from fastload.core.tar import BLOCK, TarFormatError, padded, parse_block, parse_pax
+from fastload.errors import VerifyError
+from fastload.io import storage
+
+RawSample = dict[str, Any]
+
+
+def runs(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive ascending positions grouped as ``(first, last + 1)`` runs, in the given order."""
+    out: list[tuple[int, int]] = []
+    for p in positions:
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
+def parse_tar_fragment(
+    data: bytes | memoryview, *, shard: str, base: int = 0
+) -> Iterator[tuple[str, str, bytes]]:
+    """``(key, field, bytes)`` for each regular member in a tar fragment (one or more whole samples)."""
+    view = memoryview(data)
+    pos = 0
+    path: bytes | None = None
+    while pos + BLOCK <= len(view):
+        try:
+            parsed = parse_block(bytes(view[pos : pos + BLOCK]))
+        except TarFormatError as exc:
+            raise VerifyError(
+                f"corrupt tar header ({exc}); run `fastload verify`", shard=shard, offset=base + pos
+            ) from None
+        if parsed is None:
+            return
+        name, size, typeflag = parsed
+        start = pos + BLOCK
+        end = start + size
+        if end > len(view):
+            raise VerifyError(
+                "member runs past the end of the sample's byte range; the index does not match "
+                "the shard: run `fastload verify`",
+                shard=shard,
+                offset=base + pos,
+            )
+        if typeflag == b"x":
+            path = parse_pax(bytes(view[start:end])).get("path", path)
+        elif typeflag in (b"0", b"\0"):
+            member = (path or name).decode("utf-8", "surrogateescape")
+            path = None
+            try:
+                key, field_name = split_key(member)
+            except KeyRuleError as exc:
+                raise VerifyError(f"member {member!r}: {exc}", shard=shard, offset=base + pos) from None
+            yield key, field_name, bytes(view[start:end])
+        pos = start + padded(size)
+
+
+def group_members(members: Iterator[tuple[str, str, bytes]]) -> Iterator[RawSample]:
+    """Consecutive members with the same key as one sample dict."""
+    current: RawSample | None = None
+    for key, field_name, data in members:
+        if current is None or current["__key__"] != key:
+            if current is not None:
+                yield current
+            current = {"__key__": key}
+        current[field_name] = data
+    if current is not None:
+        yield current
+
+
+class ShardReader:
+    """Random access to one shard's samples (local file or S3 object); open it, read runs, close it."""
+
+    def __init__(self, url: str, entry: ShardEntry | None, *, config: S3Config | None = None) -> None:
+        self.url = url
+        self.entry = entry
+        self.name = entry.name if entry is not None else url.rsplit("/", 1)[-1]
+        self._file: BinaryIO = storage.open_read(url, config=config)
+        self._fd = self._file.fileno() if not storage.is_remote(url) else None
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _read(self, offset: int, size: int) -> bytes:
+        if self._fd is not None:
+            data = os.pread(self._fd, size, offset)
+        else:
+            self._file.seek(offset)
+            data = self._file.read(size)
+        if len(data) != size:
+            raise VerifyError(
+                f"shard is shorter than its index says (wanted {size} bytes at {offset}); "
+                "it was truncated or replaced: re-download or re-pack it",
+                shard=self.name,
+                offset=offset,
+            )
+        return data
+
+    def read_run(self, first: int, stop: int) -> list[RawSample]:
+        """Samples ``first..stop-1`` of a tar shard, with one read of their byte range."""
+        entry = self.entry
+        assert entry is not None and entry.offsets
+        offset = entry.offsets[first]
+        end = entry.offsets[stop - 1] + entry.sizes[stop - 1]
+        data = self._read(offset, end - offset)
+        samples = list(group_members(parse_tar_fragment(data, shard=self.name, base=offset)))
+        keys = entry.keys[first:stop]
+        if [s["__key__"] for s in samples] != keys:
+            raise VerifyError(
+                f"samples at index positions {first}..{stop - 1} are not the keys the index lists; "
+                "run `fastload verify`",
+                shard=self.name,
+                key=keys[0],
+                offset=offset,
+            )
+        for i, s in enumerate(samples):
+            s["__index__"] = first + i
+        return samples
+
+    def read_rows(self, positions: Sequence[int], columns: Sequence[str] | None) -> list[RawSample]:
+        """Rows of a Parquet shard (whole row groups are read, then the wanted rows picked)."""
+        import pyarrow.parquet as pq
+
+        entry = self.entry
+        assert entry is not None
+        self._file.seek(0)
+        parquet = pq.ParquetFile(self._file)
+        starts = [0]
+        for rg in entry.row_groups:
+            starts.append(starts[-1] + rg[2])
+        wanted_set = set(positions)
+        wanted = sorted(wanted_set)
+        cols = None if columns is None else ["__key__", *[c for c in columns if c != "__key__"]]
+        rows: dict[int, RawSample] = {}
+        g = 0
+        for p in wanted:
+            while starts[g + 1] <= p:
+                g += 1
+            if p in rows:
+                continue
+            table = parquet.read_row_group(g, columns=cols).to_pydict()
+            names = list(table)
+            for r in range(len(table["__key__"])):
+                pos = starts[g] + r
+                if pos in wanted_set:
+                    sample: RawSample = {n: table[n][r] for n in names if table[n][r] is not None}
+                    sample["__index__"] = pos
+                    rows[pos] = sample
+        return [rows[p] for p in positions]
+
+    def iterate(self) -> Iterator[RawSample]:
+        """All samples of a tar shard in order (for shards without an index)."""
+        import tarfile
+
+        self._file.seek(0)
+        with tarfile.open(fileobj=self._file, mode="r|") as tar:
+
+            def members() -> Iterator[tuple[str, str, bytes]]:
+                for m in tar:
+                    if not m.isfile():
+                        continue
+                    try:
+                        key, field_name = split_key(m.name)
+                    except KeyRuleError:
+                        continue
+                    f = tar.extractfile(m)
+                    assert f is not None
+                    yield key, field_name, f.read()
+
+            for i, sample in enumerate(group_members(members())):
+                sample["__index__"] = i
+                yield sample
