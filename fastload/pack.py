@@ -7,6 +7,7 @@ in parallel to temporary names, publish each by rename, journal it -> write ``in
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -225,7 +226,13 @@ def pack(
                     "packed again: choose a destination outside the source"
                 )
     began = time.monotonic()
-    plan = _plan(srcs, config, s3_config)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # planning makes many small objects and no cycles; collections here only cost time
+    try:
+        plan = _plan(srcs, config, s3_config)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     if plan.skipped and not config.allow_skip:
         raise SkippedInputError(plan.skipped, written=False)
 

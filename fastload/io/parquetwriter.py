@@ -7,7 +7,6 @@ Each row group's column data is read from the input files straight into Arrow bu
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 from collections.abc import Callable, Sequence
 
@@ -26,34 +25,30 @@ KEY_COLUMN = "__key__"
 _MAX_COLUMN_BYTES = (1 << 31) - 1
 
 
-class _ChecksumSink(io.RawIOBase):
-    """A write-only file that computes CRC32C of everything written through it."""
+def file_crc32c(path: str, chunk_bytes: int = 8 << 20) -> tuple[int, int]:
+    """``(crc32c, size)`` of a file, read through one reused buffer (it was just written: it is cached)."""
+    crc = size = 0
+    buf = memoryview(bytearray(chunk_bytes))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = crc32c(buf[:n], crc)
+            size += n
+    return crc, size
 
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.crc = 0
-        self.pos = 0
 
-    def writable(self) -> bool:
-        return True
+class _Buffers:
+    """Per-column data buffers reused across row groups (no fresh, zero-filled memory per group)."""
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
-        view = memoryview(data).cast("B")
-        self.crc = crc32c(view, self.crc)
-        total = len(view)
-        while view:
-            n = os.write(self.fd, view)
-            view = view[n:]
-        self.pos += total
-        return total
+    def __init__(self) -> None:
+        self.data: list[bytearray] = []
 
-    def tell(self) -> int:
-        return self.pos
-
-    def close(self) -> None:
-        if not self.closed:
-            os.close(self.fd)
-        super().close()
+    def get(self, sizes: list[int]) -> list[bytearray]:
+        while len(self.data) < len(sizes):
+            self.data.append(bytearray())
+        for i, size in enumerate(sizes):
+            if len(self.data[i]) < size:
+                self.data[i] = bytearray(max(size, len(self.data[i]) * 2))
+        return self.data[: len(sizes)]
 
 
 def parquet_schema(fields: Sequence[str]) -> pa.Schema:
@@ -84,11 +79,11 @@ def write_parquet_shard(
     schema = parquet_schema(fields)
     column_of = {f: i for i, f in enumerate(fields)}
     sizes = [sum(item.entry.size for _, item in s.members) for s in samples]
-    sink = _ChecksumSink(tmp_path)
+    buffers = _Buffers()
     writer = None
     try:
         writer = pq.ParquetWriter(
-            sink,
+            tmp_path,
             schema,
             compression=compression,
             use_dictionary=[KEY_COLUMN],
@@ -98,24 +93,22 @@ def write_parquet_shard(
         opened = open_ahead(samples, threads=open_threads, window_bytes=window_bytes)
         for start, stop in plan_row_groups(sizes, row_group_bytes=row_group_bytes):
             before = (result.payload_bytes, result.files)
-            arrays = _row_group([next(opened) for _ in range(start, stop)], column_of, result, name)
+            arrays = _row_group([next(opened) for _ in range(start, stop)], column_of, result, name, buffers)
             if on_sample is not None:
                 on_sample(result.payload_bytes - before[0], result.files - before[1])
             if arrays is not None:
                 writer.write_table(pa.Table.from_arrays(arrays, schema=schema), row_group_size=len(arrays[0]))
                 rows_per_group.append(len(arrays[0]))
         writer.close()
-        sink.close()
     except BaseException:
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()
-        sink.close()
         with contextlib.suppress(OSError):
             os.unlink(tmp_path)
         raise
-    entry.bytes = sink.pos
-    entry.checksum = f"{sink.crc:08x}"
+    crc, entry.bytes = file_crc32c(tmp_path)
+    entry.checksum = f"{crc:08x}"
     meta = pq.read_metadata(tmp_path)
     for i, rows in enumerate(rows_per_group):
         rg = meta.row_group(i)
@@ -133,7 +126,7 @@ def write_parquet_shard(
 
 
 def _row_group(
-    group: list[Opened], column_of: dict[str, int], result: ShardResult, shard: str
+    group: list[Opened], column_of: dict[str, int], result: ShardResult, shard: str, buffers: _Buffers
 ) -> list[pa.Array] | None:
     """Read a row group's samples into Arrow arrays (skipping, and reporting, samples that fail)."""
     try:
@@ -147,7 +140,7 @@ def _row_group(
                 raise ValueError(
                     f"column {field_name!r} of one row group exceeds 2 GiB; lower --row-group-size"
                 )
-        data = [bytearray(t) for t in totals]
+        data = buffers.get(totals)
         views = [memoryview(d) for d in data]
         offsets: list[list[int]] = [[0] for _ in range(ncols)]
         valid: list[list[bool]] = [[] for _ in range(ncols)]
