@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import io
 import os
 from typing import Any, BinaryIO
 
@@ -43,8 +42,8 @@ def open(
             config = replace(config, **s3_options)
         elif config is None:
             config = S3Config.from_env(**s3_options)
-        raw = RangedReader(bucket, key, config=config)
-        return io.BufferedReader(raw, buffer_size=buffer_bytes)
+        # the reader buffers whole parts itself; a BufferedReader on top would only add a copy
+        return RangedReader(bucket, key, config=config)  # type: ignore[return-value]
     if s3_options:
         raise ConfigError(f"S3 options {sorted(s3_options)} given for the local path {text!r}")
     path = text[len("file://") :] if text.startswith("file://") else text

@@ -27,6 +27,7 @@ from fastload.io.s3stats import STATS
 
 T = TypeVar("T")
 _CHUNK = 1 << 20
+FIRST_PART_BYTES = 1 << 20
 
 
 class RangedReader(io.RawIOBase):
@@ -54,6 +55,8 @@ class RangedReader(io.RawIOBase):
         self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=sleep, clock=clock)
         self._pid = os.getpid()
         self._part = self._config.part_size_bytes
+        # a small first part: its answer (size, ETag) arrives quickly and lets every other part start
+        self._first = min(self._part, FIRST_PART_BYTES)
         self._window = self._config.readahead_parts
         self._lock = threading.Lock()
         self._size: int | None = None
@@ -120,10 +123,11 @@ class RangedReader(io.RawIOBase):
             raise ValueError(f"negative seek position {pos}")
         self._pos = pos
         if self._size is not None:
-            self._retain(pos // self._part)
+            self._retain(self._index_of(pos))
         return pos
 
     def readinto(self, buffer: Any) -> int:
+        """Fill ``buffer`` (fewer bytes only at the end of the object), copying once out of the parts."""
         if self.closed:
             raise ValueError("I/O operation on closed file")
         self._after_fork()
@@ -133,20 +137,63 @@ class RangedReader(io.RawIOBase):
         if self._size is None:
             self._first_read(self._pos)
         assert self._size is not None
-        if self._pos >= self._size:
-            return 0
+        got = 0
+        while got < len(view) and self._pos < self._size:
+            if self._whole is not None:
+                data: bytes | bytearray = self._whole
+                offset = self._pos
+            else:
+                index = self._index_of(self._pos)
+                self._retain(index)
+                data = self._parts[index].result()
+                offset = self._pos - self._range_of(index).start
+            n = min(len(view) - got, len(data) - offset)
+            view[got : got + n] = memoryview(data)[offset : offset + n]
+            self._pos += n
+            got += n
+        return got
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all remaining when negative), copied once out of the fetched parts."""
+        if size is None or size < 0:
+            return self.readall()
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        self._after_fork()
+        if size == 0:
+            return b""
+        if self._size is None:
+            self._first_read(self._pos)
+        assert self._size is not None
+        size = min(size, self._size - self._pos)
+        if size <= 0:
+            return b""
         if self._whole is not None:
-            data: bytes | bytearray = self._whole
-            offset = self._pos
-        else:
-            index = self._pos // self._part
+            out = self._whole[self._pos : self._pos + size]
+            self._pos += len(out)
+            return out
+        index = self._index_of(self._pos)
+        self._retain(index)
+        data = self._parts[index].result()
+        offset = self._pos - self._range_of(index).start
+        if offset == 0 and size == len(data) and isinstance(data, bytes):
+            self._pos += len(data)
+            return data  # a whole part: no copy at all
+        if size <= len(data) - offset:
+            self._pos += size
+            return bytes(memoryview(data)[offset : offset + size])
+        pieces: list[memoryview] = []
+        left = size
+        while left:
+            index = self._index_of(self._pos)
             self._retain(index)
             data = self._parts[index].result()
-            offset = self._pos - index * self._part
-        n = min(len(view), len(data) - offset)
-        view[:n] = memoryview(data)[offset : offset + n]
-        self._pos += n
-        return n
+            offset = self._pos - self._range_of(index).start
+            take = min(left, len(data) - offset)
+            pieces.append(memoryview(data)[offset : offset + take])
+            self._pos += take
+            left -= take
+        return b"".join(pieces)
 
     def readall(self) -> bytes:
         out = bytearray()
@@ -172,6 +219,18 @@ class RangedReader(io.RawIOBase):
 
     # -- parts ----------------------------------------------------------------------------------------
 
+    def _index_of(self, offset: int) -> int:
+        """The part holding byte ``offset``: part 0 is ``[0, first)``, then parts of ``part_size_bytes``."""
+        return 0 if offset < self._first else 1 + (offset - self._first) // self._part
+
+    def _range_of(self, index: int, *, clip: bool = True) -> ByteRange:
+        start = 0 if index == 0 else self._first + (index - 1) * self._part
+        end = self._first if index == 0 else start + self._part
+        if clip:
+            assert self._size is not None
+            end = min(end, self._size)
+        return ByteRange(start, end)
+
     def _retain(self, index: int) -> None:
         """Keep parts ``index .. index+window-1`` scheduled; cancel or drop every other part."""
         assert self._size is not None
@@ -182,7 +241,7 @@ class RangedReader(io.RawIOBase):
                 if stop is not None:
                     stop.set()
             return
-        last = (self._size - 1) // self._part if self._size else -1
+        last = self._index_of(self._size - 1) if self._size else -1
         wanted = range(index, min(index + self._window, last + 1))
         for i in [i for i in self._parts if i not in wanted]:
             self._parts.pop(i).cancel()
@@ -195,7 +254,7 @@ class RangedReader(io.RawIOBase):
             )
         for i in wanted:
             if i not in self._parts:
-                r = ByteRange(i * self._part, min((i + 1) * self._part, self._size))
+                r = self._range_of(i)
                 if self._pool is None:
                     fut: Future[bytes | bytearray] = Future()
                     try:
@@ -209,8 +268,8 @@ class RangedReader(io.RawIOBase):
 
     def _first_read(self, pos: int) -> None:
         """The first GET: learns size and ETag from its response, keeps its bytes as a part."""
-        index = pos // self._part
-        asked = ByteRange(index * self._part, (index + 1) * self._part)
+        index = self._index_of(pos)
+        asked = self._range_of(index, clip=False)
         try:
             data = self._fetch(asked, first=True)
         except _PastEnd:
@@ -261,7 +320,7 @@ class RangedReader(io.RawIOBase):
         self, asked: ByteRange, *, first: bool = False, stop: threading.Event | None = None
     ) -> bytes | bytearray:
         """Bytes of ``asked`` (clipped to the object on the first request), retried until complete."""
-        state: dict[str, Any] = {"buf": None, "got": 0}
+        state: dict[str, Any] = {"chunks": [], "got": 0}
 
         def attempt() -> bytes | bytearray:
             got = state["got"]
@@ -294,21 +353,19 @@ class RangedReader(io.RawIOBase):
                     end = min(asked.end, check.total)
                     return whole[asked.start : end]
                 end = min(asked.end, check.total)
-                if state["buf"] is None:
-                    state["buf"] = bytearray(end - asked.start)
-                buf: bytearray = state["buf"]
-                view = memoryview(buf)
+                want = end - asked.start
+                chunks: list[bytes] = state["chunks"]
                 read = _chunk_reader(body)
                 try:
-                    while state["got"] < len(buf):
-                        chunk = read(min(_CHUNK, len(buf) - state["got"]))
+                    while state["got"] < want:
+                        chunk = read(min(_CHUNK, want - state["got"]))
                         if not chunk:
                             break
-                        view[state["got"] : state["got"] + len(chunk)] = chunk
+                        chunks.append(chunk)
                         state["got"] += len(chunk)
                 finally:
                     STATS.request_done(latency, state["got"] - got)
-                if state["got"] < len(buf):
+                if state["got"] < want:
                     raise BadResponse(
                         Failure(
                             Fault.SHORT_BODY,
@@ -316,9 +373,9 @@ class RangedReader(io.RawIOBase):
                             f"body ended after {state['got'] - got} of {end - cur.start} bytes",
                         )
                     )
-                if read(1):
+                if state["got"] > want or read(1):
                     raise BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
-                return buf
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
             finally:
                 body.close()
 

@@ -76,12 +76,12 @@ def test_child_opens_and_reads_with_a_client_of_its_own(
     parent = fastload.open(url(KEY), config=config)
     try:
         assert parent.read(PART + 1) == data[: PART + 1]  # client, pool and connections exist
-        parent_client = parent.raw._client  # type: ignore[attr-defined]
+        parent_client = parent._client  # type: ignore[attr-defined]
 
         def child() -> dict[str, Any]:
             with fastload.open(url(KEY), config=config) as f:
                 got = f.read()
-                client = f.raw._client  # type: ignore[attr-defined]
+                client = f._client  # type: ignore[attr-defined]
             return {
                 "pid": os.getpid(),
                 "sha": sha(got),
@@ -118,7 +118,7 @@ def test_reader_opened_in_the_parent_keeps_working_in_the_child(
             rest = f.read()
             return {
                 "sha": sha(head + rest),
-                "own_client": f.raw._client is s3client._clients.get((os.getpid(), config)),  # type: ignore[attr-defined]
+                "own_client": f._client is s3client._clients.get((os.getpid(), config)),  # type: ignore[attr-defined]
             }
 
         result = in_child(child, SHORT_TIMEOUT_S)
