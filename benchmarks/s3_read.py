@@ -372,7 +372,7 @@ def prepare_fastload(spec: dict[str, Any]) -> Callable[[], Tally]:
     config = fastload.S3Config(endpoint_url=spec["endpoint_url"], region=REGION, addressing_style="path")
     first = spec["objects"][0][0]
     with fastload.open(f"s3://{BUCKET}/{first}", config=config) as f:  # creates the client, one HEAD
-        f.raw.size  # type: ignore[attr-defined]  # noqa: B018
+        f.size  # type: ignore[attr-defined]  # noqa: B018
 
     def run() -> Tally:
         return _stream_objects(
@@ -590,7 +590,7 @@ def prepare_packed(spec: dict[str, Any]) -> Callable[[], Tally]:
 
     config = fastload.S3Config(endpoint_url=spec["endpoint_url"], region=REGION, addressing_style="path")
     with fastload.open(f"s3://{BUCKET}/{spec['shards'][0]}", config=config) as f:
-        f.raw.size  # type: ignore[attr-defined]  # noqa: B018
+        f.size  # type: ignore[attr-defined]  # noqa: B018
     expected = {key: (size, sha) for key, size, sha in spec["objects"]}
     prefix = spec["small_prefix"]
     check = _Check(spec["verify"])
