@@ -30,9 +30,21 @@ from fastload.io import storage
 from fastload.io.shardread import RawSample, ShardReader, runs
 
 _DONE = object()
+_SKIPPED = object()
+
+
+class _Chunk:
+    """One chunk of a worker's share: the samples that decoded, and how many were skipped."""
+
+    __slots__ = ("samples", "skipped")
+
+    def __init__(self, samples: list[Any], skipped: int) -> None:
+        self.samples, self.skipped = samples, skipped
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if (rank is None) != (world_size is None):
+        raise ConfigError(f"give both rank= and world_size= (got rank={rank}, world_size={world_size})")
     if rank is not None and world_size is not None:
         return rank, world_size
     dist = torch.distributed
@@ -93,7 +105,9 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.prefetch_runs = prefetch_runs
         # epoch and resume position, shared with DataLoader workers (persistent ones included)
         self._state = multiprocessing.get_context("spawn").RawArray("q", 2)
+        self._resume_epoch: int | None = None
         self.skipped = 0
+        self._emit_chunks = False  # set by fastload.DataLoader: yield one list of samples per chunk
 
     def __repr__(self) -> str:
         return f"ShardDataset({self.root!r}, {len(self.index.shards)} shards, {self.index.samples} samples)"
@@ -105,9 +119,16 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         return int(self._state[0])
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its beginning (call before iterating, as with DistributedSampler)."""
+        """Start epoch ``epoch`` from its beginning (call before iterating, as with DistributedSampler).
+        After :meth:`DataLoader.load_state_dict`, setting the restored epoch keeps the restored position."""
+        if self._resume_epoch == epoch:
+            self._resume_epoch = None
+            self._state[0] = epoch
+            return
+        self._resume_epoch = None
         self._state[0] = epoch
         self._state[1] = 0
+        self.skipped = 0
 
     def _set_start(self, start: int) -> None:
         self._state[1] = start
@@ -116,6 +137,17 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     def start(self) -> int:
         """Samples of this epoch already delivered before the current iteration (resume position)."""
         return int(self._state[1])
+
+    def order_fingerprint(self) -> str:
+        """A digest of everything that decides the sample order (shards, counts, seed, policies)."""
+        import hashlib
+
+        digest = hashlib.sha256(
+            repr((self.seed, self.shuffle_buffer, self.even, self.rank_world()[1])).encode()
+        )
+        for shard in self.index.shards:
+            digest.update(f"{shard.name}\0{shard.samples}\0{shard.checksum}\n".encode())
+        return digest.hexdigest()[:16]
 
     def rank_world(self) -> tuple[int, int]:
         return _rank_and_world(self._rank, self._world)
@@ -153,7 +185,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     # -- iteration ------------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         plan = self.plan()
@@ -161,7 +193,23 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             len(plan.samples), worker=worker, workers=workers, chunk=self.batch_size, start=self.start
         )
         refs = [plan.samples[p] for p in positions]
-        yield from self._samples(refs)
+        if not self._emit_chunks:
+            yield from self._samples(refs)
+            return
+        # one item per chunk of the rank's order, however many of its samples survive decoding, so the
+        # DataLoader's turn-taking over workers stays aligned with the canonical order
+        samples = self._samples(refs, track=True)
+        for first in range(0, len(refs), self.batch_size):
+            size = min(self.batch_size, len(refs) - first)
+            chunk: list[Any] = []
+            skipped = 0
+            for _ in range(size):
+                out = next(samples)
+                if out is _SKIPPED:
+                    skipped += 1
+                else:
+                    chunk.append(out)
+            yield _Chunk(chunk, skipped)
 
     def _batches_of_refs(self, refs: list[tuple[int, int]]) -> Iterator[tuple[int, list[int]]]:
         """Consecutive refs of the same shard grouped, in order: ``(shard, [positions])``."""
@@ -176,7 +224,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if group:
             yield shard, group
 
-    def _samples(self, refs: list[tuple[int, int]]) -> Iterator[dict[str, Any]]:
+    def _samples(self, refs: list[tuple[int, int]], *, track: bool = False) -> Iterator[Any]:
         work: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch_runs)
         stop = threading.Event()
 
@@ -224,7 +272,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                 for raw in chunk:
                     raw["__shard__"] = name
                     out = self._finish(raw)
-                    if out is not None:
+                    if out is not _SKIPPED or track:
                         yield out
         finally:
             stop.set()
@@ -247,22 +295,13 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             return self.map(sample) if self.map is not None else sample
         except Exception as exc:
             if self.on_error == "skip":
-                self.skipped += 1
-                return None
+                if not self._emit_chunks:  # with fastload.DataLoader the loader counts (across workers)
+                    self.skipped += 1
+                return _SKIPPED
             raise FastloadError(
                 f"shard {raw.get('__shard__')}, sample {raw.get('__key__')!r}: decoding failed ({exc!r}); "
                 "fix the data, pass decode=False, or on_error='skip'"
             ) from exc
-
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, dict) and "__key__" in batch:
-        return len(batch["__key__"])
-    if isinstance(batch, (list, tuple)):
-        return len(batch)
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0])
-    raise TypeError("cannot count samples in a batch; return dicts with __key__ or sequences from collate")
 
 
 class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
@@ -273,21 +312,53 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     never delivered again; none are lost.
     """
 
-    def __init__(self, dataset: ShardDataset, batch_size: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        batch_size: int = 1,
+        *,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(dataset, ShardDataset):
             raise ConfigError("fastload.DataLoader needs a fastload.ShardDataset")
         if kwargs.get("in_order") is False:
             raise ConfigError("fastload.DataLoader needs in_order=True (the default) for exact resume")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size} must be >= 1")
         dataset.batch_size = batch_size
-        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        dataset._emit_chunks = True
+        collate = collate_fn or torch.utils.data.default_collate
+        self.fastload_batch_size = batch_size
+        self.fastload_drop_last = drop_last
+        # the dataset yields whole chunks; they are collated in the worker, with the skip count alongside
+        super().__init__(dataset, batch_size=None, collate_fn=_ChunkCollate(collate), **kwargs)  # type: ignore[arg-type]
         self._delivered = 0
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        left = len(dataset)
+        return (
+            left // self.fastload_batch_size
+            if self.fastload_drop_last
+            else -(-left // self.fastload_batch_size)
+        )
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        total = len(dataset.plan().samples)
+        start = dataset.start
         self._delivered = 0
-        for batch in super().__iter__():
-            self._delivered += _batch_len(batch)
-            yield batch
+        for batch, size, skipped in super().__iter__():
+            if size < self.fastload_batch_size and self.fastload_drop_last:
+                break
+            self.skipped += skipped
+            dataset.skipped += skipped
+            self._delivered = min(total - start, self._delivered + self.fastload_batch_size)
+            if batch is not None:
+                yield batch
         dataset._set_start(0)
         self._delivered = 0
 
@@ -303,13 +374,19 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             "rank": rank,
             "batch_size": dataset.batch_size,
             "samples": dataset.index.samples,
+            "order": dataset.order_fingerprint(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields exactly the samples not yet delivered."""
         dataset: ShardDataset = self.dataset  # type: ignore[assignment]
         _, world = dataset.rank_world()
-        for name, mine in (("seed", dataset.seed), ("world_size", world), ("samples", dataset.index.samples)):
+        for name, mine in (
+            ("seed", dataset.seed),
+            ("world_size", world),
+            ("samples", dataset.index.samples),
+            ("order", dataset.order_fingerprint()),
+        ):
             if state.get(name) != mine:
                 raise ConfigError(
                     f"cannot resume: the checkpoint has {name}={state.get(name)!r}, this run has "
@@ -317,6 +394,18 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 )
         dataset.set_epoch(int(state["epoch"]))
         dataset._set_start(int(state["delivered"]))
+        dataset._resume_epoch = int(state["epoch"])
+
+
+class _ChunkCollate:
+    """Collates one chunk in the worker: ``(batch, chunk size, skips)``; batch is None if all were skipped."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
+        self.collate = collate
+
+    def __call__(self, chunk: _Chunk) -> tuple[Any, int, int]:
+        size = len(chunk.samples) + chunk.skipped
+        return (self.collate(chunk.samples) if chunk.samples else None), size, chunk.skipped
 
 
 __all__ = ["INDEX_NAME", "DataLoader", "ShardDataset"]

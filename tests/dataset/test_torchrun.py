@@ -1,0 +1,76 @@
+"""A real two-process torchrun job on loopback: each rank reads its share, rank and world size taken from
+torch.distributed; together the ranks read every sample exactly once, minus what the split reports dropped."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import SUBPROCESS_TIMEOUT_S, Packed, child_env, flat
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "torchrun_keys.py"
+# Failures that mean "no rendezvous on loopback here", not a fastload problem.
+CANNOT_START = (
+    "RendezvousConnectionError",
+    "RendezvousTimeoutError",
+    "Address family not supported",
+    "Cannot assign requested address",
+    "Network is unreachable",
+    "DistNetworkError",
+)
+
+
+def loopback_available() -> str | None:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+    except OSError as exc:
+        return f"cannot listen on 127.0.0.1: {exc}"
+    return None
+
+
+def test_torchrun_two_ranks_read_every_sample_once(uneven: Packed, tmp_path: Path) -> None:
+    why = loopback_available()
+    if why:
+        pytest.skip(f"torchrun needs a TCP listener on loopback; {why}")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        os.fspath(SCRIPT),
+        os.fspath(uneven.root),
+        os.fspath(tmp_path),
+    ]
+    env = child_env(MASTER_ADDR="127.0.0.1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S)
+    output = proc.stdout[-4000:] + proc.stderr[-4000:]
+    if proc.returncode != 0 and any(marker in output for marker in CANNOT_START):
+        pytest.skip(f"torchrun could not start a rendezvous on loopback:\n{output}")
+    assert proc.returncode == 0, output
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
+    assert [r["rank_world"] for r in ranks] == [[0, 2], [1, 2]]
+    keys = [flat(r["batches"]) for r in ranks]
+    dropped = [key for r in ranks for _, key in r["report"]["dropped"]]
+    delivered = keys[0] + keys[1]
+    assert len(delivered) == len(set(delivered)), "a sample was read by both ranks, or twice"
+    assert sorted(delivered + dropped) == sorted(uneven.keys)
+    assert len(dropped) == len(uneven.keys) % 2
+    assert ranks[0]["steps"] == ranks[1]["steps"] and ranks[0]["steps"][0] == ranks[1]["steps"][1]
+    # Each rank read its canonical share (one DataLoader worker changes nothing).
+    for r in range(2):
+        assert keys[r] == uneven.rank_keys(
+            rank=r, world_size=2, seed=5, epoch=0, even="split", shuffle_buffer=8
+        )
