@@ -6,12 +6,15 @@ Every tree fixture returns a :class:`Tree` so tests can compare packed output wi
 
 from __future__ import annotations
 
+import logging
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from moto.server import ThreadedMotoServer
 
 # A name whose full member path is well over 100 bytes (the ustar name field), so it needs a pax header.
 LONG_DIR = "a-folder-name-that-is-rather-long-" + "x" * 40
@@ -157,3 +160,21 @@ def thousands_tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
     """3000 small single-file samples (about 9 MB): big enough that a pack takes a noticeable moment and
     spans a hundred 64 KiB shards. Shared by the session: tests must not modify it (copy it first)."""
     return write_tree(tmp_path_factory.mktemp("thousands") / "src", many_files(3000, max_bytes=6000))
+
+
+@pytest.fixture(scope="session")
+def moto_url() -> Iterator[str]:
+    """One moto S3 server on 127.0.0.1 for the whole test session (quick correctness checks only)."""
+    werkzeug_log = logging.getLogger("werkzeug")
+    level = werkzeug_log.level
+    werkzeug_log.setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+        if server._server is not None:  # stop() leaves the listening socket open
+            server._server.server_close()
+        werkzeug_log.setLevel(level)

@@ -3,7 +3,6 @@ as the same dataset on local disk."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,6 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
-from moto.server import ThreadedMotoServer
 
 import fastload
 from fastload.io import s3client
@@ -21,23 +19,6 @@ from .helpers import Packed, make_loader, pack_files, small_files
 BUCKET = "fastload-dataset-tests"
 REGION = "us-east-1"
 ACCESS_KEY, SECRET_KEY = "AKIDDATASETTESTS", "dataset-tests-secret"
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    werkzeug_log = logging.getLogger("werkzeug")
-    level = werkzeug_log.level
-    werkzeug_log.setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-        if server._server is not None:  # stop() leaves the listening socket open
-            server._server.server_close()
-        werkzeug_log.setLevel(level)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import random
 import socket
 import threading
@@ -13,7 +12,6 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
-from moto.server import ThreadedMotoServer
 
 from fastload.testing import httpwire as wire
 from fastload.testing.faultproxy import FaultProxy
@@ -41,21 +39,6 @@ def s3_client(endpoint_url: str, **config: Any) -> Any:
         aws_secret_access_key=SECRET_KEY,
         config=Config(**options),
     )
-
-
-@pytest.fixture(scope="session")
-def moto_url() -> Iterator[str]:
-    werkzeug_log = logging.getLogger("werkzeug")
-    level = werkzeug_log.level
-    werkzeug_log.setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-        werkzeug_log.setLevel(level)
 
 
 @pytest.fixture(scope="session")

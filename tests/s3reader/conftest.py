@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import logging
 import random
 import tarfile
 import zipfile
@@ -30,7 +29,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from botocore.config import Config
-from moto.server import ThreadedMotoServer
 
 import fastload
 from fastload.io import s3client
@@ -57,23 +55,6 @@ def boto_client(endpoint_url: str) -> Any:
             read_timeout=5,
         ),
     )
-
-
-@pytest.fixture(scope="session")
-def moto_url() -> Iterator[str]:
-    werkzeug_log = logging.getLogger("werkzeug")
-    level = werkzeug_log.level
-    werkzeug_log.setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-        if server._server is not None:  # stop() leaves the listening socket open
-            server._server.server_close()
-        werkzeug_log.setLevel(level)
 
 
 @pytest.fixture(scope="session")
