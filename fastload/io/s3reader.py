@@ -8,12 +8,14 @@ last good byte); a part is handed to the reader only when complete and correct.
 
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
 import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -28,6 +30,32 @@ from fastload.io.s3stats import STATS
 T = TypeVar("T")
 _CHUNK = 1 << 20
 FIRST_PART_BYTES = 1 << 20
+
+
+class _Part:
+    """A part's bytes as the chunks they arrived in (never joined: bytes are copied once, to the caller)."""
+
+    __slots__ = ("chunks", "ends", "size")
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+        self.ends = list(itertools.accumulate(len(c) for c in chunks))
+        self.size = self.ends[-1] if self.ends else 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def views(self, offset: int, n: int) -> Iterator[memoryview]:
+        """Memoryviews covering ``[offset, offset + n)``."""
+        i = bisect.bisect_right(self.ends, offset)
+        while n > 0:
+            start = self.ends[i] - len(self.chunks[i])
+            a = offset - start
+            take = min(n, len(self.chunks[i]) - a)
+            yield memoryview(self.chunks[i])[a : a + take]
+            offset += take
+            n -= take
+            i += 1
 
 
 class RangedReader(io.RawIOBase):
@@ -62,7 +90,7 @@ class RangedReader(io.RawIOBase):
         self._size: int | None = None
         self._etag: str | None = None
         self._whole: bytes | None = None
-        self._parts: dict[int, Future[bytes | bytearray]] = {}
+        self._parts: dict[int, Future[_Part]] = {}
         self._stops: dict[int, threading.Event] = {}
         self._closing = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
@@ -140,15 +168,18 @@ class RangedReader(io.RawIOBase):
         got = 0
         while got < len(view) and self._pos < self._size:
             if self._whole is not None:
-                data: bytes | bytearray = self._whole
-                offset = self._pos
+                n = min(len(view) - got, self._size - self._pos)
+                view[got : got + n] = memoryview(self._whole)[self._pos : self._pos + n]
             else:
                 index = self._index_of(self._pos)
                 self._retain(index)
-                data = self._parts[index].result()
+                part = self._parts[index].result()
                 offset = self._pos - self._range_of(index).start
-            n = min(len(view) - got, len(data) - offset)
-            view[got : got + n] = memoryview(data)[offset : offset + n]
+                n = min(len(view) - got, len(part) - offset)
+                at = got
+                for piece in part.views(offset, n):
+                    view[at : at + len(piece)] = piece
+                    at += len(piece)
             self._pos += n
             got += n
         return got
@@ -172,27 +203,20 @@ class RangedReader(io.RawIOBase):
             out = self._whole[self._pos : self._pos + size]
             self._pos += len(out)
             return out
-        index = self._index_of(self._pos)
-        self._retain(index)
-        data = self._parts[index].result()
-        offset = self._pos - self._range_of(index).start
-        if offset == 0 and size == len(data) and isinstance(data, bytes):
-            self._pos += len(data)
-            return data  # a whole part: no copy at all
-        if size <= len(data) - offset:
-            self._pos += size
-            return bytes(memoryview(data)[offset : offset + size])
         pieces: list[memoryview] = []
         left = size
         while left:
             index = self._index_of(self._pos)
             self._retain(index)
-            data = self._parts[index].result()
+            part = self._parts[index].result()
             offset = self._pos - self._range_of(index).start
-            take = min(left, len(data) - offset)
-            pieces.append(memoryview(data)[offset : offset + take])
+            take = min(left, len(part) - offset)
+            pieces.extend(part.views(offset, take))
             self._pos += take
             left -= take
+        whole = pieces[0].obj if len(pieces) == 1 else None
+        if isinstance(whole, bytes) and len(whole) == len(pieces[0]):
+            return whole  # exactly one received chunk: no copy
         return b"".join(pieces)
 
     def readall(self) -> bytes:
@@ -256,7 +280,7 @@ class RangedReader(io.RawIOBase):
             if i not in self._parts:
                 r = self._range_of(i)
                 if self._pool is None:
-                    fut: Future[bytes | bytearray] = Future()
+                    fut: Future[_Part] = Future()
                     try:
                         fut.set_result(self._fetch(r))
                     except BaseException as exc:
@@ -276,7 +300,7 @@ class RangedReader(io.RawIOBase):
             self._head()
             return
         if self._whole is None:
-            fut: Future[bytes | bytearray] = Future()
+            fut: Future[_Part] = Future()
             fut.set_result(data)
             self._parts[index] = fut
 
@@ -316,13 +340,11 @@ class RangedReader(io.RawIOBase):
             self._size = size
             self._etag = self._etag or etag
 
-    def _fetch(
-        self, asked: ByteRange, *, first: bool = False, stop: threading.Event | None = None
-    ) -> bytes | bytearray:
+    def _fetch(self, asked: ByteRange, *, first: bool = False, stop: threading.Event | None = None) -> _Part:
         """Bytes of ``asked`` (clipped to the object on the first request), retried until complete."""
         state: dict[str, Any] = {"chunks": [], "got": 0}
 
-        def attempt() -> bytes | bytearray:
+        def attempt() -> _Part:
             got = state["got"]
             cur = ByteRange(asked.start + got, asked.end)
             params = self._params()
@@ -351,7 +373,7 @@ class RangedReader(io.RawIOBase):
                     STATS.request_done(latency, len(whole))
                     self._whole = whole
                     end = min(asked.end, check.total)
-                    return whole[asked.start : end]
+                    return _Part([whole[asked.start : end]])
                 end = min(asked.end, check.total)
                 want = end - asked.start
                 chunks: list[bytes] = state["chunks"]
@@ -375,7 +397,7 @@ class RangedReader(io.RawIOBase):
                     )
                 if state["got"] > want or read(1):
                     raise BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                return _Part(chunks)
             finally:
                 body.close()
 
