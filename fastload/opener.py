@@ -9,15 +9,12 @@ from typing import Any, BinaryIO
 from fastload.config import S3Config
 from fastload.errors import ConfigError
 
-DEFAULT_BUFFER_BYTES = 1 << 20
-
 
 def open(
     url: str | os.PathLike[str],
     mode: str = "rb",
     *,
     config: S3Config | None = None,
-    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     **s3_options: Any,
 ) -> BinaryIO:
     """Open ``url`` for reading: a local path, ``file://`` URL, or ``s3://bucket/key``.

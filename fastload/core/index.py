@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,8 +185,3 @@ def locate(shard: ShardEntry, sample: int) -> tuple[int, int]:
     if not shard.offsets:
         raise IndexFormatError(f"shard {shard.name} has no per-sample offsets (it is not a tar shard)")
     return shard.offsets[sample], shard.sizes[sample]
-
-
-def fields_of(shards: Sequence[Sequence[str]]) -> list[str]:
-    """Sorted union of field names."""
-    return sorted({f for fields in shards for f in fields})

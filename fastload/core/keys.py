@@ -9,7 +9,7 @@ accepts; names it would split differently or drop are rejected with a reason.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -128,12 +128,4 @@ def lint_member_name(name: str) -> str | None:
         return f"WebDataset keys it as {wds[0]!r} field {wds[1]!r}, which is surely not meant ({exc})"
     if wds != ours:
         return f"WebDataset would split it as {wds!r}, not key {ours[0]!r} field {ours[1]!r}"
-    return None
-
-
-def check_sorted_unique(keys: Sequence[str]) -> int | None:
-    """Index of the first key that is not strictly greater than the previous one, or None."""
-    for i in range(1, len(keys)):
-        if keys[i] <= keys[i - 1]:
-            return i
     return None

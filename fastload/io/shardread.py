@@ -159,26 +159,3 @@ class ShardReader:
                     sample["__index__"] = pos
                     rows[pos] = sample
         return [rows[p] for p in positions]
-
-    def iterate(self) -> Iterator[RawSample]:
-        """All samples of a tar shard in order (for shards without an index)."""
-        import tarfile
-
-        self._file.seek(0)
-        with tarfile.open(fileobj=self._file, mode="r|") as tar:
-
-            def members() -> Iterator[tuple[str, str, bytes]]:
-                for m in tar:
-                    if not m.isfile():
-                        continue
-                    try:
-                        key, field_name = split_key(m.name)
-                    except KeyRuleError:
-                        continue
-                    f = tar.extractfile(m)
-                    assert f is not None
-                    yield key, field_name, f.read()
-
-            for i, sample in enumerate(group_members(members())):
-                sample["__index__"] = i
-                yield sample

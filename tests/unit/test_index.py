@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastload.core.index import DatasetIndex, ShardEntry, fields_of, locate, parse_index
+from fastload.core.index import DatasetIndex, ShardEntry, locate, parse_index
 from fastload.errors import FastloadError, IndexFormatError
 
 SETTINGS = settings(max_examples=120, deadline=None)
@@ -285,7 +285,7 @@ def test_any_corruption_is_an_index_format_error(data: st.DataObject, value: Any
         parse_index(_dump(corrupt))
 
 
-# --- locate and fields_of -----------------------------------------------------------------------------
+# --- locate -----------------------------------------------------------------------------
 
 
 def test_locate() -> None:
@@ -303,8 +303,3 @@ def test_locate_out_of_range() -> None:
     shard = parse_index(_dump(_valid())).shards[1]
     with pytest.raises((IndexError, IndexFormatError)):
         locate(shard, 1)
-
-
-def test_fields_of() -> None:
-    assert fields_of([]) == []
-    assert fields_of([["jpg", "cls"], ["cls", "seg.png"], []]) == ["cls", "jpg", "seg.png"]

@@ -13,7 +13,6 @@ from fastload.core.keys import (
     KeyRuleError,
     Rejected,
     Sample,
-    check_sorted_unique,
     group_samples,
     lint_member_name,
     partition_value,
@@ -328,15 +327,3 @@ def test_lint_member_name_is_none_exactly_when_both_rules_agree(name: str) -> No
     assert (message is None) == fine
     if message is not None:
         assert message.strip()
-
-
-# --- check_sorted_unique ------------------------------------------------------------------------------
-
-
-@SETTINGS
-@given(st.lists(st.text(alphabet="ab/", max_size=3), max_size=8))
-def test_check_sorted_unique(keys: list[str]) -> None:
-    expected = next((i for i in range(1, len(keys)) if not keys[i - 1] < keys[i]), None)
-    assert check_sorted_unique(keys) == expected
-    if expected is None:
-        assert keys == sorted(set(keys))
