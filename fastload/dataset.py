@@ -27,7 +27,7 @@ from fastload.core.sharding import EVEN_POLICIES, RankPlan, rank_order, worker_p
 from fastload.decode import decode_sample
 from fastload.errors import ConfigError, FastloadError
 from fastload.io import storage
-from fastload.io.shardread import RawSample, ShardReader, runs
+from fastload.io.shardread import RawSample, ShardReader
 
 _DONE = object()
 _SKIPPED = object()
@@ -244,7 +244,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                         if len(readers) > 4:
                             readers.popitem(last=False)[1].close()
                     readers.move_to_end(shard)
-                    for chunk in self._read(reader, positions):
+                    for chunk in reader.read_samples(positions, self.columns):
                         while not stop.is_set():
                             try:
                                 work.put((shard, chunk), timeout=0.1)
@@ -279,13 +279,6 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             while thread.is_alive():
                 with contextlib.suppress(queue.Empty):
                     work.get(timeout=0.1)
-
-    def _read(self, reader: ShardReader, positions: list[int]) -> Iterator[list[RawSample]]:
-        if self.index.shard_format == "parquet":
-            yield reader.read_rows(positions, self.columns)
-            return
-        for first, stop in runs(positions):
-            yield reader.read_run(first, stop)
 
     def _finish(self, raw: RawSample) -> Any:
         try:

@@ -108,6 +108,17 @@ class ShardReader:
             )
         return data
 
+    def read_samples(
+        self, positions: Sequence[int], columns: Sequence[str] | None = None
+    ) -> Iterator[list[RawSample]]:
+        """The samples at index ``positions`` of this shard, in that order, as lists (one per read).
+        Dispatches on the shard's format; ``columns`` projects Parquet fields."""
+        if self.name.endswith(".parquet"):
+            yield self.read_rows(positions, columns)
+            return
+        for first, stop in runs(positions):
+            yield self.read_run(first, stop)
+
     def read_run(self, first: int, stop: int) -> list[RawSample]:
         """Samples ``first..stop-1`` of a tar shard, with one read of their byte range."""
         entry = self.entry
