@@ -9,12 +9,8 @@ the samples already delivered, which :class:`DataLoader` counts.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
-import queue
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -23,13 +19,15 @@ import torch.utils.data
 
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex
+from fastload.core.readplan import plan_reads
 from fastload.core.sharding import EVEN_POLICIES, RankPlan, rank_order, worker_positions
 from fastload.decode import decode_sample
 from fastload.errors import ConfigError, FastloadError
 from fastload.io import storage
-from fastload.io.shardread import RawSample, ShardReader
+from fastload.io.prefetch import Prefetcher
+from fastload.io.shardcache import ShardCache
+from fastload.io.shardread import RawSample, ShardReaders
 
-_DONE = object()
 _SKIPPED = object()
 
 
@@ -80,7 +78,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         map: Callable[[dict[str, Any]], Any] | None = None,
         columns: Sequence[str] | None = None,
         on_error: str = "raise",
-        prefetch_runs: int = 8,
+        prefetch_bytes: int = 64 << 20,
+        prefetch_threads: int = 8,
+        prefetch_runs: int = 64,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit_bytes: int | None = None,
+        cache_verify: bool = True,
         s3_config: S3Config | None = None,
     ) -> None:
         super().__init__()
@@ -88,8 +91,15 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             raise ConfigError(f"even={even!r}; choose one of {', '.join(EVEN_POLICIES)}")
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error={on_error!r}; choose 'raise' or 'skip'")
-        if batch_size < 1 or prefetch_runs < 1 or shuffle_buffer < 0:
-            raise ConfigError("batch_size and prefetch_runs must be >= 1 and shuffle_buffer >= 0")
+        if batch_size < 1 or prefetch_runs < 1 or prefetch_threads < 1 or shuffle_buffer < 0:
+            raise ConfigError(
+                f"{batch_size=}, {prefetch_runs=} and {prefetch_threads=} must be >= 1 and "
+                f"{shuffle_buffer=} >= 0"
+            )
+        if prefetch_bytes < 0:
+            raise ConfigError(f"{prefetch_bytes=} must be >= 0 (0 turns prefetch off)")
+        if cache_limit_bytes is not None and cache_dir is None:
+            raise ConfigError("cache_limit_bytes= needs cache_dir= (the folder to keep shards in)")
         self.root = storage.normalise(source)
         self.s3_config = s3_config
         from fastload.summary import load_index
@@ -102,12 +112,40 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.batch_size = batch_size
         self.decode, self.images, self.allow_pickle = decode, images, allow_pickle
         self.map, self.columns, self.on_error = map, columns, on_error
-        self.prefetch_runs = prefetch_runs
+        self.prefetch_bytes, self.prefetch_threads, self.prefetch_runs = (
+            prefetch_bytes,
+            prefetch_threads,
+            prefetch_runs,
+        )
+        self.cache_dir = None if cache_dir is None else os.path.abspath(os.fspath(cache_dir))
+        self.cache_limit_bytes, self.cache_verify = cache_limit_bytes, cache_verify
+        self._cache_obj: tuple[int, ShardCache] | None = None
+        if self.cache_dir is not None:
+            self.cache()  # a bad folder fails here, not in a worker
         # epoch and resume position, shared with DataLoader workers (persistent ones included)
         self._state = multiprocessing.get_context("spawn").RawArray("q", 2)
         self._resume_epoch: int | None = None
         self.skipped = 0
         self._emit_chunks = False  # set by fastload.DataLoader: yield one list of samples per chunk
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cache_obj"] = None  # locks and per-process checks stay in their process
+        return state
+
+    def cache(self) -> ShardCache | None:
+        """This process's view of the shard cache (None without ``cache_dir``)."""
+        if self.cache_dir is None:
+            return None
+        if self._cache_obj is None or self._cache_obj[0] != os.getpid():
+            cache = ShardCache(
+                self.cache_dir,
+                limit_bytes=self.cache_limit_bytes,
+                verify=self.cache_verify,
+                config=self.s3_config,
+            )
+            self._cache_obj = (os.getpid(), cache)
+        return self._cache_obj[1]
 
     def __repr__(self) -> str:
         return f"ShardDataset({self.root!r}, {len(self.index.shards)} shards, {self.index.samples} samples)"
@@ -211,74 +249,37 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                     chunk.append(out)
             yield _Chunk(chunk, skipped)
 
-    def _batches_of_refs(self, refs: list[tuple[int, int]]) -> Iterator[tuple[int, list[int]]]:
-        """Consecutive refs of the same shard grouped, in order: ``(shard, [positions])``."""
-        group: list[int] = []
-        shard = -1
-        for s, i in refs:
-            if s != shard and group:
-                yield shard, group
-                group = []
-            shard = s
-            group.append(i)
-        if group:
-            yield shard, group
-
     def _samples(self, refs: list[tuple[int, int]], *, track: bool = False) -> Iterator[Any]:
-        work: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch_runs)
-        stop = threading.Event()
-
-        def produce() -> None:
-            readers: OrderedDict[int, ShardReader] = OrderedDict()
-            try:
-                for shard, positions in self._batches_of_refs(refs):
-                    if stop.is_set():
-                        return
-                    reader = readers.get(shard)
-                    if reader is None:
-                        entry = self.index.shards[shard]
-                        reader = ShardReader(
-                            storage.join(self.root, entry.name), entry, config=self.s3_config
-                        )
-                        readers[shard] = reader
-                        if len(readers) > 4:
-                            readers.popitem(last=False)[1].close()
-                    readers.move_to_end(shard)
-                    for chunk in reader.read_samples(positions, self.columns):
-                        while not stop.is_set():
-                            try:
-                                work.put((shard, chunk), timeout=0.1)
-                                break
-                            except queue.Full:
-                                continue
-            except BaseException as exc:  # travels to the consumer, re-raised there
-                work.put(exc)
-            finally:
-                for r in readers.values():
-                    r.close()
-                work.put(_DONE)
-
-        thread = threading.Thread(target=produce, name="fastload-prefetch", daemon=True)
-        thread.start()
+        tasks = plan_reads(
+            refs, self.index.shards, max_task_bytes=max(1 << 20, min(16 << 20, self.prefetch_bytes // 4))
+        )
+        readers = ShardReaders(
+            self.root,
+            self.index.shards,
+            tasks,
+            columns=self.columns,
+            config=self.s3_config,
+            cache=self.cache(),
+        )
+        prefetcher = Prefetcher(
+            tasks,
+            readers.fetch,
+            max_bytes=self.prefetch_bytes,
+            max_tasks=self.prefetch_runs,
+            threads=self.prefetch_threads,
+            release=readers.release,
+        )
         try:
-            while True:
-                item = work.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                shard, chunk = item
-                name = self.index.shards[shard].name
+            for task, chunk in prefetcher:
+                name = self.index.shards[task.shard].name
                 for raw in chunk:
                     raw["__shard__"] = name
                     out = self._finish(raw)
                     if out is not _SKIPPED or track:
                         yield out
         finally:
-            stop.set()
-            while thread.is_alive():
-                with contextlib.suppress(queue.Empty):
-                    work.get(timeout=0.1)
+            prefetcher.close()
+            readers.close()
 
     def _finish(self, raw: RawSample) -> Any:
         try:

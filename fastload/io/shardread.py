@@ -4,15 +4,21 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
+from fastload.core.readplan import ReadTask
 from fastload.core.tar import BLOCK, TarFormatError, padded, parse_block, parse_pax
 from fastload.errors import VerifyError
 from fastload.io import storage
+
+if TYPE_CHECKING:
+    from fastload.io.shardcache import ShardCache
 
 RawSample = dict[str, Any]
 
@@ -89,16 +95,23 @@ class ShardReader:
         self.name = entry.name if entry is not None else url.rsplit("/", 1)[-1]
         self._file: BinaryIO = storage.open_read(url, config=config)
         self._fd = self._file.fileno() if not storage.is_remote(url) else None
+        self._seek_lock = threading.Lock()  # for readers that go through the file position (Parquet)
 
     def close(self) -> None:
         self._file.close()
 
     def _read(self, offset: int, size: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset``; safe to call from several threads at once."""
         if self._fd is not None:
             data = os.pread(self._fd, size, offset)
         else:
-            self._file.seek(offset)
-            data = self._file.read(size)
+            fetch_range = getattr(self._file, "fetch_range", None)
+            if fetch_range is not None:
+                data = fetch_range(offset, offset + size)
+            else:
+                with self._seek_lock:
+                    self._file.seek(offset)
+                    data = self._file.read(size)
         if len(data) != size:
             raise VerifyError(
                 f"shard is shorter than its index says (wanted {size} bytes at {offset}); "
@@ -142,6 +155,10 @@ class ShardReader:
 
     def read_rows(self, positions: Sequence[int], columns: Sequence[str] | None) -> list[RawSample]:
         """Rows of a Parquet shard (whole row groups are read, then the wanted rows picked)."""
+        with self._seek_lock:
+            return self._read_rows(positions, columns)
+
+    def _read_rows(self, positions: Sequence[int], columns: Sequence[str] | None) -> list[RawSample]:
         import pyarrow.parquet as pq
 
         entry = self.entry
@@ -170,3 +187,72 @@ class ShardReader:
                     sample["__index__"] = pos
                     rows[pos] = sample
         return [rows[p] for p in positions]
+
+
+class ShardReaders:
+    """The readers a list of read tasks needs: each shard opened on first use (from the local cache when
+    there is one and the shard is remote), shared by the threads reading it, and closed after its last task.
+    Use as the ``fetch``/``release`` pair of a :class:`~fastload.io.prefetch.Prefetcher`."""
+
+    def __init__(
+        self,
+        root: str,
+        shards: Sequence[ShardEntry],
+        tasks: Sequence[ReadTask],
+        *,
+        columns: Sequence[str] | None = None,
+        config: S3Config | None = None,
+        cache: ShardCache | None = None,
+    ) -> None:
+        self.root, self.shards, self.columns = root, shards, columns
+        self.config, self.cache = config, cache
+        self._left = Counter(t.shard for t in tasks)
+        self._open: dict[int, ShardReader] = {}
+        self._opening: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def fetch(self, task: ReadTask, stop: threading.Event | None = None) -> list[RawSample]:
+        """The samples of ``task``, in its order."""
+        reader = self._reader(task.shard)
+        out: list[RawSample] = []
+        for chunk in reader.read_samples(task.positions, self.columns):
+            out.extend(chunk)
+        return out
+
+    def release(self, task: ReadTask) -> None:
+        with self._lock:
+            self._left[task.shard] -= 1
+            reader = self._open.pop(task.shard) if self._left[task.shard] <= 0 else None
+        if reader is not None:
+            reader.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            readers, self._open = list(self._open.values()), {}
+        for reader in readers:
+            reader.close()
+
+    def _reader(self, shard: int) -> ShardReader:
+        with self._lock:
+            reader = self._open.get(shard)
+            if reader is not None:
+                return reader
+            opening = self._opening.setdefault(shard, threading.Lock())
+        with opening:
+            with self._lock:
+                reader = self._open.get(shard)
+            if reader is not None:
+                return reader
+            entry = self.shards[shard]
+            url = storage.join(self.root, entry.name)
+            if self.cache is not None and storage.is_remote(url) and self.cache.cacheable(entry):
+                url = self.cache.get(url, entry)
+            reader = ShardReader(url, entry, config=self.config)
+            with self._lock:
+                if self._closed:
+                    reader.close()
+                    raise RuntimeError("shard readers closed")
+                self._open[shard] = reader
+            return reader

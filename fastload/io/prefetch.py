@@ -1,0 +1,95 @@
+"""Ordered prefetch: run read tasks ahead of the consumer on a thread pool, bounded in bytes.
+
+Results come back in task order whatever order the threads finish in; an error in a task is re-raised in
+the consumer when it reaches that task (so it surfaces with the task it belongs to). The pool has one
+owner, a stop event that running fetches can watch, and ``close()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+from fastload.core.readplan import ReadTask
+
+T = TypeVar("T")
+
+
+class Prefetcher(Generic[T]):
+    """``fetch(task, stop)`` for each task, run ahead of iteration.
+
+    At most ``max_bytes`` worth of tasks (by their ``nbytes``) and at most ``max_tasks`` tasks are fetched
+    or fetching but not yet consumed, and always at least one. ``max_bytes=0`` fetches each task in the
+    consumer's thread when it is reached (no prefetch). ``release(task)`` is called after the consumer
+    is done with a task's result (before the next one is handed over).
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[ReadTask],
+        fetch: Callable[[ReadTask, threading.Event], T],
+        *,
+        max_bytes: int,
+        max_tasks: int = 64,
+        threads: int = 8,
+        release: Callable[[ReadTask], None] | None = None,
+    ) -> None:
+        if max_bytes < 0 or max_tasks < 1 or threads < 1:
+            raise ValueError(f"{max_bytes=} must be >= 0, {max_tasks=} and {threads=} >= 1")
+        self._tasks = tasks
+        self._fetch = fetch
+        self._max_bytes, self._max_tasks = max_bytes, max_tasks
+        self._threads = threads
+        self._release = release
+        self._stop = threading.Event()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque[tuple[ReadTask, Future[T]]] = deque()
+
+    def __iter__(self) -> Iterator[tuple[ReadTask, T]]:
+        try:
+            if self._max_bytes == 0:
+                for task in self._tasks:
+                    yield task, self._fetch(task, self._stop)
+                    self._done(task)
+                return
+            self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="fastload-prefetch")
+            nxt = 0
+            in_flight = 0
+            while nxt < len(self._tasks) or self._pending:
+                while nxt < len(self._tasks) and (
+                    not self._pending
+                    or (
+                        len(self._pending) < self._max_tasks
+                        and in_flight + self._tasks[nxt].nbytes <= self._max_bytes
+                    )
+                ):
+                    task = self._tasks[nxt]
+                    self._pending.append((task, self._pool.submit(self._fetch, task, self._stop)))
+                    in_flight += task.nbytes
+                    nxt += 1
+                task, future = self._pending[0]
+                result = future.result()
+                self._pending.popleft()
+                in_flight -= task.nbytes
+                yield task, result
+                del result
+                self._done(task)
+        finally:
+            self.close()
+
+    def _done(self, task: ReadTask) -> None:
+        if self._release is not None:
+            self._release(task)
+
+    def close(self) -> None:
+        """Stop: queued tasks are cancelled, running fetches see the stop event; does not wait for them."""
+        self._stop.set()
+        for _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
