@@ -198,6 +198,8 @@ def pack(
     config: PackConfig | None = None,
     *,
     s3_config: S3Config | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
     **options: Any,
 ) -> PackReport:
     """Pack the files under ``sources`` (local folders or ``s3://`` prefixes) into shards plus
@@ -207,7 +209,19 @@ def pack(
     :meth:`S3Config.from_env`. Raises :class:`~fastload.errors.SkippedInputError` when inputs had to be
     left out and ``allow_skip`` is false: before writing anything for problems seen while listing, after
     writing for files that vanished or became unreadable during the run.
+
+    ``engine="ray"`` writes the shards as Ray tasks (:mod:`fastload.rayengine`) on the cluster at
+    ``ray_address`` (default: ``RAY_ADDRESS``, a running local cluster, else a new local one); the output
+    is the same, byte for byte.
     """
+    if engine not in ("local", "ray"):
+        raise ConfigError(f"engine={engine!r}; choose 'local' or 'ray'")
+    if engine == "ray":
+        from fastload.rayengine import require_ray
+
+        require_ray()
+    elif ray_address is not None:
+        raise ConfigError("ray_address only applies with engine='ray' (--engine ray)")
     config = replace(config or PackConfig(), **options) if options else (config or PackConfig())
     srcs = (
         [os.fspath(sources)] if isinstance(sources, (str, os.PathLike)) else [os.fspath(s) for s in sources]
@@ -263,7 +277,23 @@ def pack(
         desc=f"packing {len(plan.shards)} shards",
     ) as progress:
         try:
-            _write_all(todo, plan, config, dest, journal, results, progress.advance, remote=remote)
+            if engine == "ray":
+                from fastload.rayengine import write_on_ray
+
+                write_on_ray(
+                    todo,
+                    plan.samples,
+                    plan.fields,
+                    config,
+                    dest.url,
+                    s3_config,
+                    results,
+                    progress.advance,
+                    remote=remote,
+                    address=ray_address,
+                )
+            else:
+                _write_all(todo, plan, config, dest, journal, results, progress.advance, remote=remote)
         except BaseException:
             dest.cleanup()
             raise

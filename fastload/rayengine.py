@@ -1,0 +1,227 @@
+"""``fastload pack --engine ray``: the planned shards written by Ray tasks on any node of a cluster.
+
+The driver lists and plans exactly as the local engine does (:func:`fastload.pack`), then hands each
+unfinished shard's plan (its samples, whole) to a Ray task. The task writes the shard with the local
+engine's own writer, publishes it under its final name and records it in the resume journal, and returns
+its index entry; the driver collects the entries and writes ``index.json`` last. So the output is the local
+engine's, byte for byte, and the guarantees carry over:
+
+- a task that dies (worker crash, lost node) is retried by Ray (``max_retries``); each attempt writes to a
+  temporary folder of its own, so a shard is published whole or not at all;
+- a driver killed mid-run leaves the journal: ``--resume`` keeps the published shards and writes the rest.
+
+Local sources and destinations must be on a file system that every node mounts at the same path (a task
+checks and says so); ``s3://`` works from anywhere. Every node needs fastload installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import Any
+
+from fastload.config import PackConfig, S3Config
+from fastload.core.keys import Sample
+from fastload.core.plan import ShardPlan
+from fastload.errors import ConfigError, FastloadError, PackError
+from fastload.io.dest import LocalDestination, destination
+from fastload.io.inputs import Input
+from fastload.io.journal import STATE_DIR, PackJournal
+from fastload.io.listing import LocalSource
+from fastload.io.tarwriter import ShardResult
+
+INSTALL_HINT = "pip install 'fastload[ray]'"
+MAX_RETRIES = 3  # attempts per shard after the first, when its worker process or node dies
+IN_FLIGHT_PER_CPU = 2  # shards submitted ahead per cluster CPU: no node waits on the driver
+
+
+def require_ray() -> ModuleType:
+    """The ``ray`` module, or a :class:`ConfigError` saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"the Ray engine needs Ray, which is not installed: {INSTALL_HINT}") from None
+    return ray
+
+
+@contextlib.contextmanager
+def connected(address: str | None) -> Iterator[ModuleType]:
+    """Ray, initialised: the connection this process already has, else ``ray.init(address)`` (None: the
+    ``RAY_ADDRESS`` cluster, else a running local one, else a new local one), shut down again on exit."""
+    ray = require_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    try:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    except (ConnectionError, ValueError) as exc:
+        raise PackError(
+            f"cannot connect to the Ray cluster at {address or 'the default address'} ({exc}); check "
+            "--ray-address (e.g. ray://head:10001 or head:6379) and that the cluster is up"
+        ) from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@dataclass(frozen=True)
+class _Fault:
+    """Test-only fault injection, shipped to every task (see ``tests/ray``); never set in normal use.
+
+    ``crash_dir``: the first attempt at each shard kills its worker process (``os._exit``) after writing
+    one sample, leaving a marker file there; ``delay_s``: each task sleeps this long before writing.
+    """
+
+    crash_dir: str | None = None
+    delay_s: float = 0.0
+
+
+_test_fault: _Fault | None = None  # set by tests only
+
+
+def _check_visible(dest: LocalDestination, samples: list[Sample[Input]]) -> None:
+    """A local destination or source must be the same shared folder on every node."""
+    roots = {it.source.root for s in samples for _, it in s.members if isinstance(it.source, LocalSource)}
+    for path, what in [(dest.tmp_dir, f"destination {dest.url}"), *((r, f"source {r}") for r in roots)]:
+        if not os.path.isdir(path):
+            raise PackError(
+                f"the {what} is not visible on Ray node {socket.gethostname()}: local paths must be on a "
+                "file system every node mounts at the same path (NFS, Lustre, ...); or use s3:// URLs"
+            )
+
+
+def _write_shard(
+    shard: ShardPlan,
+    samples: list[Sample[Input]],
+    fields: list[str],
+    config: PackConfig,
+    dest_url: str,
+    s3_config: S3Config | None,
+    remote: bool,
+    fault: _Fault | None,
+) -> ShardResult:
+    """The body of one Ray task: write, publish and journal one shard with the local engine's writer."""
+    from fastload.pack import _Plan, _write_all
+
+    dest = destination(dest_url, STATE_DIR, config=s3_config)
+    if isinstance(dest, LocalDestination):
+        _check_visible(dest, samples)
+        attempt_dir = tempfile.mkdtemp(prefix=f"{shard.number:06d}-", dir=dest.tmp_dir)
+    else:
+        attempt_dir = tempfile.mkdtemp(prefix=f"fastload-ray-{shard.number:06d}-")
+    dest.tmp_dir = attempt_dir  # this attempt's own: a straggling earlier attempt never shares its file
+    if fault is not None and fault.delay_s:
+        time.sleep(fault.delay_s)
+    advance = _crash_after_one_sample(shard, fault.crash_dir) if fault and fault.crash_dir else _ignore
+    one = replace(shard, start=0, stop=len(samples))
+    plan = _Plan(samples, [one], fields, [], "", "", 0, 0)
+    results: dict[int, ShardResult] = {}
+    try:
+        _write_all([one], plan, config, dest, PackJournal(dest), results, advance, remote=remote)
+    finally:
+        shutil.rmtree(attempt_dir, ignore_errors=True)
+    return results[shard.number]
+
+
+def _ignore(nbytes: int, files: int) -> None:
+    """Progress inside a task goes nowhere; the driver counts finished shards."""
+
+
+def _crash_after_one_sample(shard: ShardPlan, crash_dir: str) -> Callable[[int, int], None]:
+    marker = os.path.join(crash_dir, f"{shard.number:06d}")
+
+    def advance(nbytes: int, files: int) -> None:
+        if not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))
+            os._exit(17)
+
+    return advance
+
+
+def write_on_ray(
+    todo: list[ShardPlan],
+    samples: list[Sample[Input]],
+    fields: list[str],
+    config: PackConfig,
+    dest_url: str,
+    s3_config: S3Config | None,
+    results: dict[int, ShardResult],
+    advance: Callable[[int, int], None],
+    *,
+    remote: bool,
+    address: str | None,
+) -> None:
+    """Write the shards ``todo`` (of the plan whose samples in write order are ``samples``) as Ray tasks,
+    filling ``results`` and calling ``advance(payload_bytes, files)`` as each shard finishes.
+
+    At most ``config.workers`` shards are in flight if set, else two per CPU of the cluster (Ray runs one
+    per CPU). On a failure the shards not yet started are cancelled and the error is raised; shards
+    already published stay in the journal for ``--resume``.
+    """
+    if not todo:
+        return
+    with connected(address) as ray:
+        task = ray.remote(_write_shard).options(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        limit = config.workers or max(1, IN_FLIGHT_PER_CPU * cpus)
+        fault = _test_fault
+        waiting = iter(todo)
+        running: dict[Any, ShardPlan] = {}
+        try:
+            while True:
+                for shard in waiting:
+                    ref = task.remote(
+                        shard,
+                        samples[shard.start : shard.stop],
+                        fields,
+                        config,
+                        dest_url,
+                        s3_config,
+                        remote,
+                        fault,
+                    )
+                    running[ref] = shard
+                    if len(running) >= limit:
+                        break
+                if not running:
+                    break
+                ready, _ = ray.wait(list(running), num_returns=1)
+                for ref in ready:
+                    shard = running.pop(ref)
+                    result = _result(ray, ref, shard)
+                    results[shard.number] = result
+                    advance(result.payload_bytes, result.files)
+        finally:
+            for ref in running:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+
+
+def _result(ray: ModuleType, ref: Any, shard: ShardPlan) -> ShardResult:
+    """A task's result, or its error in fastload's terms."""
+    try:
+        result: ShardResult = ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, (FastloadError, OSError)):
+            raise cause from None
+        raise PackError(
+            f"writing shard {shard.name} on Ray failed: {type(cause).__name__}: {cause}; the shards "
+            "finished so far are kept: fix the cause and run the same pack with --resume"
+        ) from exc
+    except ray.exceptions.RayError as exc:
+        raise PackError(
+            f"shard {shard.name}: its Ray task failed {MAX_RETRIES + 1} times ({type(exc).__name__}: "
+            f"{exc}); the shards finished so far are kept: run the same pack with --resume"
+        ) from exc
+    return result
