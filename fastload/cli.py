@@ -85,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fsync", action="store_true", help="fsync each shard before publishing it (slower)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="who writes the shards: threads here (local, default) or Ray tasks on a cluster (same output)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="Ray cluster for --engine ray (default: RAY_ADDRESS, a running local cluster, else a new one)",
+    )
 
     v = sub.add_parser(
         "verify", help="re-read shards and check them against index.json (or lint foreign tars)"
@@ -141,7 +153,7 @@ def _pack(args: argparse.Namespace) -> int:
         progress=False if args.quiet else None,
     )
     try:
-        report = pack(args.src, args.dst, config)
+        report = pack(args.src, args.dst, config, engine=args.engine, ray_address=args.ray_address)
     except SkippedInputError as exc:
         print(f"fastload pack: {exc}", file=sys.stderr)
         return 1
