@@ -9,7 +9,7 @@ from typing import Any
 
 from fastload.errors import ConfigError
 
-SHARD_FORMATS = ("tar", "parquet")
+SHARD_FORMATS = ("tar", "parquet", "tfrecord")
 PARQUET_COMPRESSIONS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
 
 
@@ -82,7 +82,7 @@ class PackConfig:
         out = asdict(self)
         for name in ("workers", "resume", "allow_skip", "fsync", "progress"):
             out.pop(name)
-        if self.shard_format == "tar":
+        if self.shard_format != "parquet":
             out.pop("row_group_bytes")
             out.pop("compression")
         return out

@@ -1,4 +1,4 @@
-"""``fastload.pack``: a tree of small files into tar or Parquet shards plus ``index.json``.
+"""``fastload.pack``: a tree of small files into tar, Parquet or TFRecord shards plus ``index.json``.
 
 list sources -> group files into samples (core.keys) -> order and cut shards (core.plan) -> write shards
 in parallel to temporary names, publish each by rename, journal it -> write ``index.json`` last.
@@ -149,6 +149,11 @@ def _plan(sources: Sequence[str], config: PackConfig, s3_config: S3Config | None
     if config.shard_format == "tar":
         sizes = [sum(member_size(f"{s.key}.{f}", it.entry.size) for f, it in s.members) for s in samples]
         overhead, suffix = len(END_OF_ARCHIVE), ".tar"
+    elif config.shard_format == "tfrecord":
+        from fastload.io.tfrecordwriter import sample_record_size
+
+        sizes = [sample_record_size(s.key, [(f, it.entry.size) for f, it in s.members]) for s in samples]
+        overhead, suffix = 0, ".tfrecord"
     else:
         sizes = [parquet_row_bytes(s.key, [it.entry.size for _, it in s.members]) for s in samples]
         groups = config.shard_size_bytes // config.row_group_bytes + 1
@@ -390,6 +395,12 @@ def _write_all(
         samples = plan.samples[shard.start : shard.stop]
         if config.shard_format == "tar":
             result = write_tar_shard(
+                shard.name, samples, tmp, fsync=config.fsync, on_sample=advance, open_threads=open_threads
+            )
+        elif config.shard_format == "tfrecord":
+            from fastload.io.tfrecordwriter import write_tfrecord_shard
+
+            result = write_tfrecord_shard(
                 shard.name, samples, tmp, fsync=config.fsync, on_sample=advance, open_threads=open_threads
             )
         else:

@@ -3,18 +3,20 @@
 Layout (format version 1)::
 
     {"format": "fastload-index", "version": 1,
-     "shard_format": "tar" | "parquet", "checksum": "crc32c",
+     "shard_format": "tar" | "parquet" | "tfrecord", "checksum": "crc32c",
      "fields": [...], "totals": {"shards", "samples", "bytes", "payload_bytes"},
      "options": {...}, "skipped": [{"path", "reason"}],
      "shards": [{"name", "bytes", "samples", "checksum", "partition",
                  "keys": [...],
-                 "offsets": [...], "sizes": [...],          # tar: sample i is bytes [offsets[i], +sizes[i])
+                 "offsets": [...], "sizes": [...],          # tar/tfrecord: sample i: [offsets[i], +sizes[i])
                  "row_groups": [[offset, size, rows], ...]  # parquet: one entry per row group
                 }]}
 
 ``checksum`` is CRC32C (Castagnoli, as S3's ``x-amz-checksum-crc32c``) of the whole shard file, as 8 hex
 digits. A tar sample's byte range covers its members' headers and padded data, so one ranged read of
-``[offset, offset + size)`` returns a self-contained tar fragment holding exactly that sample.
+``[offset, offset + size)`` returns a self-contained tar fragment holding exactly that sample. A TFRecord
+sample is one whole record (header, payload, footer); in a gzip shard (``.gz``) its offsets count bytes of
+the decompressed stream, while ``bytes`` and ``checksum`` are the stored (compressed) file's.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ INDEX_NAME = "index.json"
 FORMAT = "fastload-index"
 VERSION = 1
 CHECKSUM_ALGORITHM = "crc32c"
-SHARD_FORMATS = ("tar", "parquet")
+SHARD_FORMATS = ("tar", "parquet", "tfrecord")
 
 
 @dataclass
@@ -167,9 +169,10 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
     if index.shard_format not in SHARD_FORMATS:
         raise IndexFormatError(f"{where}: unknown shard_format {index.shard_format!r}")
     for shard in index.shards:
-        if index.shard_format == "tar" and len(shard.offsets) != shard.samples:
+        if index.shard_format in ("tar", "tfrecord") and len(shard.offsets) != shard.samples:
             raise IndexFormatError(
-                f"{where}: tar shard {shard.name} lacks per-sample offsets; re-run `fastload pack`"
+                f"{where}: {index.shard_format} shard {shard.name} lacks per-sample offsets; re-run "
+                "`fastload pack` (or `fastload index` for TFRecord files)"
             )
         if index.shard_format == "parquet" and sum(rg[2] for rg in shard.row_groups) != shard.samples:
             raise IndexFormatError(
@@ -179,7 +182,7 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
 
 
 def locate(shard: ShardEntry, sample: int) -> tuple[int, int]:
-    """Byte range ``(offset, size)`` holding sample ``sample`` of a tar shard."""
+    """Byte range ``(offset, size)`` holding sample ``sample`` of a tar or TFRecord shard."""
     if not 0 <= sample < shard.samples:
         raise IndexError(f"sample {sample} out of range for shard {shard.name} ({shard.samples} samples)")
     if not shard.offsets:

@@ -1,0 +1,396 @@
+"""TFRecord framing and ``tf.train.Example`` encoding/decoding, as bytes in and out (no TensorFlow).
+
+A TFRecord file is a sequence of records, each::
+
+    uint64 length (little-endian) | uint32 masked CRC32C of those 8 bytes | payload | uint32 masked CRC32C
+
+The mask is TensorFlow's: ``((crc >> 15 | crc << 17) + 0xA282EAD8) mod 2**32``. A record's payload is a
+serialised ``tf.train.Example``::
+
+    Example  { Features features = 1; }
+    Features { map<string, Feature> feature = 1; }
+    Feature  { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3; } }
+    BytesList { repeated bytes value = 1; }   FloatList { repeated float value = 1; }
+    Int64List { repeated int64 value = 1; }
+
+decoded here by a small protobuf wire-format reader (packed and unpacked numeric lists, unknown fields
+skipped, the last duplicate map key wins, as protobuf does). A record that holds a
+``tf.train.SequenceExample`` is refused rather than read without its feature lists.
+
+Samples: fastload writes a ``__key__`` bytes feature; files without one key record ``i`` of shard
+``dir/name.tfrecord`` as ``dir/name/{i:06d}`` (:func:`derived_key`).
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import TypeAlias
+
+from crc32c import crc32c
+
+from fastload.errors import VerifyError
+
+HEADER_BYTES = 12
+FOOTER_BYTES = 4
+OVERHEAD_BYTES = HEADER_BYTES + FOOTER_BYTES
+SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
+GZIP_SUFFIX = ".gz"
+KEY_FEATURE = "__key__"
+_MASK_DELTA = 0xA282EAD8
+_U32 = 0xFFFFFFFF
+_U64 = (1 << 64) - 1
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+# ``Feature`` kinds, as decoded: BytesList -> list of bytes, Int64List -> array('q'), FloatList -> array('f')
+FeatureValue: TypeAlias = "list[bytes] | array[int] | array[float]"
+
+
+class ExampleFormatError(ValueError):
+    """A record's payload is not a well-formed ``tf.train.Example``; the message says what is wrong."""
+
+
+# -- names --------------------------------------------------------------------------------------------------
+
+
+def is_tfrecord_name(name: str) -> bool:
+    """True for ``*.tfrecord``, ``*.tfrecords``, ``*.tfrec`` and their ``.gz`` forms."""
+    base = name[: -len(GZIP_SUFFIX)] if name.endswith(GZIP_SUFFIX) else name
+    return base.endswith(SUFFIXES)
+
+
+def is_gzip_name(name: str) -> bool:
+    return name.endswith(GZIP_SUFFIX)
+
+
+def shard_stem(name: str) -> str:
+    """``dir/train-0001.tfrecord.gz`` -> ``dir/train-0001``."""
+    base = name[: -len(GZIP_SUFFIX)] if name.endswith(GZIP_SUFFIX) else name
+    for suffix in SUFFIXES:
+        if base.endswith(suffix):
+            return base[: -len(suffix)]
+    return base
+
+
+def derived_key(shard: str, record: int) -> str:
+    """The key of record ``record`` of shard ``shard`` when the record has no ``__key__`` feature."""
+    return f"{shard_stem(shard)}/{record:06d}"
+
+
+# -- framing ------------------------------------------------------------------------------------------------
+
+
+def masked_crc(data: bytes | bytearray | memoryview, crc: int | None = None) -> int:
+    """TensorFlow's masked CRC32C of ``data`` (or of a CRC32C already computed, ``crc``)."""
+    c = crc32c(data) if crc is None else crc
+    return (((c >> 15) | (c << 17)) + _MASK_DELTA) & _U32
+
+
+def record_header(length: int) -> bytes:
+    """The 12 bytes before a payload of ``length`` bytes."""
+    head = _LENGTH.pack(length)
+    return head + _CRC.pack(masked_crc(head))
+
+
+def record_footer(payload_crc: int) -> bytes:
+    """The 4 bytes after a payload whose (unmasked) CRC32C is ``payload_crc``."""
+    return _CRC.pack(masked_crc(b"", payload_crc))
+
+
+def frame(payload: bytes | bytearray | memoryview) -> bytes:
+    """One whole record holding ``payload``."""
+    return record_header(len(payload)) + bytes(payload) + record_footer(crc32c(payload))
+
+
+def record_size(payload_length: int) -> int:
+    return OVERHEAD_BYTES + payload_length
+
+
+def parse_header(header: bytes | memoryview, *, shard: str, record: int, offset: int) -> int:
+    """The payload length from a record's 12 header bytes; :class:`VerifyError` if its CRC is wrong."""
+    (length,) = _LENGTH.unpack_from(header, 0)
+    (stored,) = _CRC.unpack_from(header, 8)
+    expected = masked_crc(header[:8])
+    if stored != expected:
+        raise VerifyError(
+            f"record {record}: the length field's CRC does not match (stored {stored:08x}, computed "
+            f"{expected:08x}), so the record header is corrupt or this is not a TFRecord file; "
+            "re-download or re-create the shard",
+            shard=shard,
+            offset=offset,
+        )
+    return int(length)
+
+
+def check_footer(
+    footer: bytes | memoryview, payload_crc: int, *, shard: str, record: int, offset: int, length: int
+) -> None:
+    """Raise :class:`VerifyError` unless ``footer`` holds the masked ``payload_crc``."""
+    (stored,) = _CRC.unpack_from(footer, 0)
+    expected = masked_crc(b"", payload_crc)
+    if stored != expected:
+        raise VerifyError(
+            f"record {record}: the payload's CRC does not match (stored {stored:08x}, computed "
+            f"{expected:08x} over its {length} bytes), so the record's data is corrupt; re-download or "
+            "re-create the shard",
+            shard=shard,
+            offset=offset,
+        )
+
+
+def truncated(shard: str, record: int, offset: int, have: int, need: int, *, where: str) -> VerifyError:
+    """The error for a record that ``where`` (``"the file"``, ``"the index's byte range"``) cuts short."""
+    return VerifyError(
+        f"record {record} is truncated: {where} ends after {have} of its {need} bytes; "
+        + (
+            "re-download or re-create the shard"
+            if where == "the file"
+            else "the index does not match the shard: run `fastload verify`"
+        ),
+        shard=shard,
+        offset=offset,
+    )
+
+
+def iter_records(
+    data: bytes | bytearray | memoryview,
+    *,
+    shard: str,
+    first: int = 0,
+    base: int = 0,
+    where: str = "the index's byte range",
+) -> Iterator[tuple[int, memoryview]]:
+    """``(offset, payload)`` of each whole record in ``data`` (records ``first``, ``first + 1``, ...
+    starting at byte ``base`` of the shard), both CRCs checked."""
+    view = memoryview(data)
+    pos = 0
+    record = first
+    while pos < len(view):
+        offset = base + pos
+        if pos + HEADER_BYTES > len(view):
+            raise truncated(shard, record, offset, len(view) - pos, HEADER_BYTES, where=where)
+        length = parse_header(view[pos : pos + HEADER_BYTES], shard=shard, record=record, offset=offset)
+        end = pos + HEADER_BYTES + length
+        if end + FOOTER_BYTES > len(view):
+            raise truncated(shard, record, offset, len(view) - pos, record_size(length), where=where)
+        payload = view[pos + HEADER_BYTES : end]
+        check_footer(
+            view[end : end + FOOTER_BYTES],
+            crc32c(payload),
+            shard=shard,
+            record=record,
+            offset=offset,
+            length=length,
+        )
+        yield offset, payload
+        pos = end + FOOTER_BYTES
+        record += 1
+
+
+# -- protobuf wire format ----------------------------------------------------------------------------------
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    value &= _U64
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _varint_len(value: int) -> int:
+    n = 1
+    while value > 0x7F:
+        value >>= 7
+        n += 1
+    return n
+
+
+def _varint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end:
+            raise ExampleFormatError("a varint runs past the end of its message")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result & _U64, pos
+        shift += 7
+        if shift >= 70:
+            raise ExampleFormatError("a varint is longer than 10 bytes")
+
+
+def _fields(buf: bytes | memoryview, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """``(field number, wire type, a, b)`` of each field of a message in ``buf[pos:end]``: for varints
+    ``a`` is the value, for length-delimited fields and fixed32/64 ``[a, b)`` is the value's byte range."""
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        number, wire = tag >> 3, tag & 7
+        if number == 0:
+            raise ExampleFormatError("a field has number 0")
+        if wire == 0:
+            value, pos = _varint(buf, pos, end)
+            yield number, wire, value, pos
+        elif wire == 2:
+            size, pos = _varint(buf, pos, end)
+            if pos + size > end:
+                raise ExampleFormatError(f"field {number} ({size} bytes) runs past the end of its message")
+            yield number, wire, pos, pos + size
+            pos += size
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            if pos + size > end:
+                raise ExampleFormatError(f"field {number} runs past the end of its message")
+            yield number, wire, pos, pos + size
+            pos += size
+        else:
+            raise ExampleFormatError(f"field {number} has wire type {wire} (groups are not used by Example)")
+
+
+def _signed64(value: int) -> int:
+    return value - (1 << 64) if value >> 63 else value
+
+
+def _feature(buf: bytes | memoryview, pos: int, end: int) -> FeatureValue:
+    """Decode one ``Feature`` message (the last ``kind`` set wins; none set: an empty bytes list)."""
+    out: FeatureValue = []
+    for number, wire, a, b in _fields(buf, pos, end):
+        if wire != 2 or number not in (1, 2, 3):
+            continue  # an unknown field
+        if number == 1:
+            out = [bytes(buf[x:y]) for n, w, x, y in _fields(buf, a, b) if n == 1 and w == 2]
+        elif number == 2:
+            floats: array[float] = array("f")
+            for n, w, x, y in _fields(buf, a, b):
+                if n != 1:
+                    continue
+                if w == 5:
+                    floats.append(struct.unpack_from("<f", buf, x)[0])
+                elif w == 2:
+                    if (y - x) % 4:
+                        raise ExampleFormatError("a packed float list is not a whole number of floats")
+                    floats.extend(struct.unpack_from(f"<{(y - x) // 4}f", buf, x))
+            out = floats
+        else:
+            ints: array[int] = array("q")
+            for n, w, x, y in _fields(buf, a, b):
+                if n != 1:
+                    continue
+                if w == 0:
+                    ints.append(_signed64(x))
+                elif w == 2:
+                    p = x
+                    while p < y:
+                        value, p = _varint(buf, p, y)
+                        ints.append(_signed64(value))
+            out = ints
+    return out
+
+
+def iter_features(payload: bytes | memoryview) -> Iterator[tuple[str, int, int]]:
+    """``(name, start, end)`` of each feature entry of an Example: ``payload[start:end]`` is its
+    ``Feature`` message. Raises :class:`ExampleFormatError` on malformed bytes."""
+    end = len(payload)
+    for number, wire, a, b in _fields(payload, 0, end):
+        if number == 2 and wire == 2:
+            raise ExampleFormatError(
+                "the record holds a tf.train.SequenceExample (it has feature lists); fastload reads "
+                "tf.train.Example records only"
+            )
+        if number != 1 or wire != 2:
+            continue
+        for n, w, x, y in _fields(payload, a, b):
+            if n != 1 or w != 2:
+                continue
+            name: str | None = None
+            start = stop = x
+            for n2, w2, x2, y2 in _fields(payload, x, y):
+                if n2 == 1 and w2 == 2:
+                    try:
+                        name = bytes(payload[x2:y2]).decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise ExampleFormatError("a feature name is not valid UTF-8") from None
+                elif n2 == 2 and w2 == 2:
+                    start, stop = x2, y2
+            yield ("" if name is None else name), start, stop
+
+
+def decode_example(payload: bytes | memoryview) -> dict[str, FeatureValue]:
+    """A serialised ``tf.train.Example`` as ``{feature name: value}`` (bytes lists as ``list[bytes]``,
+    int64 lists as ``array('q')``, float lists as ``array('f')``)."""
+    return {name: _feature(payload, a, b) for name, a, b in iter_features(payload)}
+
+
+def example_key(payload: bytes | memoryview) -> tuple[str | None, list[str]]:
+    """The ``__key__`` feature's value (None if absent) and the other feature names, in record order."""
+    key: str | None = None
+    names: list[str] = []
+    for name, a, b in iter_features(payload):
+        if name == KEY_FEATURE:
+            key = key_value(_feature(payload, a, b))
+        elif name not in names:
+            names.append(name)
+    return key, names
+
+
+def key_value(value: FeatureValue) -> str:
+    """The text of a ``__key__`` feature: exactly one UTF-8 bytes value."""
+    if not isinstance(value, list) or len(value) != 1:
+        raise ExampleFormatError(f"the {KEY_FEATURE!r} feature must hold exactly one bytes value")
+    try:
+        return value[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ExampleFormatError(f"the {KEY_FEATURE!r} feature is not valid UTF-8") from None
+
+
+def example_layout(features: Sequence[tuple[str, int]]) -> tuple[int, list[bytes]]:
+    """How to write an Example of single-value bytes features given as ``(name, value size)``: the
+    payload's length and, per feature, the bytes to write just before its value (values follow unchanged,
+    so a file's bytes can be copied straight into the record)."""
+    prefixes: list[bytes] = []
+    total = 0
+    for name, size in features:
+        raw = name.encode("utf-8")
+        bytes_list = 1 + _varint_len(size) + size
+        feature = 1 + _varint_len(bytes_list) + bytes_list
+        entry = 1 + _varint_len(len(raw)) + len(raw) + 1 + _varint_len(feature) + feature
+        prefix = (
+            b"\x0a"
+            + _varint_bytes(entry)
+            + b"\x0a"
+            + _varint_bytes(len(raw))
+            + raw
+            + b"\x12"
+            + _varint_bytes(feature)
+            + b"\x0a"
+            + _varint_bytes(bytes_list)
+            + b"\x0a"
+            + _varint_bytes(size)
+        )
+        prefixes.append(prefix)
+        total += len(prefix) + size
+    head = b"\x0a" + _varint_bytes(total)
+    if prefixes:
+        prefixes[0] = head + prefixes[0]
+    return len(head) + total, prefixes or [head]
+
+
+def encode_example(features: Sequence[tuple[str, bytes]]) -> bytes:
+    """A serialised ``tf.train.Example`` with one single-value bytes feature per ``(name, value)``."""
+    _, prefixes = example_layout([(n, len(v)) for n, v in features])
+    if not features:
+        return prefixes[0]
+    return b"".join(p + v for p, (_, v) in zip(prefixes, features, strict=True))
+
+
+def sample_layout(key: str, fields: Sequence[tuple[str, int]]) -> tuple[int, bytes, list[bytes]]:
+    """:func:`example_layout` for a fastload sample: the payload's length, the bytes that start it (the
+    ``__key__`` feature with its value) and the bytes to write before each field's value."""
+    raw = key.encode("utf-8")
+    length, prefixes = example_layout([(KEY_FEATURE, len(raw)), *fields])
+    return length, prefixes[0] + raw, prefixes[1:]

@@ -1,0 +1,307 @@
+"""Reading TFRecord shards: runs of records by index byte range (both CRCs checked), gzip shards through a
+decompressed spool, ``tf.train.Example`` records as sample dicts, and whole-file scans for
+``fastload index`` and ``fastload verify``.
+
+Sample dicts: ``__key__`` is the record's ``__key__`` bytes feature (fastload pack writes one), else
+``<shard stem>/<record index:06d>``; a bytes feature with one value becomes ``bytes`` (so decoding by
+extension still applies), with 0 or 2+ values a ``list[bytes]``; int64 and float lists become 1-D numpy
+arrays (``int64``, ``float32``), as ``tfrecord.torch.TFRecordDataset`` gives them.
+
+A gzip shard (``.tfrecord.gz``) cannot be range-read: its index offsets refer to the decompressed stream,
+which is decompressed once per open shard, front to back and only as far as asked, into an anonymous
+temporary file (in ``TMPDIR``) that the ranged reads then use; it is gone when the shard is closed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+import threading
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import numpy as np
+from crc32c import crc32c
+
+from fastload.core.index import ShardEntry
+from fastload.core.tfrecord import (
+    HEADER_BYTES,
+    KEY_FEATURE,
+    ExampleFormatError,
+    FeatureValue,
+    check_footer,
+    decode_example,
+    derived_key,
+    example_key,
+    is_gzip_name,
+    iter_records,
+    key_value,
+    parse_header,
+    record_size,
+    truncated,
+)
+from fastload.errors import VerifyError
+from fastload.io.tarread import ChecksumReader
+
+RawSample = dict[str, Any]
+_SPOOL_CHUNK = 4 << 20
+GZIP_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def _value(value: FeatureValue) -> Any:
+    if isinstance(value, list):
+        return value[0] if len(value) == 1 else value
+    dtype = np.int64 if value.typecode == "q" else np.float32
+    return np.frombuffer(value, dtype=dtype) if len(value) else np.zeros(0, dtype=dtype)
+
+
+def not_an_example(shard: str, record: int, offset: int, exc: ExampleFormatError) -> VerifyError:
+    return VerifyError(
+        f"record {record} is not a readable tf.train.Example ({exc}); fastload reads Example records "
+        "only: re-create the shard, or read it with a reader for its record type",
+        shard=shard,
+        offset=offset,
+    )
+
+
+def to_sample(payload: bytes | memoryview, *, shard: str, record: int, offset: int) -> RawSample:
+    """Record ``record`` of ``shard`` (at byte ``offset``) as a sample dict (see the module docstring)."""
+    try:
+        features = decode_example(payload)
+        raw_key = features.pop(KEY_FEATURE, None)
+        key = derived_key(shard, record) if raw_key is None else key_value(raw_key)
+    except ExampleFormatError as exc:
+        raise not_an_example(shard, record, offset, exc) from None
+    sample: RawSample = {"__key__": key}
+    for name, value in features.items():
+        sample[name] = _value(value)
+    return sample
+
+
+class GzipSpool:
+    """A gzip stream's decompressed bytes, made on demand into a temporary file and read by offset;
+    safe for several threads (one decompresses at a time; reads of bytes already there do not wait)."""
+
+    def __init__(self, file: BinaryIO, shard: str) -> None:
+        self.shard = shard
+        self._gz = gzip.GzipFile(fileobj=file, mode="rb")
+        self._tmp = tempfile.TemporaryFile(prefix="fastload-tfrecord-")  # noqa: SIM115 (closed by close())
+        self._fd = self._tmp.fileno()
+        self._have = 0
+        self._eof = False
+        self._lock = threading.Lock()
+
+    def read(self, offset: int, size: int) -> bytes:
+        end = offset + size
+        if end > self._have and not self._eof:
+            with self._lock:
+                self._fill(end)
+        data = os.pread(self._fd, size, offset) if size else b""
+        if len(data) != size:
+            raise VerifyError(
+                f"the decompressed shard is {self._have} bytes, shorter than its index says (wanted {size} "
+                f"bytes at decompressed offset {offset}); it was truncated or replaced: re-download it or "
+                "re-run `fastload index`",
+                shard=self.shard,
+                offset=offset,
+            )
+        return data
+
+    def _fill(self, end: int) -> None:
+        while self._have < end and not self._eof:
+            try:
+                chunk = self._gz.read(_SPOOL_CHUNK)
+            except GZIP_ERRORS as exc:
+                raise VerifyError(
+                    f"the gzip stream is corrupt or truncated ({exc}) after {self._have} decompressed bytes; "
+                    "re-download or re-create the shard",
+                    shard=self.shard,
+                ) from None
+            if not chunk:
+                self._eof = True
+                break
+            view = memoryview(chunk)
+            while view:
+                n = os.pwrite(self._fd, view, self._have)
+                self._have += n
+                view = view[n:]
+
+    def close(self) -> None:
+        self._tmp.close()
+
+
+def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for p in positions:
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
+class TFRecordSamples:
+    """Samples of one indexed TFRecord shard, read as runs of consecutive records: one read per run of
+    ``read(offset, size)`` (plain shards) or of the decompressed spool (gzip shards)."""
+
+    def __init__(self, entry: ShardEntry, *, read: Callable[[int, int], bytes], file: BinaryIO) -> None:
+        self.entry = entry
+        self.name = entry.name
+        self._spool = GzipSpool(file, entry.name) if is_gzip_name(entry.name) else None
+        self._read = self._spool.read if self._spool is not None else read
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+
+    def read_samples(self, positions: Sequence[int]) -> Iterator[list[RawSample]]:
+        """The samples at index ``positions``, in that order, one list per run of consecutive records."""
+        for first, stop in _runs(positions):
+            yield self.read_run(first, stop)
+
+    def read_run(self, first: int, stop: int) -> list[RawSample]:
+        """Records ``first..stop-1`` with one read of their byte range."""
+        entry = self.entry
+        if not entry.offsets or stop > len(entry.offsets):
+            raise VerifyError(
+                f"records {first}..{stop - 1} are not in the index's offsets; re-run `fastload index`",
+                shard=self.name,
+            )
+        offset = entry.offsets[first]
+        end = entry.offsets[stop - 1] + entry.sizes[stop - 1]
+        data = self._read(offset, end - offset)
+        samples = [
+            to_sample(payload, shard=self.name, record=first + i, offset=at)
+            for i, (at, payload) in enumerate(iter_records(data, shard=self.name, first=first, base=offset))
+        ]
+        keys = entry.keys[first:stop]
+        got = [s["__key__"] for s in samples]
+        if got != keys:
+            bad = next((i for i, (a, b) in enumerate(zip(got, keys, strict=False)) if a != b), len(got))
+            raise VerifyError(
+                f"the records at index positions {first}..{stop - 1} are not the ones the index lists "
+                f"(record {first + bad}: {got[bad] if bad < len(got) else None!r}, index says "
+                f"{keys[bad] if bad < len(keys) else None!r}); run `fastload verify`",
+                shard=self.name,
+                key=keys[bad] if bad < len(keys) else None,
+                offset=offset,
+            )
+        for i, s in enumerate(samples):
+            s["__index__"] = first + i
+        return samples
+
+
+# -- whole-file scans ---------------------------------------------------------------------------------------
+
+
+def _read_upto(f: Any, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) == n or not data:
+        return bytes(data)
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = f.read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def iter_stream(f: Any, *, shard: str) -> Iterator[tuple[int, int, memoryview]]:
+    """``(record, offset, payload)`` of every record read front to back from ``f``, both CRCs checked;
+    :class:`VerifyError` naming the record and byte offset at the first bad or truncated one."""
+    pos = record = 0
+    while True:
+        head = _read_upto(f, HEADER_BYTES)
+        if not head:
+            return
+        if len(head) < HEADER_BYTES:
+            raise truncated(shard, record, pos, len(head), HEADER_BYTES, where="the file")
+        length = parse_header(head, shard=shard, record=record, offset=pos)
+        rest = _read_upto(f, length + 4)
+        if len(rest) < length + 4:
+            raise truncated(
+                shard, record, pos, HEADER_BYTES + len(rest), record_size(length), where="the file"
+            )
+        payload = memoryview(rest)[:length]
+        check_footer(rest[length:], crc32c(payload), shard=shard, record=record, offset=pos, length=length)
+        yield record, pos, payload
+        pos += record_size(length)
+        record += 1
+
+
+@dataclass
+class ShardScan:
+    """What a front-to-back read of a TFRecord shard found (offsets in the decompressed stream for gzip)."""
+
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    fields: list[str] = field(default_factory=list)
+    payload_bytes: int = 0
+    problem: VerifyError | None = None  # the first bad record, gzip or Example error: the scan stopped there
+
+
+def scan(raw: ChecksumReader, name: str) -> ShardScan:
+    """Read a whole shard through ``raw`` (which sees every stored byte, for the file's CRC32C)."""
+    out = ShardScan()
+    seen: set[str] = set()
+    stream: Any = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip_name(name) else raw  # type: ignore[call-overload]
+    try:
+        for record, offset, payload in iter_stream(stream, shard=name):
+            try:
+                key, names = example_key(payload)
+            except ExampleFormatError as exc:
+                raise not_an_example(name, record, offset, exc) from None
+            out.offsets.append(offset)
+            out.sizes.append(record_size(len(payload)))
+            out.keys.append(derived_key(name, record) if key is None else key)
+            out.payload_bytes += len(payload)
+            for n in names:
+                if n not in seen:
+                    seen.add(n)
+                    out.fields.append(n)
+    except VerifyError as exc:
+        out.problem = exc
+    except GZIP_ERRORS as exc:
+        out.problem = VerifyError(
+            f"the gzip stream is corrupt or truncated ({exc}) after record {len(out.keys) - 1}; "
+            "re-download or re-create the shard",
+            shard=name,
+        )
+    return out
+
+
+def check_against_index(raw: ChecksumReader, shard: ShardEntry) -> list[VerifyError]:
+    """``fastload verify`` for one TFRecord shard: every record's two CRCs, its Example, the record count,
+    and each record's byte range and key against the index (the caller checks size and CRC32C)."""
+    found = scan(raw, shard.name)
+    problems = [found.problem] if found.problem is not None else []
+    n = len(found.keys)
+    for i in range(min(n, shard.samples)):
+        span, want = (found.offsets[i], found.sizes[i]), (shard.offsets[i], shard.sizes[i])
+        if span != want or found.keys[i] != shard.keys[i]:
+            problems.append(
+                VerifyError(
+                    f"record {i} spans bytes {span[0]}+{span[1]} with key {found.keys[i]!r}; the index says "
+                    f"{want[0]}+{want[1]} with key {shard.keys[i]!r}: re-run `fastload index` or re-pack",
+                    shard=shard.name,
+                    key=shard.keys[i],
+                    offset=span[0],
+                )
+            )
+            break
+    if found.problem is None and n != shard.samples:
+        problems.append(
+            VerifyError(
+                f"holds {n} records, index says {shard.samples}",
+                shard=shard.name,
+                key=shard.keys[n] if n < shard.samples else None,
+            )
+        )
+    return problems
