@@ -1,5 +1,6 @@
 """Reading samples out of shards: runs of consecutive samples of a tar shard with one ranged read each
-(offsets from the index), Parquet rows by row group, and whole tar shards without an index."""
+(offsets from the index), Parquet rows by row group, TFRecord records (:mod:`fastload.io.tfrecordread`),
+and whole tar shards without an index."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
 from fastload.core.readplan import ReadTask
 from fastload.core.tar import BLOCK, TarFormatError, padded, parse_block, parse_pax
+from fastload.core.tfrecord import is_tfrecord_name
 from fastload.errors import VerifyError
 from fastload.io import storage
+from fastload.io.tfrecordread import TFRecordSamples
 
 if TYPE_CHECKING:
     from fastload.io.shardcache import ShardCache
@@ -96,8 +99,13 @@ class ShardReader:
         self._file: BinaryIO = storage.open_read(url, config=config)
         self._fd = self._file.fileno() if not storage.is_remote(url) else None
         self._seek_lock = threading.Lock()  # for readers that go through the file position (Parquet)
+        self._tfrecord: TFRecordSamples | None = None
+        if entry is not None and is_tfrecord_name(self.name):
+            self._tfrecord = TFRecordSamples(entry, read=self._read, file=self._file)
 
     def close(self) -> None:
+        if self._tfrecord is not None:
+            self._tfrecord.close()
         self._file.close()
 
     def _read(self, offset: int, size: int) -> bytes:
@@ -128,6 +136,9 @@ class ShardReader:
         Dispatches on the shard's format; ``columns`` projects Parquet fields."""
         if self.name.endswith(".parquet"):
             yield self.read_rows(positions, columns)
+            return
+        if self._tfrecord is not None:
+            yield from self._tfrecord.read_samples(positions)
             return
         for first, stop in runs(positions):
             yield self.read_run(first, stop)
