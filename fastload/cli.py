@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("pack", help="pack a tree of small files into tar or Parquet shards plus index.json")
+    p = sub.add_parser(
+        "pack", help="pack a tree of small files into tar, Parquet or TFRecord shards plus index.json"
+    )
     p.add_argument(
         "src", nargs="+", metavar="SRC", help="source folder(s); files are grouped into samples by key"
     )
@@ -105,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         "target", metavar="DST", help="dataset folder, or a .tar file / folder of tars without index"
     )
     v.add_argument("--workers", type=int, default=None)
+
+    x = sub.add_parser(
+        "index", help="write index.json for a folder or s3:// prefix of existing TFRecord files"
+    )
+    x.add_argument("target", metavar="DST", help="folder or s3:// prefix holding *.tfrecord[.gz] files")
+    x.add_argument("--workers", type=int, default=None, help="files read at once (default: up to 8)")
+    x.add_argument("--force", action="store_true", help="replace an existing index.json")
 
     i = sub.add_parser("inspect", help="summarise index.json, or list the samples of one shard")
     i.add_argument("target", metavar="DST")
@@ -180,6 +189,14 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace) -> int:
+    from fastload.indexing import build_index
+
+    report = build_index(args.target, workers=args.workers, force=args.force)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
 def _cp(args: argparse.Namespace) -> int:
     from fastload.copy import copy
 
@@ -212,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo-data": _demo,
         "cp": _cp,
         "ls": _ls,
+        "index": _index,
     }[args.command]
     try:
         return handler(args)

@@ -7,6 +7,7 @@ from collections import Counter
 
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
+from fastload.core.tfrecord import is_gzip_name
 from fastload.core.units import format_size
 from fastload.errors import ConfigError, NotFoundError
 from fastload.io import storage
@@ -40,6 +41,9 @@ def describe(index: DatasetIndex) -> str:
         lines.append("partitions: " + ", ".join(f"{p} ({n} shards)" for p, n in sorted(fields.items())))
     if index.skipped:
         lines.append(f"skipped:  {len(index.skipped)} input(s) when packing (see index.json)")
+    gz = sum(1 for s in index.shards if is_gzip_name(s.name)) if index.shard_format == "tfrecord" else 0
+    if gz:
+        lines.append(f"gzip:     {gz} shard(s); read as whole streams, offsets count decompressed bytes")
     if index.shards:
         sizes = [s.bytes for s in index.shards]
         lo, hi = min(sizes), max(sizes)

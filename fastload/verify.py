@@ -1,8 +1,9 @@
 """``fastload.verify``: re-read every shard and check it against ``index.json``; lint foreign tars.
 
 With an index: file size and CRC32C, sample count, keys in index order, each sample's byte range, members
-of a sample adjacent and well named. Without one (foreign WebDataset tars): duplicate members, keys whose
-members are not adjacent, names WebDataset would split differently or ignore, and archive structure.
+of a sample adjacent and well named; for TFRecord shards every record's two CRCs. Without one (foreign
+WebDataset tars): duplicate members, keys whose members are not adjacent, names WebDataset would split
+differently or ignore, and archive structure; foreign TFRecord files: every record's CRCs and Example.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
 from fastload.core.keys import KeyRuleError, lint_member_name, split_key
 from fastload.core.tar import Member, TarFormatError
+from fastload.core.tfrecord import is_tfrecord_name
 from fastload.errors import FastloadError, NotFoundError, VerifyError
 from fastload.io import storage
 from fastload.io.tarread import ChecksumReader, iter_members
+from fastload.io.tfrecordread import check_against_index, lint_tfrecord
 
 
 @dataclass
@@ -39,7 +42,7 @@ class VerifyReport:
         return not self.problems
 
     def summary(self) -> str:
-        what = "shards checked against index.json" if self.indexed else "tar file(s) linted (no index.json)"
+        what = "shards checked against index.json" if self.indexed else "file(s) linted (no index.json)"
         head = f"{self.shards} {what}: {self.samples:,} samples, {self.bytes:,} bytes"
         if self.ok:
             return f"OK: {head}"
@@ -78,16 +81,28 @@ def verify(
         return report
     if not storage.is_remote(root) and not os.path.exists(root):
         raise NotFoundError(f"{root} does not exist", path=root)
-    tars = [root] if not storage.is_folder(root) else storage.list_files(root, ".tar", config=s3_config)
+    tars = (
+        [
+            t
+            for t in storage.list_files(root, "", config=s3_config)
+            if t.endswith(".tar") or is_tfrecord_name(t)
+        ]
+        if storage.is_folder(root)
+        else [root]
+    )
     report = VerifyReport(root, indexed=False)
+
+    def lint(path: str) -> tuple[list[VerifyError], int, int]:
+        return lint_tfrecord(path, s3_config) if is_tfrecord_name(path) else _lint_tar(path, s3_config)
+
     with ThreadPoolExecutor(max_workers=pool_size) as pool:
-        for problems, samples, size in pool.map(lambda t: _lint_tar(t, s3_config), tars):
+        for problems, samples, size in pool.map(lint, tars):
             report.problems += problems
             report.samples += samples
             report.bytes += size
     report.shards = len(tars)
     if not tars:
-        report.problems.append(VerifyError("no index.json and no .tar files here", shard=root))
+        report.problems.append(VerifyError("no index.json and no .tar or TFRecord files here", shard=root))
     return report
 
 
@@ -114,6 +129,8 @@ def _check_shard(
         reader = ChecksumReader(f)
         if index.shard_format == "tar":
             problems += _check_tar_samples(reader, shard)
+        elif index.shard_format == "tfrecord":
+            problems += check_against_index(reader, shard)
         reader.drain()
         if reader.crc != int(shard.checksum, 16):
             problems.append(

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from crc32c import crc32c
 
+from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.tfrecord import (
     HEADER_BYTES,
@@ -44,6 +45,7 @@ from fastload.core.tfrecord import (
     truncated,
 )
 from fastload.errors import VerifyError
+from fastload.io import storage
 from fastload.io.tarread import ChecksumReader
 
 RawSample = dict[str, Any]
@@ -305,3 +307,13 @@ def check_against_index(raw: ChecksumReader, shard: ShardEntry) -> list[VerifyEr
             )
         )
     return problems
+
+
+def lint_tfrecord(url: str, s3_config: S3Config | None) -> tuple[list[VerifyError], int, int]:
+    """``fastload verify`` of a TFRecord file without an index: its problems, records and stored bytes."""
+    name = url.rsplit("/", 1)[-1]
+    with storage.open_read(url, config=s3_config) as f:
+        reader = ChecksumReader(f)
+        found = scan(reader, name)
+        reader.drain()
+    return ([found.problem] if found.problem is not None else []), len(found.keys), reader.pos

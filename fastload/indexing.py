@@ -1,0 +1,149 @@
+"""``fastload index``: write ``index.json`` for a folder or ``s3://`` prefix of existing TFRecord files, so
+``ShardDataset`` can split, shuffle and resume them by record as it does packed shards.
+
+Every file named ``*.tfrecord``, ``*.tfrecords`` or ``*.tfrec`` (or one of those plus ``.gz``) under the
+target is read once, front to back: both CRCs of every record, each record's byte range and key (its
+``__key__`` feature, else ``<file stem>/<record index:06d>``), the feature names and the file's CRC32C.
+``index.json`` is written only when every file reads cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from fastload.config import S3Config
+from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry
+from fastload.core.tfrecord import SUFFIXES, is_tfrecord_name
+from fastload.errors import ConfigError, FastloadError, NotFoundError, VerifyError
+from fastload.io import storage
+from fastload.io.dest import destination
+from fastload.io.tarread import ChecksumReader
+from fastload.io.tfrecordread import scan
+
+STATE_DIR = ".fastload-index"
+
+
+@dataclass
+class IndexReport:
+    """What ``fastload index`` found; ``index`` is None when a file was bad (nothing was written)."""
+
+    target: str
+    index: DatasetIndex | None = None
+    problems: list[VerifyError] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        if self.index is not None:
+            idx = self.index
+            where = storage.join(self.target, INDEX_NAME)
+            return (
+                f"indexed {idx.samples:,} records in {len(idx.shards)} TFRecord file(s) "
+                f"({idx.bytes:,} bytes) in {self.seconds:.1f}s; wrote {where}\n"
+                f"fields: {', '.join(idx.fields) or '(none)'}"
+            )
+        head = f"FAILED: {len(self.problems)} bad TFRecord file(s); no index written."
+        lines = [f"{head} First: {self.problems[0]}"]
+        lines += [f"  {p}" for p in self.problems[1:20]]
+        if len(self.problems) > 20:
+            lines.append(f"  ... and {len(self.problems) - 20} more")
+        return "\n".join(lines)
+
+
+def _relative(root: str, url: str) -> str:
+    if storage.is_remote(root):
+        return url[len(root.rstrip("/")) + 1 :]
+    return os.path.relpath(url, root).replace(os.sep, "/")
+
+
+def _hidden(name: str) -> bool:
+    return any(part.startswith(".") for part in name.split("/"))
+
+
+def _scan_one(
+    url: str, name: str, s3_config: S3Config | None
+) -> tuple[ShardEntry | None, list[str], int, VerifyError | None]:
+    try:
+        f = storage.open_read(url, config=s3_config)
+    except (OSError, FastloadError) as exc:
+        return None, [], 0, VerifyError(f"cannot read the file ({exc})", shard=name)
+    with f:
+        reader = ChecksumReader(f)
+        found = scan(reader, name)
+        if found.problem is not None:
+            return None, [], 0, found.problem
+        reader.drain()
+    entry = ShardEntry(
+        name=name,
+        bytes=reader.pos,
+        checksum=f"{reader.crc:08x}",
+        keys=found.keys,
+        offsets=found.offsets,
+        sizes=found.sizes,
+    )
+    return entry, found.fields, found.payload_bytes, None
+
+
+def build_index(
+    target: str | os.PathLike[str],
+    *,
+    workers: int | None = None,
+    force: bool = False,
+    s3_config: S3Config | None = None,
+) -> IndexReport:
+    """Index the TFRecord files under ``target`` (a folder or ``s3://`` prefix) into ``target/index.json``.
+
+    Refuses (:class:`ConfigError`) to replace an existing ``index.json`` unless ``force``. Files in hidden
+    folders (a name starting with ``.``) are left out. Returns a report; when any file is corrupt its
+    problems are listed and no index is written.
+    """
+    began = time.monotonic()
+    root = storage.normalise(target)
+    if storage.is_remote(root):
+        s3_config = s3_config or S3Config.from_env()
+    elif not os.path.exists(root):
+        raise NotFoundError(f"{root} does not exist; give the folder holding the TFRecord files", path=root)
+    elif not os.path.isdir(root):
+        raise ConfigError(f"{root} is a file; give the folder (or s3:// prefix) holding the TFRecord files")
+    if not force and storage.exists(storage.join(root, INDEX_NAME), config=s3_config):
+        raise ConfigError(
+            f"{storage.join(root, INDEX_NAME)} exists already; pass --force (force=True) to replace it"
+        )
+    urls = storage.list_files(root, "", config=s3_config)
+    named = [(u, _relative(root, u)) for u in urls]
+    named = [(u, n) for u, n in named if is_tfrecord_name(n) and not _hidden(n)]
+    if not named:
+        kinds = ", ".join(f"*{s}" for s in SUFFIXES)
+        raise NotFoundError(f"no TFRecord files ({kinds}, or those with .gz) under {root}", path=root)
+    report = IndexReport(root)
+    entries: list[ShardEntry] = []
+    fields: set[str] = set()
+    payload = 0
+    with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
+        for entry, names, nbytes, problem in pool.map(lambda x: _scan_one(x[0], x[1], s3_config), named):
+            if problem is not None:
+                report.problems.append(problem)
+            elif entry is not None:
+                entries.append(entry)
+                fields.update(names)
+                payload += nbytes
+    if report.problems:
+        report.seconds = time.monotonic() - began
+        return report
+    index = DatasetIndex(
+        shard_format="tfrecord",
+        fields=sorted(fields),
+        shards=entries,
+        options={"shard_format": "tfrecord", "indexed_by": "fastload index"},
+        payload_bytes=payload,
+    )
+    destination(root, STATE_DIR, config=s3_config).write_bytes(INDEX_NAME, index.to_json())
+    report.index = index
+    report.seconds = time.monotonic() - began
+    return report
