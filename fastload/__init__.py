@@ -17,6 +17,9 @@ __version__ = "0.1.0"
 __all__ = [
     "DataLoader",
     "DatasetIndex",
+    "DevicePrefetcher",
+    "Loader",
+    "LoaderStats",
     "PackConfig",
     "PackReport",
     "S3Config",
@@ -26,6 +29,7 @@ __all__ = [
     "__version__",
     "copy",
     "errors",
+    "loader",
     "open",
     "pack",
     "s3_stats",
@@ -34,9 +38,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """``ShardDataset`` and ``DataLoader`` import torch, so they load on first use."""
+    """The training-side names import torch, so they load on first use."""
     if name in ("ShardDataset", "DataLoader"):
         from fastload import dataset
 
         return getattr(dataset, name)
+    if name in ("loader", "Loader", "LoaderStats", "DevicePrefetcher"):
+        from fastload import feed
+
+        return getattr(feed, name)
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Iterator, Sequence
+import traceback
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,12 +33,13 @@ _SKIPPED = object()
 
 
 class _Chunk:
-    """One chunk of a worker's share: the samples that decoded, and how many were skipped."""
+    """One chunk of a worker's share: the samples that decoded, how many were skipped, or the error that
+    ended the worker's share (carried as a value so it reaches the training process with its type)."""
 
-    __slots__ = ("samples", "skipped")
+    __slots__ = ("error", "samples", "skipped")
 
-    def __init__(self, samples: list[Any], skipped: int) -> None:
-        self.samples, self.skipped = samples, skipped
+    def __init__(self, samples: list[Any], skipped: int, error: FastloadError | None = None) -> None:
+        self.samples, self.skipped, self.error = samples, skipped, error
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -180,12 +182,15 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         """A digest of everything that decides the sample order (shards, counts, seed, policies)."""
         import hashlib
 
-        digest = hashlib.sha256(
-            repr((self.seed, self.shuffle_buffer, self.even, self.rank_world()[1])).encode()
-        )
+        settings = repr((self.seed, self.shuffle_buffer, self.even, self.rank_world()[1]))
+        cached = self.__dict__.get("_fingerprint")
+        if cached is not None and cached[0] == settings:
+            return str(cached[1])
+        digest = hashlib.sha256(settings.encode())
         for shard in self.index.shards:
             digest.update(f"{shard.name}\0{shard.samples}\0{shard.checksum}\n".encode())
-        return digest.hexdigest()[:16]
+        self._fingerprint = (settings, digest.hexdigest()[:16])
+        return self._fingerprint[1]
 
     def rank_world(self) -> tuple[int, int]:
         return _rank_and_world(self._rank, self._world)
@@ -241,15 +246,25 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             size = min(self.batch_size, len(refs) - first)
             chunk: list[Any] = []
             skipped = 0
-            for _ in range(size):
-                out = next(samples)
-                if out is _SKIPPED:
-                    skipped += 1
-                else:
-                    chunk.append(out)
+            try:
+                for _ in range(size):
+                    out = next(samples)
+                    if out is _SKIPPED:
+                        skipped += 1
+                    else:
+                        chunk.append(out)
+            except FastloadError as exc:
+                if info is None:
+                    raise
+                add_note = getattr(exc, "add_note", None)  # Python >= 3.11
+                if add_note is not None:
+                    add_note(f"(raised in DataLoader worker {worker}:\n{traceback.format_exc()})")
+                samples.close()
+                yield _Chunk([], 0, exc)
+                return
             yield _Chunk(chunk, skipped)
 
-    def _samples(self, refs: list[tuple[int, int]], *, track: bool = False) -> Iterator[Any]:
+    def _samples(self, refs: list[tuple[int, int]], *, track: bool = False) -> Generator[Any, None, None]:
         tasks = plan_reads(
             refs, self.index.shards, max_task_bytes=max(1 << 20, min(16 << 20, self.prefetch_bytes // 4))
         )
@@ -345,7 +360,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         total = len(dataset.plan().samples)
         start = dataset.start
         self._delivered = 0
-        for batch, size, skipped in super().__iter__():
+        for batch, size, skipped, error in super().__iter__():
+            if error is not None:
+                raise error
             if size < self.fastload_batch_size and self.fastload_drop_last:
                 break
             self.skipped += skipped
@@ -392,14 +409,15 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
 
 class _ChunkCollate:
-    """Collates one chunk in the worker: ``(batch, chunk size, skips)``; batch is None if all were skipped."""
+    """Collates one chunk in the worker: ``(batch, chunk size, skips, error)``; batch is None if all were
+    skipped (or an error ended the worker's share)."""
 
     def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
         self.collate = collate
 
-    def __call__(self, chunk: _Chunk) -> tuple[Any, int, int]:
+    def __call__(self, chunk: _Chunk) -> tuple[Any, int, int, FastloadError | None]:
         size = len(chunk.samples) + chunk.skipped
-        return (self.collate(chunk.samples) if chunk.samples else None), size, chunk.skipped
+        return (self.collate(chunk.samples) if chunk.samples else None), size, chunk.skipped, chunk.error
 
 
 __all__ = ["INDEX_NAME", "DataLoader", "ShardDataset"]

@@ -23,10 +23,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class FastloadError(Exception):
-    """Root of fastload's errors."""
+    """Root of fastload's errors. Instances pickle with their attributes (so an error raised in a DataLoader
+    worker reaches the training process with its type and data intact)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, self.__dict__.copy()))
+
+
+def _rebuild(cls: type[FastloadError], args: tuple[Any, ...], state: dict[str, Any]) -> FastloadError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(FastloadError, ValueError):

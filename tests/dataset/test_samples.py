@@ -292,6 +292,11 @@ def test_a_tampered_shard_raises_instead_of_returning_wrong_data(copied: Packed,
 @pytest.mark.usefixtures("prompt_worker_shutdown")
 def test_a_tampered_shard_raises_in_a_worker_too(copied: Packed) -> None:
     name = tamper(copied, 1, "renamed")
-    with pytest.raises(Exception, match="not the keys the index lists") as info:
+    with pytest.raises(VerifyError, match="not the keys the index lists") as info:
         all_samples(copied, num_workers=2, batch_size=2)
+    # the worker's error arrives as itself (type, attributes), with the worker's traceback as a note
+    assert info.value.shard == name
     assert name in str(info.value)
+    notes = getattr(info.value, "__notes__", None)
+    if notes is not None:
+        assert any("DataLoader worker" in n and "Traceback" in n for n in notes)
