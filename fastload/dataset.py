@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 import traceback
+import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
@@ -23,7 +25,7 @@ from fastload.core.index import INDEX_NAME, DatasetIndex
 from fastload.core.readplan import plan_reads
 from fastload.core.sharding import EVEN_POLICIES, RankPlan, rank_order, worker_positions
 from fastload.decode import decode_sample
-from fastload.errors import ConfigError, FastloadError
+from fastload.errors import ConfigError, FastloadError, NotFoundError
 from fastload.io import storage
 from fastload.io.prefetch import Prefetcher
 from fastload.io.shardcache import ShardCache
@@ -53,6 +55,43 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+def open_index(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, s3_config: S3Config | None = None
+) -> tuple[str, DatasetIndex]:
+    """``(root, index)`` of a dataset: its ``index.json``, or for tar shards without one (a folder or prefix
+    of ``.tar`` files, one ``.tar``, or a list of shard URLs) an index built by reading the shards once,
+    with a warning that says how to avoid that cost."""
+    from fastload.io.tarindex import index_tar_shards
+    from fastload.summary import load_index
+
+    if isinstance(source, (str, os.PathLike)):
+        root = storage.normalise(source)
+        if not root.endswith(".tar"):
+            try:
+                return root, load_index(root, s3_config=s3_config)
+            except NotFoundError as missing:
+                urls = storage.list_files(root, ".tar", config=s3_config) if storage.is_folder(root) else []
+                if not urls:
+                    raise missing from None
+        else:
+            urls = [root]
+    else:
+        urls = [storage.normalise(u) for u in source]
+        if not urls:
+            raise ConfigError("the list of shards is empty")
+    started = time.monotonic()
+    root, index = index_tar_shards(urls, config=s3_config)
+    warnings.warn(
+        f"{root}: no index.json, so {len(index.shards)} tar shard(s) ({index.bytes:,} bytes) were read once "
+        f"to index {index.samples:,} samples in memory ({time.monotonic() - started:.1f}s, in every process "
+        "that opens the dataset). Pack with `fastload pack` (or write the index once with `fastload index`) "
+        "to skip this.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return root, index
+
+
 class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     """Samples of a packed dataset (a folder or ``s3://`` prefix with ``index.json``), as WebDataset-style
     dicts with ``__key__``, ``__shard__``, ``__index__`` and one entry per field.
@@ -66,7 +105,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def __init__(
         self,
-        source: str | os.PathLike[str],
+        source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         seed: int | None = None,
         shuffle_buffer: int = 0,
@@ -102,13 +141,10 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             raise ConfigError(f"{prefetch_bytes=} must be >= 0 (0 turns prefetch off)")
         if cache_limit_bytes is not None and cache_dir is None:
             raise ConfigError("cache_limit_bytes= needs cache_dir= (the folder to keep shards in)")
-        self.root = storage.normalise(source)
         self.s3_config = s3_config
-        from fastload.summary import load_index
-
-        self.index: DatasetIndex = load_index(self.root, s3_config=s3_config)
+        self.root, self.index = open_index(source, s3_config=s3_config)
         if columns is not None and self.index.shard_format != "parquet":
-            raise ConfigError("columns= projects Parquet shards; this dataset is tar")
+            raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
         self.seed, self.shuffle_buffer, self.even = seed, shuffle_buffer, even
         self._rank, self._world = rank, world_size
         self.batch_size = batch_size
