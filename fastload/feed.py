@@ -156,6 +156,11 @@ class Loader:
     def __len__(self) -> int:
         return len(self.dataloader)  # type: ignore[arg-type]
 
+    @property
+    def skipped(self) -> int:
+        """Samples left out with ``on_error="skip"`` so far (0 for loaders that cannot skip)."""
+        return int(getattr(self.dataloader, "skipped", 0))
+
     def set_epoch(self, epoch: int) -> None:
         dataset = self.dataset
         if dataset is None or not hasattr(dataset, "set_epoch"):
