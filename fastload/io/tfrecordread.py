@@ -174,7 +174,13 @@ class TFRecordSamples:
             )
         offset = entry.offsets[first]
         end = entry.offsets[stop - 1] + entry.sizes[stop - 1]
-        data = self._read(offset, end - offset)
+        try:
+            data = self._read(offset, end - offset)
+        except VerifyError:
+            if self._spool is None:  # (a gzip shard's error already says what is wrong with its stream)
+                self._find_short_record(first, stop)
+            raise
+
         samples = [
             to_sample(payload, shard=self.name, record=first + i, offset=at)
             for i, (at, payload) in enumerate(iter_records(data, shard=self.name, first=first, base=offset))
@@ -194,6 +200,21 @@ class TFRecordSamples:
         for i, s in enumerate(samples):
             s["__index__"] = first + i
         return samples
+
+    def _find_short_record(self, first: int, stop: int) -> None:
+        """After a run's read came up short: raise for the first of its records the shard cuts off."""
+        for record in range(first, stop):
+            offset, size = self.entry.offsets[record], self.entry.sizes[record]
+            try:
+                self._read(offset, size)
+            except VerifyError:
+                raise VerifyError(
+                    f"record {record} ({size} bytes) is truncated: the shard ends before the end of it "
+                    "(it was truncated or replaced); re-download or re-create the shard",
+                    shard=self.name,
+                    key=self.entry.keys[record],
+                    offset=offset,
+                ) from None
 
 
 # -- whole-file scans ---------------------------------------------------------------------------------------

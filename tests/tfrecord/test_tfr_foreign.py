@@ -1,0 +1,109 @@
+"""Foreign TFRecord files (written by the ``tfrecord`` package; plain and gzip; with and without ``__key__``):
+`fastload index`, then ShardDataset, verify and inspect, locally and on S3 (moto)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+from dataset.test_s3 import ACCESS_KEY, REGION, SECRET_KEY, s3_env  # noqa: F401 (s3_env is a fixture)
+from tfr_helpers import Foreign, check_sample
+
+import fastload
+from fastload.cli import main
+from fastload.errors import ConfigError
+from fastload.indexing import build_index
+
+
+def test_index_lists_every_record(foreign: Foreign) -> None:
+    index = json.loads((foreign.root / "index.json").read_bytes())
+    assert index["shard_format"] == "tfrecord"
+    assert index["fields"] == ["emb", "image", "label", "tags"]
+    assert {s["name"]: s["samples"] for s in index["shards"]} == foreign.files
+    for shard in index["shards"]:
+        stored = (foreign.root / shard["name"]).read_bytes()
+        assert shard["bytes"] == len(stored)
+        ends = [o + n for o, n in zip(shard["offsets"], shard["sizes"], strict=True)]
+        assert shard["offsets"] == [0, *ends[:-1]]  # records back to back, in the (decompressed) stream
+    assert sorted(k for s in index["shards"] for k in s["keys"]) == sorted(foreign.expected)
+    assert index["totals"]["samples"] == sum(foreign.files.values())
+
+
+def test_dataset_reads_every_feature(foreign: Foreign) -> None:
+    samples = list(fastload.ShardDataset(foreign.root, decode=False, seed=1, shuffle_buffer=6))
+    assert sorted(s["__key__"] for s in samples) == sorted(foreign.expected)
+    for s in samples:
+        check_sample(s, foreign.expected)
+    gz = [s for s in samples if s["__shard__"].endswith(".gz")]
+    assert {s["__shard__"] for s in gz} == {"train/b.tfrecord.gz", "val/c.tfrecords.gz"}
+    assert any(k.startswith("train/b-key-") for k in (s["__key__"] for s in gz))  # __key__ feature
+    assert "val/c/000003" in {s["__key__"] for s in gz}  # derived key
+
+
+def test_verify_and_inspect(foreign: Foreign, capsys) -> None:
+    report = fastload.verify(foreign.root)
+    assert report.ok and report.indexed and report.samples == sum(foreign.files.values()), report.summary()
+    assert main(["inspect", str(foreign.root)]) == 0
+    out = capsys.readouterr().out
+    assert "format:   tfrecord" in out and "gzip:     2 shard(s)" in out
+
+
+def test_verify_lints_tfrecord_files_without_an_index(foreign_copy: Foreign) -> None:
+    report = fastload.verify(foreign_copy.root)
+    assert report.ok and not report.indexed, report.summary()
+    assert report.shards == 4 and report.samples == sum(foreign_copy.files.values())
+    single = fastload.verify(foreign_copy.root / "val" / "d.tfrec")
+    assert single.ok and single.samples == 31
+
+
+def test_index_keeps_an_existing_index_unless_forced(foreign_copy: Foreign, capsys) -> None:
+    assert main(["index", str(foreign_copy.root)]) == 0
+    first = (foreign_copy.root / "index.json").read_bytes()
+    assert "indexed 75 records in 4 TFRecord file(s)" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--force"):
+        build_index(foreign_copy.root)
+    assert build_index(foreign_copy.root, force=True, workers=1).ok
+    assert (foreign_copy.root / "index.json").read_bytes() == first
+
+
+def test_records_that_are_not_examples_are_refused(tmp_path: Path) -> None:
+    from fastload.core.tfrecord import frame
+
+    (tmp_path / "raw.tfrecord").write_bytes(frame(b"\x0a\x05ab") + frame(b"plain text, not a protobuf"))
+    report = build_index(tmp_path)
+    assert not report.ok and not (tmp_path / "index.json").exists()
+    assert str(report.problems[0]).startswith("raw.tfrecord, byte offset 0: record 0 is not a readable")
+
+
+BUCKET = "fastload-tfrecord-tests"
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_index_and_read_an_s3_prefix(foreign_copy: Foreign, moto_url: str) -> None:
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_url,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    client.create_bucket(Bucket=BUCKET)
+    for name in foreign_copy.files:
+        client.put_object(Bucket=BUCKET, Key=f"tf/{name}", Body=(foreign_copy.root / name).read_bytes())
+    config = fastload.S3Config(endpoint_url=moto_url, addressing_style="path", part_size_bytes=64 << 10)
+    url = f"s3://{BUCKET}/tf"
+    report = build_index(url, s3_config=config)
+    assert report.ok, report.summary()
+    assert json.loads(client.get_object(Bucket=BUCKET, Key="tf/index.json")["Body"].read())["totals"][
+        "samples"
+    ] == sum(foreign_copy.files.values())
+    client.close()
+    samples = list(fastload.ShardDataset(url, decode=False, s3_config=config, seed=2, shuffle_buffer=4))
+    assert sorted(s["__key__"] for s in samples) == sorted(foreign_copy.expected)
+    for s in samples:
+        check_sample(s, foreign_copy.expected)
+    assert fastload.verify(url, s3_config=config).ok
