@@ -24,7 +24,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -77,11 +77,13 @@ def connected(address: str | None) -> Iterator[ModuleType]:
 class _Fault:
     """Test-only fault injection, shipped to every task (see ``tests/ray``); never set in normal use.
 
-    ``crash_dir``: the first attempt at each shard kills its worker process (``os._exit``) after writing
-    one sample, leaving a marker file there; ``delay_s``: each task sleeps this long before writing.
+    ``crashes`` maps a shard number to how many attempts at it kill their worker process (``os._exit``)
+    after writing one sample; each such attempt leaves a marker file ``{number:06d}.{attempt}`` in
+    ``crash_dir``. ``delay_s``: each task sleeps this long before writing.
     """
 
-    crash_dir: str | None = None
+    crash_dir: str = ""
+    crashes: dict[int, int] = field(default_factory=dict)
     delay_s: float = 0.0
 
 
@@ -121,7 +123,9 @@ def _write_shard(
     dest.tmp_dir = attempt_dir  # this attempt's own: a straggling earlier attempt never shares its file
     if fault is not None and fault.delay_s:
         time.sleep(fault.delay_s)
-    advance = _crash_after_one_sample(shard, fault.crash_dir) if fault and fault.crash_dir else _ignore
+    advance: Callable[[int, int], None] = _ignore
+    if fault is not None and fault.crashes.get(shard.number):
+        advance = _crash_after_one_sample(shard, fault.crash_dir, fault.crashes[shard.number])
     one = replace(shard, start=0, stop=len(samples))
     plan = _Plan(samples, [one], fields, [], "", "", 0, 0)
     results: dict[int, ShardResult] = {}
@@ -136,12 +140,12 @@ def _ignore(nbytes: int, files: int) -> None:
     """Progress inside a task goes nowhere; the driver counts finished shards."""
 
 
-def _crash_after_one_sample(shard: ShardPlan, crash_dir: str) -> Callable[[int, int], None]:
-    marker = os.path.join(crash_dir, f"{shard.number:06d}")
+def _crash_after_one_sample(shard: ShardPlan, crash_dir: str, attempts: int) -> Callable[[int, int], None]:
+    done = sum(1 for n in os.listdir(crash_dir) if n.startswith(f"{shard.number:06d}."))
 
     def advance(nbytes: int, files: int) -> None:
-        if not os.path.exists(marker):
-            with open(marker, "w") as f:
+        if done < attempts:
+            with open(os.path.join(crash_dir, f"{shard.number:06d}.{done}"), "w") as f:
                 f.write(str(os.getpid()))
             os._exit(17)
 
