@@ -36,13 +36,18 @@ class VerifyReport:
     bytes: int = 0
     indexed: bool = True
     problems: list[VerifyError] = field(default_factory=list)
+    linted: str = "tar"  # without an index: which kind of files were linted
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def summary(self) -> str:
-        what = "shards checked against index.json" if self.indexed else "file(s) linted (no index.json)"
+        what = (
+            "shards checked against index.json"
+            if self.indexed
+            else f"{self.linted} file(s) linted (no index.json)"
+        )
         head = f"{self.shards} {what}: {self.samples:,} samples, {self.bytes:,} bytes"
         if self.ok:
             return f"OK: {head}"
@@ -90,7 +95,8 @@ def verify(
         if storage.is_folder(root)
         else [root]
     )
-    report = VerifyReport(root, indexed=False)
+    kinds = {"TFRecord" if is_tfrecord_name(t) else "tar" for t in tars}
+    report = VerifyReport(root, indexed=False, linted=" and ".join(sorted(kinds)) or "tar")
 
     def lint(path: str) -> tuple[list[VerifyError], int, int]:
         return lint_tfrecord(path, s3_config) if is_tfrecord_name(path) else _lint_tar(path, s3_config)
