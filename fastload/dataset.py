@@ -23,7 +23,13 @@ import torch.utils.data
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex
 from fastload.core.readplan import plan_reads
-from fastload.core.sharding import EVEN_POLICIES, RankPlan, rank_order, worker_positions
+from fastload.core.sharding import (
+    EVEN_POLICIES,
+    RankPlan,
+    rank_order,
+    resumed_rank_order,
+    worker_positions,
+)
 from fastload.decode import decode_sample
 from fastload.errors import ConfigError, FastloadError, NotFoundError
 from fastload.io import storage
@@ -160,8 +166,9 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._cache_obj: tuple[int, ShardCache] | None = None
         if self.cache_dir is not None:
             self.cache()  # a bad folder fails here, not in a worker
-        # epoch and resume position, shared with DataLoader workers (persistent ones included)
-        self._state = multiprocessing.get_context("spawn").RawArray("q", 2)
+        # shared with DataLoader workers (persistent ones included): epoch, resume position, and for an
+        # epoch resumed under another world size: the old world size (0: none), its delivered count, epoch
+        self._state = multiprocessing.get_context("spawn").RawArray("q", 5)
         self._resume_epoch: int | None = None
         self.skipped = 0
         self._emit_chunks = False  # set by fastload.DataLoader: yield one list of samples per chunk
@@ -204,6 +211,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._resume_epoch = None
         self._state[0] = epoch
         self._state[1] = 0
+        self._state[2] = 0
         self.skipped = 0
 
     def _set_start(self, start: int) -> None:
@@ -214,11 +222,23 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         """Samples of this epoch already delivered before the current iteration (resume position)."""
         return int(self._state[1])
 
-    def order_fingerprint(self) -> str:
-        """A digest of everything that decides the sample order (shards, counts, seed, policies)."""
+    def resumed_from(self) -> tuple[int, int] | None:
+        """``(old world size, samples each old rank had delivered)`` when the current epoch was resumed
+        from a checkpoint taken under another world size, else None."""
+        if self._state[2] > 0 and self._state[4] == self._state[0]:
+            return int(self._state[2]), int(self._state[3])
+        return None
+
+    def _resume_from_world(self, epoch: int, old_world: int, delivered: int) -> None:
+        self._state[2], self._state[3], self._state[4] = old_world, delivered, epoch
+
+    def order_fingerprint(self, world_size: int | None = None) -> str:
+        """A digest of everything that decides the sample order (shards, counts, seed, policies, world size
+        (default: this run's))."""
         import hashlib
 
-        settings = repr((self.seed, self.shuffle_buffer, self.even, self.rank_world()[1]))
+        world = self.rank_world()[1] if world_size is None else world_size
+        settings = repr((self.seed, self.shuffle_buffer, self.even, world))
         cached = self.__dict__.get("_fingerprint")
         if cached is not None and cached[0] == settings:
             return str(cached[1])
@@ -234,12 +254,26 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     def plan(self, epoch: int | None = None) -> RankPlan:
         """This rank's samples for ``epoch`` (default: the current one) in canonical order."""
         rank, world = self.rank_world()
+        epoch = self.epoch if epoch is None else epoch
+        resumed = self.resumed_from() if epoch == self.epoch else None
+        if resumed is not None:
+            return resumed_rank_order(
+                [s.samples for s in self.index.shards],
+                rank=rank,
+                world_size=world,
+                old_world_size=resumed[0],
+                delivered=resumed[1],
+                seed=self.seed,
+                epoch=epoch,
+                even=self.even,
+                shuffle_buffer=self.shuffle_buffer,
+            )
         return rank_order(
             [s.samples for s in self.index.shards],
             rank=rank,
             world_size=world,
             seed=self.seed,
-            epoch=self.epoch if epoch is None else epoch,
+            epoch=epoch,
             even=self.even,
             shuffle_buffer=self.shuffle_buffer,
         )
@@ -413,7 +447,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         """Epoch, samples of it delivered so far, and what must match on restore."""
         dataset: ShardDataset = self.dataset  # type: ignore[assignment]
         rank, world = dataset.rank_world()
-        return {
+        state: dict[str, Any] = {
             "epoch": dataset.epoch,
             "delivered": dataset.start + self._delivered,
             "seed": dataset.seed,
@@ -423,25 +457,48 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             "samples": dataset.index.samples,
             "order": dataset.order_fingerprint(),
         }
+        resumed = dataset.resumed_from()
+        if resumed is not None:
+            state["resumed_from"] = {"world_size": resumed[0], "delivered": resumed[1]}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields exactly the samples not yet delivered."""
+        """Continue from ``state``: the next iteration yields exactly the samples not yet delivered.
+
+        A checkpoint taken under another world size resumes too (synchronous data parallelism keeps every
+        rank's delivered count equal, so any rank's state describes all of them): the old ranks' remaining
+        samples are dealt to the new ranks (see :func:`fastload.core.sharding.resumed_rank_order`)."""
         dataset: ShardDataset = self.dataset  # type: ignore[assignment]
         _, world = dataset.rank_world()
+        old_world = state.get("world_size")
         for name, mine in (
             ("seed", dataset.seed),
-            ("world_size", world),
             ("samples", dataset.index.samples),
-            ("order", dataset.order_fingerprint()),
+            ("order", dataset.order_fingerprint(old_world if isinstance(old_world, int) else None)),
         ):
             if state.get(name) != mine:
                 raise ConfigError(
                     f"cannot resume: the checkpoint has {name}={state.get(name)!r}, this run has "
-                    f"{mine!r}; resume with the same dataset, seed and world size"
+                    f"{mine!r}; resume with the same dataset, seed, shuffle and even settings"
                 )
-        dataset.set_epoch(int(state["epoch"]))
-        dataset._set_start(int(state["delivered"]))
-        dataset._resume_epoch = int(state["epoch"])
+        epoch, delivered = int(state["epoch"]), int(state["delivered"])
+        resumed = state.get("resumed_from")
+        if old_world == world:
+            dataset.set_epoch(epoch)
+            if resumed is not None:
+                dataset._resume_from_world(epoch, int(resumed["world_size"]), int(resumed["delivered"]))
+            dataset._set_start(delivered)
+        elif resumed is not None:
+            raise ConfigError(
+                f"cannot resume: this checkpoint already continues an epoch with world_size={old_world} "
+                f"(resumed from world_size={resumed['world_size']}); finish epoch {epoch} with "
+                f"world_size={old_world}, or resume from the checkpoint taken before"
+            )
+        else:
+            dataset.set_epoch(epoch)
+            dataset._resume_from_world(epoch, int(old_world), delivered)  # type: ignore[arg-type]
+            dataset._set_start(0)
+        dataset._resume_epoch = epoch
 
 
 class _ChunkCollate:

@@ -167,3 +167,58 @@ def worker_positions(total: int, *, worker: int, workers: int, chunk: int, start
     for a in range(first, total, workers * chunk):
         out.extend(range(a, min(a + chunk, total)))
     return out
+
+
+def resumed_rank_order(
+    counts: Sequence[int],
+    *,
+    rank: int,
+    world_size: int,
+    old_world_size: int,
+    delivered: int,
+    seed: int | None,
+    epoch: int,
+    even: str = "split",
+    shuffle_buffer: int = 0,
+) -> RankPlan:
+    """The rest of an epoch for rank ``rank`` of a *new* ``world_size``, after ``old_world_size`` ranks had
+    each delivered the first ``delivered`` samples of their :func:`rank_order` (synchronous data-parallel
+    training keeps ranks in step, so one count describes all of them).
+
+    The old ranks' remaining samples are interleaved (position by position, rank by rank) and dealt to the
+    new ranks in turn. ``split``/``drop`` give every new rank the same count and drop (report) the last
+    ``remaining mod world_size``; ``pad`` repeats a rank's own samples up to the largest count; ``none``
+    leaves counts uneven.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= {rank=} < {world_size=}")
+    if old_world_size < 1 or delivered < 0:
+        raise ValueError(f"{old_world_size=} must be >= 1 and {delivered=} >= 0")
+    rests = []
+    for old in range(old_world_size):
+        plan = rank_order(
+            counts,
+            rank=old,
+            world_size=old_world_size,
+            seed=seed,
+            epoch=epoch,
+            even=even,
+            shuffle_buffer=shuffle_buffer,
+        )
+        if delivered > len(plan.samples):
+            raise ValueError(f"{delivered=} is more than old rank {old}'s {len(plan.samples)} samples")
+        rests.append(plan.samples[delivered:])
+    longest = max((len(r) for r in rests), default=0)
+    remaining = [r[i] for i in range(longest) for r in rests if i < len(r)]
+    mine = remaining[rank::world_size]
+    if even in ("split", "drop"):
+        per = len(remaining) // world_size
+        cut = per * world_size
+        dropped = remaining[cut:] if rank == world_size - 1 else []
+        return RankPlan(remaining[:cut][rank::world_size], dropped=dropped)
+    if even == "pad":
+        want = -(-len(remaining) // world_size)
+        pool = mine or remaining[:1]
+        extra = [pool[i % len(pool)] for i in range(want - len(mine))] if pool else []
+        return RankPlan(mine + extra, repeated=extra)
+    return RankPlan(mine)

@@ -134,7 +134,7 @@ def test_resume_mid_second_epoch_with_persistent_workers(uneven: Packed) -> None
 
 @pytest.mark.parametrize(
     ("change", "kw"),
-    [("seed", {"seed": 14}), ("world_size", {"rank": 0, "world_size": 2}), ("samples", None)],
+    [("seed", {"seed": 14}), ("samples", None)],
 )
 def test_resume_refuses_a_different_job(
     uneven: Packed, small: Packed, change: str, kw: dict[str, Any] | None
@@ -166,6 +166,76 @@ def test_resume_refuses_a_checkpoint_of_another_order(uneven: Packed, tmp_path: 
     _, dl = make_loader(target, batch_size=4, **{**KW, **kw})
     with pytest.raises(ConfigError):
         dl.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "even"), [(2, 3, "split"), (3, 2, "split"), (2, 1, "pad"), (3, 2, "none")]
+)
+def test_resume_with_another_world_size_delivers_the_rest_exactly_once(
+    uneven: Packed, old: int, new: int, even: str
+) -> None:
+    """Ranks in step (synchronous DDP) stop after 2 batches each; any one rank's checkpoint restores the
+    rest of the epoch on a different number of ranks: nothing lost, nothing repeated beyond the policy."""
+    delivered: list[str] = []
+    states = []
+    for rank in range(old):
+        before, state = stop_after(uneven, 2, rank=rank, world_size=old, even=even)
+        delivered += before
+        states.append(state)
+    assert len({s["delivered"] for s in states}) == 1
+    rest: list[list[str]] = []
+    reported: dict[str, list[tuple[str, str]]] = {"dropped": [], "repeated": []}
+    for rank in range(new):
+        ds, dl = make_loader(uneven, batch_size=4, rank=rank, world_size=new, even=even, **KW)
+        dl.load_state_dict(states[rank % old])  # any rank's state describes them all
+        rest.append(keys_of(dl))
+        report = ds.epoch_report()
+        reported["dropped"] += report["dropped"]
+        reported["repeated"] += report["repeated"]
+    after = [k for r in rest for k in r]
+    repeated = [k for _, k in reported["repeated"]]
+    dropped = {k for _, k in reported["dropped"]}
+    # the original epoch's own drops (even="split" cuts N mod old) stay dropped
+    original: set[str] = set()
+    for rank in range(old):
+        ds, _ = make_loader(uneven, batch_size=4, rank=rank, world_size=old, even=even, **KW)
+        ds.set_epoch(1)
+        original |= {k for _, k in ds.epoch_report()["dropped"]}
+        repeated_before = [k for _, k in ds.epoch_report()["repeated"]]
+        repeated = [k for k in repeated if k not in repeated_before] if even == "pad" else repeated
+    everything = delivered + after
+    if even == "pad":
+        assert set(everything) == set(uneven.keys)
+    else:
+        assert not repeated
+        assert len(everything) == len(set(everything)), "a sample was delivered twice"
+        assert set(everything) | dropped | original == set(uneven.keys)
+        assert not set(everything) & (dropped | original)
+    if even != "none":
+        assert len({len(r) for r in rest}) == 1, "DDP needs the same count on every new rank"
+
+
+def test_a_resumed_epoch_checkpoints_and_resumes_again_on_the_same_world(uneven: Packed) -> None:
+    _, state = stop_after(uneven, 2, rank=0, world_size=2)
+    parts: dict[int, list[str]] = {}
+    middle_states = []
+    for rank in range(3):
+        _, dl = make_loader(uneven, batch_size=4, rank=rank, world_size=3, **KW)
+        dl.load_state_dict(state)
+        iterator = iter(dl)
+        parts[rank] = keys_of(take(iterator, 1))
+        middle_states.append(json.loads(json.dumps(dl.state_dict())))
+        iterator.close()
+    assert middle_states[0]["resumed_from"] == {"world_size": 2, "delivered": 8}
+    for rank in range(3):
+        _, dl = make_loader(uneven, batch_size=4, rank=rank, world_size=3, **KW)
+        dl.load_state_dict(middle_states[rank])
+        parts[rank] += keys_of(dl)
+    whole_rest = [resume(uneven, state, rank=rank, world_size=3) for rank in range(3)]
+    assert [parts[r] for r in range(3)] == whole_rest
+    _, dl = make_loader(uneven, batch_size=4, rank=0, world_size=1, **KW)
+    with pytest.raises(ConfigError, match="already continues an epoch"):
+        dl.load_state_dict(middle_states[0])
 
 
 def label_and_key(sample: dict[str, Any]) -> tuple[int, str]:

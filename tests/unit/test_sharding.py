@@ -16,6 +16,7 @@ from fastload.core.sharding import (
     epoch_seed,
     rank_order,
     rank_plan,
+    resumed_rank_order,
     shard_order,
     worker_positions,
 )
@@ -339,3 +340,34 @@ def test_worker_positions_rejects_bad_arguments(kwargs: dict) -> None:
     kwargs = {"chunk": 4, **kwargs}
     with pytest.raises(ValueError):
         worker_positions(10, **kwargs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 30), min_size=1, max_size=8),
+    old=st.integers(1, 4),
+    new=st.integers(1, 5),
+    frac=st.floats(0, 1),
+    seed=st.one_of(st.none(), st.integers(0, 50)),
+    even=st.sampled_from(["split", "drop", "none"]),
+    shuffle_buffer=st.integers(0, 8),
+)
+def test_resumed_rank_order_partitions_the_rest_of_the_epoch(
+    counts: list[int], old: int, new: int, frac: float, seed: int | None, even: str, shuffle_buffer: int
+) -> None:
+    kw = {"seed": seed, "epoch": 3, "even": even, "shuffle_buffer": shuffle_buffer}
+    plans = [rank_order(counts, rank=r, world_size=old, **kw) for r in range(old)]
+    shortest = min(len(p.samples) for p in plans)
+    delivered = int(frac * shortest)
+    before = [s for p in plans for s in p.samples[:delivered]]
+    rest = [
+        resumed_rank_order(counts, rank=r, world_size=new, old_world_size=old, delivered=delivered, **kw)
+        for r in range(new)
+    ]
+    after = [s for p in rest for s in p.samples]
+    dropped = [s for p in rest for s in p.dropped]
+    epoch = [s for p in plans for s in p.samples]
+    assert sorted(before + after + dropped) == sorted(epoch)  # nothing lost, nothing repeated
+    if even != "none":
+        assert len({len(p.samples) for p in rest}) == 1
+        assert len(dropped) < new
