@@ -9,6 +9,7 @@ from fastload.copy import copy
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.opener import open
 from fastload.pack import PackReport, pack
+from fastload.raydata import from_ray, to_ray
 from fastload.stats import s3_stats
 from fastload.verify import VerifyReport, verify
 
@@ -29,10 +30,12 @@ __all__ = [
     "__version__",
     "copy",
     "errors",
+    "from_ray",
     "loader",
     "open",
     "pack",
     "s3_stats",
+    "to_ray",
     "verify",
 ]
 
