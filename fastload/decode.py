@@ -3,7 +3,8 @@
 Built in: ``cls``/``cls2``/``index`` -> int, ``txt``/``text`` -> str, ``json`` -> object, ``npy`` -> numpy
 array (``allow_pickle=False``), ``pt``/``pth``/``pickle``/``pyd`` -> refused unless ``allow_pickle=True``,
 images (``jpg``, ``jpeg``, ``png``, ``webp``) -> ``PIL.Image`` (needs Pillow; ``images=False`` keeps bytes),
-everything else -> bytes.
+token ids (``u16``, ``i32``: little-endian, as ``fastload pack-tokens`` writes them) -> 1-D ``torch.int64``
+tensor, everything else -> bytes.
 The last dotted part of a field decides (``seg.png`` is an image).
 """
 
@@ -14,10 +15,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from fastload.errors import ConfigError
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
 PICKLE_EXTENSIONS = frozenset({"pickle", "pkl", "pyd", "pth", "pt"})
+# token id fields: extension -> numpy dtype of the stored little-endian ids (see fastload.tokens)
+TOKEN_DTYPES: dict[str, np.dtype[Any]] = {"u16": np.dtype("<u2"), "i32": np.dtype("<i4")}
 
 
 class UnsafeFieldError(ValueError):
@@ -50,6 +55,17 @@ def _image(data: bytes) -> Any:
     return image
 
 
+def _tokens(dtype: np.dtype[Any]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        import torch
+
+        if len(data) % dtype.itemsize:
+            raise ValueError(f"{len(data)} bytes is not a whole number of {dtype.itemsize}-byte token ids")
+        return torch.from_numpy(np.frombuffer(data, dtype=dtype).astype(np.int64))
+
+    return decode
+
+
 _DECODERS: dict[str, Callable[[bytes], Any]] = {
     "cls": _int,
     "cls2": _int,
@@ -58,6 +74,7 @@ _DECODERS: dict[str, Callable[[bytes], Any]] = {
     "text": _text,
     "json": lambda d: json.loads(d),
     "npy": _npy,
+    **{ext: _tokens(dtype) for ext, dtype in TOKEN_DTYPES.items()},
 }
 
 
