@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("dir", metavar="DIR")
     d.add_argument("--samples", type=int, default=2000)
     d.add_argument("--seed", type=int, default=0)
+
+    from fastload.bench.args import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -220,6 +224,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from fastload.bench.args import run
+
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {
@@ -229,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo-data": _demo,
         "cp": _cp,
         "ls": _ls,
+        "bench": _bench,
         "index": _index,
     }[args.command]
     try:

@@ -1,0 +1,65 @@
+"""The picture of a run (matplotlib, Agg): throughput against ``num_workers`` for each variant, and the
+training loop's timeline of waiting for data against computing, step by step (the sawtooth made visible)."""
+
+from __future__ import annotations
+
+import os
+
+from fastload.bench.runner import BenchReport
+from fastload.errors import ConfigError
+
+WAIT_COLOUR, COMPUTE_COLOUR = "#d62728", "#1f77b4"
+TIMELINE_S = 2.0
+
+
+def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
+    """Write the plot to ``path`` (a PNG of about 40-80 KB)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'fastload[bench]'") from None
+    rows = max(1, len(report.training))
+    fig = plt.figure(figsize=(11, 4.2), dpi=90)
+    grid = fig.add_gridspec(rows, 2, width_ratios=[1.0, 1.25], wspace=0.28, hspace=0.55)
+    ax = fig.add_subplot(grid[:, 0])
+    for v in report.variants:
+        by = report.by_workers(v["name"])
+        if not by or not v["sweep"]:
+            continue
+        xs = list(by)
+        rates = [sorted(r.samples_per_s for r in by[w]) for w in xs]
+        mid = [r[len(r) // 2] for r in rates]
+        low = [m - r[0] for m, r in zip(mid, rates, strict=True)]
+        high = [r[-1] - m for m, r in zip(mid, rates, strict=True)]
+        style = "-" if v["tool"] == "fastload" else "--" if v["tool"] == "per-file" else ":"
+        ax.errorbar(xs, mid, yerr=[low, high], fmt="o" + style, capsize=3, label=v["name"], lw=1.6, ms=4)
+    ax.set_yscale("log")
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("samples/s (median, min-max)")
+    ax.set_title("loader alone: throughput vs num_workers", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.has_data():
+        ax.legend(fontsize=8, loc="best")
+    for i, run in enumerate(report.training):
+        tl = fig.add_subplot(grid[i, 1])
+        t = 0.0
+        waits, computes = [], []
+        for w, c in zip(run.waits, run.computes, strict=True):
+            if t > TIMELINE_S:
+                break
+            waits.append((t, w))
+            computes.append((t + w, c))
+            t += w + c
+        tl.broken_barh(waits, (0, 1), facecolors=WAIT_COLOUR)
+        tl.broken_barh(computes, (0, 1), facecolors=COMPUTE_COLOUR)
+        tl.set_xlim(0, TIMELINE_S)
+        tl.set_yticks([])
+        share = f"{run.wait_share * 100:.0f}% waiting" if run.computes else ""
+        tl.set_title(f"{run.variant}, num_workers={run.workers}: {share}", fontsize=9, loc="left")
+        if i == rows - 1:
+            tl.set_xlabel("seconds of the training loop (red: waiting for data, blue: step)")
+    fig.savefig(os.fspath(path), format="png", bbox_inches="tight")
+    plt.close(fig)

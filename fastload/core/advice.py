@@ -1,0 +1,288 @@
+"""Plain-words advice from measured loader figures: is the training loop waiting for data, and what would fix
+it. Pure: figures in, sentences out (``fastload bench`` measures; this decides what to say).
+
+The rules, in order:
+
+- **Verdict.** ``loader-bound`` when at least ``LOADER_BOUND_SHARE`` (10%) of wall time waits for data,
+  otherwise ``compute-bound`` (the loader keeps up).
+- **num_workers.** The step consumes ``batch_size / step_s`` samples/s. The suggestion is the fewest
+  measured workers whose loader-alone throughput covers that with ``HEADROOM`` (20%) to spare; if none does,
+  the fastest setting (fewest workers within 5% of the best), and the advice says that more workers alone
+  will not do. Without a step time (loader alone) it is the fastest setting.
+- **Stages.** The stage with the largest share of per-sample time gets a sentence when it holds at least
+  ``DOMINANT_SHARE`` (40%) of it: what helps for decode, fetch, collate or host-to-device copies.
+- **Packing.** For data stored as one object per sample: with the measured packed/per-file ratio above
+  ``PACK_WORTH`` (1.2x) "these N files average X KiB: pack them — expected Yx"; below it, that packing
+  would gain little here.
+- **Prefetch and cache.** A measured gain of ``PACK_WORTH`` or more from shard prefetch or a warm local
+  cache is worth a sentence, as is a loss (both read what the benchmark saw, nothing is assumed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+LOADER_BOUND_SHARE = 0.10
+HEADROOM = 1.2
+NEAR_BEST = 0.95
+DOMINANT_SHARE = 0.40
+PACK_WORTH = 1.2
+
+STAGES = ("fetch", "parse", "decode", "collate", "to_device")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageTimes:
+    """Seconds per sample spent in each loader stage, each timed on its own over the same samples.
+    ``to_device_s`` is None without an accelerator."""
+
+    fetch_s: float
+    parse_s: float
+    decode_s: float
+    collate_s: float
+    to_device_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in STAGES:
+            value = self.seconds(name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name}_s={value} is negative; stage times are durations")
+
+    def seconds(self, stage: str) -> float | None:
+        value: float | None = getattr(self, f"{stage}_s")
+        return value
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds(s) or 0.0 for s in STAGES)
+
+    def shares(self) -> dict[str, float]:
+        """Each measured stage's share of the per-sample total (empty when the total is zero)."""
+        total = self.total_s
+        if total <= 0:
+            return {}
+        return {s: (self.seconds(s) or 0.0) / total for s in STAGES if self.seconds(s) is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facts:
+    """What was measured about one loader configuration.
+
+    ``throughput_by_workers`` is samples/s of the loader alone (no training step) by ``num_workers``.
+    ``wait_share`` is the share of the training loop's wall time spent in ``next(loader)`` at
+    ``num_workers``; ``step_s`` is the median compute time per step (0 when the loader ran alone).
+    ``files``/``file_bytes_mean`` describe data stored as one object per sample (None when packed);
+    ``packed_vs_per_file`` is the measured throughput ratio packed / per-file on this data.
+    ``prefetch_gain`` is throughput with shard prefetch / without; ``cache_gain`` warm / cold local cache.
+    """
+
+    batch_size: int
+    num_workers: int
+    wait_share: float
+    step_s: float
+    cores: int
+    throughput_by_workers: Mapping[int, float] = field(default_factory=dict)
+    stages: StageTimes | None = None
+    remote: bool = False
+    files: int | None = None
+    file_bytes_mean: float | None = None
+    packed_vs_per_file: float | None = None
+    prefetch_gain: float | None = None
+    cache_gain: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.num_workers < 0 or self.cores < 1:
+            raise ValueError(
+                f"batch_size={self.batch_size}, num_workers={self.num_workers}, cores={self.cores}: "
+                "need batch_size >= 1, num_workers >= 0, cores >= 1"
+            )
+        if not 0.0 <= self.wait_share <= 1.0:
+            raise ValueError(f"wait_share={self.wait_share} must be between 0 and 1")
+        if self.step_s < 0:
+            raise ValueError(f"step_s={self.step_s} must be >= 0")
+        bad = {w: t for w, t in self.throughput_by_workers.items() if w < 0 or t < 0}
+        if bad:
+            raise ValueError(f"throughput_by_workers has negative entries {bad}")
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The verdict, the suggested ``num_workers`` (None when nothing was swept) and the sentences."""
+
+    verdict: str
+    wait_share: float
+    suggested_workers: int | None
+    lines: tuple[str, ...]
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def demand(batch_size: int, step_s: float) -> float | None:
+    """Samples/s the training step consumes (None when there is no step)."""
+    return batch_size / step_s if step_s > 0 else None
+
+
+def fastest_workers(throughput_by_workers: Mapping[int, float]) -> int | None:
+    """The fewest workers within ``NEAR_BEST`` of the best measured throughput."""
+    if not throughput_by_workers:
+        return None
+    best = max(throughput_by_workers.values())
+    return min(w for w, t in throughput_by_workers.items() if t >= NEAR_BEST * best)
+
+
+def suggest_workers(
+    throughput_by_workers: Mapping[int, float], needed: float | None
+) -> tuple[int | None, bool]:
+    """``(num_workers, enough)``: the fewest measured workers covering ``needed`` samples/s with headroom,
+    or the fastest setting with ``enough=False`` when none does (or ``needed`` is None)."""
+    if not throughput_by_workers:
+        return None, False
+    if needed is not None:
+        covering = [w for w, t in throughput_by_workers.items() if t >= needed * HEADROOM]
+        if covering:
+            return min(covering), True
+    return fastest_workers(throughput_by_workers), needed is None
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.0f}%"
+
+
+def _rate(samples_per_s: float) -> str:
+    return f"{samples_per_s:,.0f} samples/s"
+
+
+def _kib(n: float) -> str:
+    return f"{n / 1024:,.0f} KiB" if n >= 1024 else f"{n:,.0f} bytes"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.1f}x" if x < 10 else f"{x:.0f}x"
+
+
+def _workers_line(facts: Facts, needed: float | None) -> tuple[int | None, str | None]:
+    sweep = facts.throughput_by_workers
+    suggested, enough = suggest_workers(sweep, needed)
+    if suggested is None:
+        return None, None
+    best_rate = sweep[suggested]
+    if needed is not None and not enough:
+        return suggested, (
+            f"even the fastest setting measured (num_workers={suggested}: {_rate(best_rate)}) is below what "
+            f"the step consumes ({_rate(needed)}); more workers alone will not fix it on {facts.cores} "
+            "cores: make each sample cheaper to load (see below) or give the loader more CPU"
+        )
+    current = sweep.get(facts.num_workers)
+    if suggested > facts.num_workers:
+        return suggested, f"raise num_workers to {suggested} ({_rate(best_rate)} measured)"
+    if suggested < facts.num_workers and (current is None or current < best_rate / NEAR_BEST):
+        return suggested, (
+            f"num_workers={suggested} is enough ({_rate(best_rate)} measured); "
+            f"{facts.num_workers} costs memory and CPU for no gain"
+        )
+    return suggested, None
+
+
+def _stage_line(stages: StageTimes, *, remote: bool, per_file: bool) -> str | None:
+    shares = stages.shares()
+    if not shares:
+        return None
+    stage = max(shares, key=lambda s: shares[s])
+    share = shares[stage]
+    if share < DOMINANT_SHARE:
+        return None
+    micros = (stages.seconds(stage) or 0.0) * 1e6
+    what = f"{stage.replace('_', '-')} takes {_pct(share)} of the loader's time per sample ({micros:,.0f} µs)"
+    fixes = {
+        "decode": "more workers, smaller stored images, or decoding on the GPU (nvJPEG, DALI) help; packing "
+        "does not",
+        "fetch": (
+            "pack the files into shards (few large reads instead of one request per file)"
+            if per_file
+            else "prefetch further ahead (more prefetch_bytes), or keep a local shard cache (cache_dir=)"
+            if remote
+            else "move the shards to faster local storage"
+        ),
+        "parse": "use fewer, larger fields per sample",
+        "collate": "return tensors (not Python lists) from the dataset, or collate in the workers",
+        "to_device": "use pin_memory=True and .to(device, non_blocking=True) on a side stream",
+    }
+    return f"{what}: {fixes[stage]}"
+
+
+def _pack_line(facts: Facts) -> str | None:
+    if facts.files is None or facts.packed_vs_per_file is None:
+        return None
+    files = f"these {facts.files:,} files"
+    size = f" average {_kib(facts.file_bytes_mean)}" if facts.file_bytes_mean is not None else ""
+    ratio = facts.packed_vs_per_file
+    if ratio >= PACK_WORTH:
+        return f"{files}{size}: pack them (fastload pack) — expected {_ratio(ratio)} (measured on this data)"
+    return (
+        f"{files}{size}: packing them would gain little here ({_ratio(ratio)} measured); "
+        "the time goes elsewhere"
+    )
+
+
+def _gain_line(what: str, gain: float | None, fix: str) -> str | None:
+    if gain is None:
+        return None
+    if gain >= PACK_WORTH:
+        return f"{what} measured {_ratio(gain)} faster: {fix}"
+    if gain <= 1 / PACK_WORTH:
+        return f"{what} measured slower here ({_ratio(gain)}): leave it off for this data"
+    return None
+
+
+def advise(facts: Facts) -> Advice:
+    """The verdict and the sentences for ``facts``; see the module docstring for the rules."""
+    needed = demand(facts.batch_size, facts.step_s)
+    lines: list[str] = []
+    if facts.step_s <= 0:
+        verdict = "loader-alone"
+        lines.append("no training step was simulated: these are the loader's own limits")
+    elif facts.wait_share >= LOADER_BOUND_SHARE:
+        verdict = "loader-bound"
+        lines.append(
+            f"loader-bound: {_pct(facts.wait_share)} of the step waits for data "
+            f"(the step consumes {_rate(needed or 0.0)})"
+        )
+    else:
+        verdict = "compute-bound"
+        lines.append(
+            f"compute-bound: the loader keeps up; {_pct(facts.wait_share)} of wall time waits for data"
+        )
+    suggested, workers_line = _workers_line(facts, needed)
+    fewer = suggested is not None and suggested < facts.num_workers
+    if workers_line and (verdict != "compute-bound" or fewer):
+        lines.append(workers_line)
+    if verdict != "compute-bound" and facts.stages is not None:
+        stage_line = _stage_line(facts.stages, remote=facts.remote, per_file=facts.files is not None)
+        if stage_line:
+            lines.append(stage_line)
+    for line in (
+        _pack_line(facts),
+        _gain_line("shard prefetch", facts.prefetch_gain, "keep it on (prefetch_bytes > 0, the default)"),
+        _gain_line("a warm local shard cache", facts.cache_gain, "set cache_dir= for runs of several epochs"),
+    ):
+        if line:
+            lines.append(line)
+    return Advice(verdict, facts.wait_share, suggested, tuple(lines))
+
+
+__all__ = [
+    "DOMINANT_SHARE",
+    "HEADROOM",
+    "LOADER_BOUND_SHARE",
+    "PACK_WORTH",
+    "STAGES",
+    "Advice",
+    "Facts",
+    "StageTimes",
+    "advise",
+    "demand",
+    "fastest_workers",
+    "suggest_workers",
+]
