@@ -3,7 +3,7 @@
 Heavy dependencies (pyarrow, boto3) are imported where first needed, so ``fastload`` starts quickly.
 """
 
-from fastload import errors
+from fastload import collate, errors
 from fastload.config import PackConfig, S3Config
 from fastload.copy import copy
 from fastload.core.index import DatasetIndex, ShardEntry
@@ -11,6 +11,7 @@ from fastload.opener import open
 from fastload.pack import PackReport, pack
 from fastload.raydata import from_ray, to_ray
 from fastload.stats import s3_stats
+from fastload.tokens import pack_tokens
 from fastload.verify import VerifyReport, verify
 
 __version__ = "0.1.0"
@@ -23,17 +24,20 @@ __all__ = [
     "LoaderStats",
     "PackConfig",
     "PackReport",
+    "PackedSequences",
     "S3Config",
     "ShardDataset",
     "ShardEntry",
     "VerifyReport",
     "__version__",
+    "collate",
     "copy",
     "errors",
     "from_ray",
     "loader",
     "open",
     "pack",
+    "pack_tokens",
     "s3_stats",
     "to_ray",
     "verify",
@@ -46,6 +50,10 @@ def __getattr__(name: str) -> object:
         from fastload import dataset
 
         return getattr(dataset, name)
+    if name == "PackedSequences":
+        from fastload import packed
+
+        return packed.PackedSequences
     if name in ("loader", "Loader", "LoaderStats", "DevicePrefetcher"):
         from fastload import feed
 

@@ -24,3 +24,15 @@ def test_public_names_are_exported() -> None:
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert public <= set(fastload.__all__)
+
+
+def test_token_names_are_exported() -> None:
+    """Token datasets: ``fastload.collate`` is the module; the torch-side class loads on first use."""
+    import types
+
+    import fastload.packed
+
+    assert isinstance(fastload.collate, types.ModuleType) and "collate" in fastload.__all__
+    assert callable(fastload.collate.pad) and callable(fastload.collate.blocks)
+    assert fastload.PackedSequences is fastload.packed.PackedSequences
+    assert callable(fastload.pack_tokens)
