@@ -135,6 +135,38 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--samples", type=int, default=2000)
     d.add_argument("--seed", type=int, default=0)
 
+    t = sub.add_parser(
+        "pack-tokens",
+        help="write documents of token ids (JSONL/Parquet) as Parquet token shards plus index.json",
+    )
+    t.add_argument("src", nargs="+", metavar="SRC", help="JSONL/Parquet file(s), or folders/prefixes of them")
+    t.add_argument("dst", metavar="DST", help="destination folder or s3:// prefix (new or empty)")
+    t.add_argument(
+        "--column", default="input_ids", help="field holding a list of token ids (default input_ids)"
+    )
+    t.add_argument(
+        "--tokenizer", default=None, metavar="MODULE:FUNCTION", help="tokenise the text of --text-column"
+    )
+    t.add_argument("--text-column", default="text", help="text field for --tokenizer (default text)")
+    t.add_argument("--key-column", default=None, help="field holding document ids (default FILE/ROW)")
+    t.add_argument(
+        "--vocab-size", type=int, default=None, help="ids must be below N; N <= 65536 stores uint16"
+    )
+    t.add_argument("--dtype", choices=("auto", "uint16", "int32"), default="auto", help="stored id type")
+    t.add_argument(
+        "--shard-size", type=_size, default=256 << 20, metavar="SIZE", help="token bytes per shard"
+    )
+    t.add_argument(
+        "--row-group-size",
+        type=_size,
+        default=1 << 20,
+        metavar="SIZE",
+        help="token bytes per row group (1MiB)",
+    )
+    t.add_argument("--prefix", default="shard", help="shard name prefix (default: shard)")
+    t.add_argument("--compression", choices=PARQUET_COMPRESSIONS, default="none", help="Parquet compression")
+    t.add_argument("--allow-skip", action="store_true", help="exit 0 even if some documents were left out")
+
     from fastload.bench.args import add_parser as add_bench_parser
 
     add_bench_parser(sub)
@@ -224,6 +256,32 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pack_tokens(args: argparse.Namespace) -> int:
+    from fastload.tokens import pack_tokens
+
+    try:
+        report = pack_tokens(
+            args.src,
+            args.dst,
+            column=args.column,
+            key_column=args.key_column,
+            tokenizer=args.tokenizer,
+            text_column=args.text_column,
+            vocab_size=args.vocab_size,
+            dtype=args.dtype,
+            shard_size_bytes=args.shard_size,
+            row_group_bytes=args.row_group_size,
+            prefix=args.prefix,
+            compression=args.compression,
+            allow_skip=args.allow_skip,
+        )
+    except SkippedInputError as exc:
+        print(f"fastload pack-tokens: {exc}", file=sys.stderr)
+        return 1
+    print(report.summary())
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from fastload.bench.args import run
 
@@ -237,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "verify": _verify,
         "inspect": _inspect,
         "demo-data": _demo,
+        "pack-tokens": _pack_tokens,
         "cp": _cp,
         "ls": _ls,
         "bench": _bench,
