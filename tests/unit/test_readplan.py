@@ -1,0 +1,188 @@
+"""Read plans: tasks cover a worker's references exactly, in order; tar tasks are consecutive runs within a
+byte cap, Parquet tasks group references to one shard within a row-group byte cap."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastload.core.index import ShardEntry
+from fastload.core.readplan import ReadTask, last_use, plan_reads
+
+SETTINGS = settings(max_examples=100, deadline=None)
+
+
+def tar_entry(n: int, sizes: list[int]) -> ShardEntry:
+    offsets = [0, *itertools.accumulate(sizes)][:-1]
+    return ShardEntry(
+        f"t{n}.tar", sum(sizes), "00000000", [f"k{i}" for i in range(len(sizes))], offsets, sizes
+    )
+
+
+def parquet_entry(n: int, groups: list[tuple[int, int]]) -> ShardEntry:
+    """``groups``: ``(bytes, rows)`` per row group."""
+    rows = sum(r for _, r in groups)
+    offsets = [4 + o for o in itertools.accumulate((b for b, _ in groups), initial=0)][:-1]  # after "PAR1"
+    row_groups = [(o, b, r) for o, (b, r) in zip(offsets, groups, strict=True)]
+    total = 8 + sum(b for b, _ in groups)
+    return ShardEntry(
+        f"p{n}.parquet", total, "00000000", [f"k{i}" for i in range(rows)], row_groups=row_groups
+    )
+
+
+@st.composite
+def shards(draw: st.DrawFn) -> list[ShardEntry]:
+    out: list[ShardEntry] = []
+    for n in range(draw(st.integers(1, 5))):
+        if draw(st.booleans()):
+            sizes = draw(st.lists(st.integers(1, 5000), min_size=1, max_size=30))
+            out.append(tar_entry(n, sizes))
+        else:
+            groups = draw(
+                st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 8)), min_size=1, max_size=8).filter(
+                    lambda gs: sum(r for _, r in gs) > 0
+                )
+            )
+            out.append(parquet_entry(n, groups))
+    return out
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> tuple[list[ShardEntry], list[tuple[int, int]], int]:
+    """Shards, references to them (runs, jumps, repeats, interleavings: what shuffles and pads produce) and
+    a byte cap."""
+    entries = draw(shards())
+    refs: list[tuple[int, int]] = []
+    for _ in range(draw(st.integers(0, 12))):
+        s = draw(st.integers(0, len(entries) - 1))
+        n = entries[s].samples
+        first = draw(st.integers(0, n - 1))
+        length = draw(st.integers(1, n - first))
+        if draw(st.booleans()):  # a run, as an unshuffled order gives
+            refs.extend((s, p) for p in range(first, first + length))
+        else:  # scattered positions, as a shuffle buffer gives
+            refs.extend((s, draw(st.integers(0, n - 1))) for _ in range(length))
+    cap = draw(st.one_of(st.integers(1, 20), st.integers(1, 40_000)))
+    return entries, refs, cap
+
+
+def group_of(entry: ShardEntry, position: int) -> int:
+    starts = [0, *itertools.accumulate(rg[2] for rg in entry.row_groups)]
+    g = bisect.bisect_right(starts, position) - 1
+    assert starts[g] <= position < starts[g + 1]
+    return g
+
+
+@SETTINGS
+@given(plans())
+def test_tasks_cover_the_references_in_order(
+    plan: tuple[list[ShardEntry], list[tuple[int, int]], int],
+) -> None:
+    entries, refs, cap = plan
+    tasks = plan_reads(refs, entries, max_task_bytes=cap)
+    assert [(t.shard, p) for t in tasks for p in t.positions] == refs
+    assert all(t.positions for t in tasks)
+
+
+@SETTINGS
+@given(plans())
+def test_tar_tasks_are_capped_consecutive_runs(
+    plan: tuple[list[ShardEntry], list[tuple[int, int]], int],
+) -> None:
+    entries, refs, cap = plan
+    tasks = plan_reads(refs, entries, max_task_bytes=cap)
+    at = 0
+    for t in tasks:
+        entry = entries[t.shard]
+        at += len(t.positions)
+        if not entry.offsets:
+            continue
+        first = t.positions[0]
+        assert list(t.positions) == list(range(first, first + len(t.positions)))
+        nbytes = sum(entry.sizes[p] for p in t.positions)
+        # the byte range read is [offsets[first], offsets[last] + sizes[last]): the samples' sizes
+        last = t.positions[-1]
+        assert entry.offsets[last] + entry.sizes[last] - entry.offsets[first] == nbytes
+        assert t.nbytes == nbytes
+        assert nbytes <= cap or len(t.positions) == 1
+        # maximal: the next reference continues the run only if it would overflow the cap
+        if at < len(refs) and refs[at] == (t.shard, last + 1):
+            assert nbytes + entry.sizes[last + 1] > cap
+
+
+@SETTINGS
+@given(plans())
+def test_parquet_tasks_keep_order_within_row_group_cap(
+    plan: tuple[list[ShardEntry], list[tuple[int, int]], int],
+) -> None:
+    entries, refs, cap = plan
+    tasks = plan_reads(refs, entries, max_task_bytes=cap)
+    at = 0
+    for t in tasks:
+        entry = entries[t.shard]
+        mine = refs[at : at + len(t.positions)]
+        at += len(t.positions)
+        if entry.offsets:
+            continue
+        assert [p for _, p in mine] == list(t.positions)  # reference order, not sorted
+        groups = {group_of(entry, p) for p in t.positions}
+        nbytes = sum(entry.row_groups[g][1] for g in groups)
+        assert t.nbytes == nbytes
+        # a row group is the unit of reading: only a task touching a single group may exceed the cap
+        assert nbytes <= cap or len(groups) == 1
+        if at < len(refs) and refs[at][0] == t.shard:  # maximal: the next reference would overflow
+            g = group_of(entry, refs[at][1])
+            assert g not in groups and nbytes + entry.row_groups[g][1] > cap
+
+
+def test_a_sample_larger_than_the_cap_gets_a_task_of_its_own() -> None:
+    entry = tar_entry(0, [10, 500, 10, 10])
+    tasks = plan_reads([(0, p) for p in range(4)], [entry], max_task_bytes=100)
+    assert tasks == [ReadTask(0, (0,), 10), ReadTask(0, (1,), 500), ReadTask(0, (2, 3), 20)]
+
+
+def test_runs_break_at_gaps_repeats_and_shard_changes() -> None:
+    a, b = tar_entry(0, [1] * 6), tar_entry(1, [1] * 6)
+    refs = [(0, 0), (0, 1), (0, 3), (0, 3), (1, 4), (1, 5), (0, 5)]
+    tasks = plan_reads(refs, [a, b], max_task_bytes=1 << 20)
+    assert [(t.shard, t.positions) for t in tasks] == [
+        (0, (0, 1)),
+        (0, (3,)),
+        (0, (3,)),
+        (1, (4, 5)),
+        (0, (5,)),
+    ]
+
+
+def test_parquet_references_in_one_row_group_share_a_task() -> None:
+    entry = parquet_entry(0, [(1000, 4), (1000, 4)])
+    tasks = plan_reads([(0, 3), (0, 1), (0, 2), (0, 6)], [entry], max_task_bytes=1500)
+    assert [(t.positions, t.nbytes) for t in tasks] == [((3, 1, 2), 1000), ((6,), 1000)]
+
+
+def test_no_references_no_tasks() -> None:
+    assert plan_reads([], [tar_entry(0, [5])], max_task_bytes=1) == []
+
+
+@pytest.mark.parametrize("cap", [0, -1, -(1 << 40)])
+def test_max_task_bytes_below_one_raises(cap: int) -> None:
+    with pytest.raises(ValueError, match="max_task_bytes"):
+        plan_reads([(0, 0)], [tar_entry(0, [5])], max_task_bytes=cap)
+
+
+@SETTINGS
+@given(plans())
+def test_last_use_is_the_last_task_of_each_shard(
+    plan: tuple[list[ShardEntry], list[tuple[int, int]], int],
+) -> None:
+    entries, refs, cap = plan
+    tasks = plan_reads(refs, entries, max_task_bytes=cap)
+    last = last_use(tasks)
+    assert set(last) == {t.shard for t in tasks}
+    for shard, n in last.items():
+        assert tasks[n].shard == shard
+        assert all(t.shard != shard for t in tasks[n + 1 :])
