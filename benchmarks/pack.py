@@ -22,6 +22,12 @@ tar's time is its process's wall time.
     python benchmarks/pack.py                               # 20,000 files, 3 repetitions
     python benchmarks/pack.py --files 2000 --reps 1 --json /tmp/pack.json --keep-tree
     python benchmarks/pack.py --child fastload-tar SRC DST    # one tool alone, e.g. under a profiler
+    python benchmarks/pack.py --engine ray                    # local engine vs Ray engine, tar and Parquet
+
+With ``--engine ray`` the parent starts a Ray cluster of this machine (one CPU per usable core) and each
+``*-ray`` tool connects to it and warms one worker per CPU before its clock starts (Ray starts workers per
+job; a long-running job has them); that untimed setup and the driver's listing + planning time are
+reported beside the ratio to the local engine.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import ctypes
 import importlib
 import importlib.metadata
 import json
+import logging
 import mmap
 import os
 import platform
@@ -42,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -61,7 +68,16 @@ LABELS = {
     "fastload-parquet": "fastload pack --format parquet",
     "wds-shardwriter": "webdataset ShardWriter",
     "pyarrow-parquet": "pyarrow pq.write_table",
+    "fastload-tar-ray": "fastload pack --engine ray (tar)",
+    "fastload-parquet-ray": "fastload pack --engine ray --format parquet",
 }
+# --engine ray: each Ray tool against the local engine on the same options, on a Ray cluster of this machine
+RAY_LOCAL = {"fastload-tar-ray": "fastload-tar", "fastload-parquet-ray": "fastload-parquet"}
+ENGINE_TOOLS = {
+    "local": TOOLS,
+    "ray": ("fastload-tar", "fastload-tar-ray", "fastload-parquet", "fastload-parquet-ray"),
+}
+RAY_MAX_TIME_RATIO = 1.3  # target: the Ray engine takes at most 1.3x the local engine's time
 REFERENCE, PEER = "gnu-tar", "wds-shardwriter"
 TARGETS = {"fastload-tar": 0.8, "fastload-parquet": 0.6}  # minimum throughput as a fraction of GNU tar's
 TREE_VERSION = 1  # bump when the tree's layout or contents change, so cached trees are rebuilt
@@ -110,6 +126,8 @@ class Run:
     warm_read_gbps: float  # the page-cache read of the source tree just before this run
     resident: float | None  # the fraction of the source tree in the page cache after that read (mincore)
     load_1min: float  # the 1-minute load average just before this run (other processes mean noise)
+    ray_setup_s: float = 0.0  # Ray tools: ray.init + one warm-up task per CPU, before the clock (not timed)
+    plan_s: float = 0.0  # Ray tools: listing + planning alone, measured after the timed run (not timed)
 
 
 def summarize(runs: Sequence[Run], tools: Sequence[str], *, files: int, payload_bytes: int) -> dict[str, Any]:
@@ -145,7 +163,16 @@ def summarize(runs: Sequence[Run], tools: Sequence[str], *, files: int, payload_
         if tool in out and REFERENCE in out:
             got = out[tool]["x_gnu_tar"]
             targets[tool] = {"min_x_gnu_tar": minimum, "x_gnu_tar": got, "met": got >= minimum}
-    return {"tools": out, "targets": targets}
+    ray_targets = {}
+    for tool, local in RAY_LOCAL.items():
+        if tool in out and local in out:
+            pairs = zip(by_tool[tool], by_tool[local], strict=True)
+            out[tool]["x_local_time"] = got = median_s[tool] / median_s[local]
+            out[tool]["x_local_time_per_rep"] = [a.seconds / b.seconds for a, b in pairs]
+            out[tool]["ray_setup_s"] = statistics.median(r.ray_setup_s for r in by_tool[tool])
+            out[tool]["plan_s"] = statistics.median(r.plan_s for r in by_tool[tool])
+            ray_targets[tool] = {"max_x_local_time": RAY_MAX_TIME_RATIO, "x_local_time": got}
+    return {"tools": out, "targets": targets, "ray_targets": ray_targets}
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -196,6 +223,16 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(
             f"target {LABELS[tool]}: >= {t['min_x_gnu_tar']:.2f}x GNU tar, measured "
             f"{t['x_gnu_tar']:.2f}x -> {'met' if t['met'] else 'MISSED'}"
+        )
+    for tool, t in summary.get("ray_targets", {}).items():
+        row = summary["tools"][tool]
+        per_rep = row["x_local_time_per_rep"]
+        lines.append(
+            f"{LABELS[tool]}: {t['x_local_time']:.2f}x the local engine's time (reps {min(per_rep):.2f}-"
+            f"{max(per_rep):.2f}); target <= {t['max_x_local_time']:.2f}x -> "
+            f"{'met' if t['x_local_time'] <= t['max_x_local_time'] else 'MISSED'}; untimed: Ray connect + "
+            f"worker warm-up {row['ray_setup_s']:.2f} s, listing + planning alone {row['plan_s']:.2f} s "
+            "(peak RSS and CPU s of Ray tools are the driver's only)"
         )
     return "\n".join(lines)
 
@@ -270,11 +307,48 @@ def _pyarrow_parquet(src: str, dst: str) -> tuple[int, int]:
     return files, len(samples)
 
 
-def _fastload(src: str, dst: str, shard_format: str) -> tuple[int, int]:
+def _fastload(src: str, dst: str, shard_format: str, engine: str = "local") -> tuple[int, int]:
     import fastload
 
-    report = fastload.pack(src, dst, progress=False, shard_format=shard_format)
+    report = fastload.pack(src, dst, progress=False, shard_format=shard_format, engine=engine)
     return report.files, report.index.samples
+
+
+def _ray_connect(modules: Sequence[str]) -> float:
+    """Connect to the cluster at ``RAY_ADDRESS`` (set by the parent) and run one task per CPU that imports
+    ``modules``, so that this job's workers (Ray starts them per job) are up before the clock, as they are
+    in a long-running job; return the seconds that took."""
+    import ray
+
+    began = time.perf_counter()
+    ray.init(include_dashboard=False, logging_level=logging.WARNING)
+
+    @ray.remote(num_cpus=1)
+    def warm(names: list[str]) -> int:
+        for name in names:
+            importlib.import_module(name)
+        time.sleep(0.5)  # hold the CPU, so that every task starts a worker of its own
+        return os.getpid()
+
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    ray.get([warm.remote(list(modules)) for _ in range(cpus)])
+    return time.perf_counter() - began
+
+
+def _plan_seconds(src: str, shard_format: str) -> float:
+    """Listing and planning alone (the driver's serial part), as ``fastload.pack`` does them."""
+    import gc
+
+    from fastload.config import PackConfig
+    from fastload.pack import _plan
+
+    gc.disable()
+    try:
+        began = time.perf_counter()
+        _plan([src], PackConfig(shard_format=shard_format), None)
+        return time.perf_counter() - began
+    finally:
+        gc.enable()
 
 
 # Imported before the clock starts, as a long-running job has them already (fastload may import its writers
@@ -285,13 +359,27 @@ IMPORTS = {
     "fastload-parquet": ("fastload", "fastload.io.parquetwriter", "pyarrow.parquet"),
     "wds-shardwriter": ("webdataset",),
     "pyarrow-parquet": ("pyarrow.parquet",),
+    "fastload-tar-ray": ("fastload", "fastload.io.tarwriter", "fastload.rayengine", "ray"),
+    "fastload-parquet-ray": (
+        "fastload",
+        "fastload.io.parquetwriter",
+        "fastload.rayengine",
+        "pyarrow.parquet",
+        "ray",
+    ),
 }
-IMPORTS_IF_INSTALLED = {"fastload-parquet": ("pandas",), "pyarrow-parquet": ("pandas",)}
+IMPORTS_IF_INSTALLED = {
+    "fastload-parquet": ("pandas",),
+    "pyarrow-parquet": ("pandas",),
+    "fastload-parquet-ray": ("pandas",),
+}
 CHILDREN = {
     "fastload-tar": lambda src, dst: _fastload(src, dst, "tar"),
     "fastload-parquet": lambda src, dst: _fastload(src, dst, "parquet"),
     "wds-shardwriter": _wds_shardwriter,
     "pyarrow-parquet": _pyarrow_parquet,
+    "fastload-tar-ray": lambda src, dst: _fastload(src, dst, "tar", engine="ray"),
+    "fastload-parquet-ray": lambda src, dst: _fastload(src, dst, "parquet", engine="ray"),
 }
 
 
@@ -304,6 +392,7 @@ def run_child(tool: str, src: str, dst: str, result_path: str | None) -> int:
             importlib.import_module(module)
     if not tool.startswith("fastload"):
         os.makedirs(dst)
+    ray_setup_s = _ray_connect(IMPORTS[tool]) if tool in RAY_LOCAL else 0.0
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     began = time.perf_counter()
     files, samples = CHILDREN[tool](src, dst)
@@ -317,6 +406,9 @@ def run_child(tool: str, src: str, dst: str, result_path: str | None) -> int:
         "user_s": cpu_after.ru_utime - cpu_before.ru_utime,
         "sys_s": cpu_after.ru_stime - cpu_before.ru_stime,
     }
+    if tool in RAY_LOCAL:
+        result["ray_setup_s"] = ray_setup_s
+        result["plan_s"] = _plan_seconds(src, "parquet" if "parquet" in tool else "tar")
     text = json.dumps(result)
     if result_path:
         with open(result_path, "w") as f:
@@ -487,6 +579,8 @@ def run_tool(tool: str, src: str, dst: str, scratch: str) -> dict[str, Any]:
         "max_rss_bytes": max_rss_bytes,
         "user_s": child["user_s"],
         "sys_s": child["sys_s"],
+        "ray_setup_s": child.get("ray_setup_s", 0.0),
+        "plan_s": child.get("plan_s", 0.0),
     }
 
 
@@ -518,7 +612,7 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     info["packages"] = {}
-    for name in ("fastload", "pyarrow", "webdataset", "crc32c", "numpy"):
+    for name in ("fastload", "pyarrow", "webdataset", "crc32c", "numpy", "ray"):
         try:
             info["packages"][name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -572,14 +666,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="reuse the tree from an earlier --keep-tree run if there is one, and keep it",
     )
     parser.add_argument(
-        "--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)} (default all)"
+        "--tools",
+        default=None,
+        help=f"comma-separated subset of {','.join(TOOLS + tuple(RAY_LOCAL))} (default: the --engine's set)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=tuple(ENGINE_TOOLS),
+        default="local",
+        help="local (default): fastload against its peers; ray: each fastload format on the local engine "
+        "and on Ray (a Ray cluster of this machine is started for the run)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write every figure and the machine to FILE")
     args = parser.parse_args(argv)
-    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    unknown = sorted(set(args.tools) - set(TOOLS))
+    known = TOOLS + tuple(RAY_LOCAL)
+    tools = ",".join(ENGINE_TOOLS[args.engine]) if args.tools is None else args.tools
+    args.tools = [t.strip() for t in tools.split(",") if t.strip()]
+    unknown = sorted(set(args.tools) - set(known))
     if unknown or not args.tools:
-        parser.error(f"--tools {','.join(unknown) or '(empty)'}: choose from {','.join(TOOLS)}")
+        parser.error(f"--tools {','.join(unknown) or '(empty)'}: choose from {','.join(known)}")
     if args.files < 1 or args.reps < 1:
         parser.error(f"--files {args.files} and --reps {args.reps} must both be >= 1")
     return args
@@ -623,6 +728,26 @@ def run_rounds(
     return runs
 
 
+@contextlib.contextmanager
+def ray_cluster(needed: bool) -> Iterator[None]:
+    """A Ray cluster of this machine (one CPU per usable core) for the Ray tools, which connect to it through
+    ``RAY_ADDRESS``; shut down (only it) afterwards."""
+    if not needed:
+        yield
+        return
+    import ray
+
+    cpus = len(os.sched_getaffinity(0))
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    print(f"Ray cluster at {os.environ['RAY_ADDRESS']} with {cpus} CPUs", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        del os.environ["RAY_ADDRESS"]
+        ray.shutdown()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--child"]:
@@ -640,7 +765,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     scratch = tempfile.mkdtemp(prefix="run-", dir=args.workdir)
     try:
-        runs = run_rounds(args.tools, args.reps, src, scratch, args.files, payload)
+        with ray_cluster(any(t in RAY_LOCAL for t in args.tools)):
+            runs = run_rounds(args.tools, args.reps, src, scratch, args.files, payload)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if not args.keep_tree:
