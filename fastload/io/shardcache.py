@@ -8,8 +8,9 @@
 - A cached file is checked against the index (size, and CRC32C the first time each process uses it);
   one that does not match is deleted and fetched again, never used.
 - ``limit_bytes`` bounds the folder: least recently used shards (by the mtime each use refreshes) are
-  evicted after a fill. A shard larger than the limit is not cached. Readers that still have an evicted
-  file open keep reading it (POSIX unlink semantics).
+  evicted after a fill. A shard larger than the limit is not cached. Files are opened under the shard's
+  lock (:meth:`ShardCache.open`) and readers that have an evicted file open keep reading it (POSIX unlink
+  semantics).
 
 Names are ``<digest of the URL>-<crc32c>-<shard name>``: two datasets never share an entry, and a
 re-packed shard (new checksum) never matches an old file.
@@ -23,6 +24,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterator
+from typing import BinaryIO
 
 from crc32c import crc32c
 
@@ -95,6 +97,19 @@ class ShardCache:
             self._fill(url, entry, path)
         self._evict(keep=path)
         return path
+
+    def open(self, url: str, entry: ShardEntry) -> BinaryIO | None:
+        """The cached shard, open for reading (filled if needed). The file is opened under the shard's lock,
+        so another process's eviction cannot remove it in between (once open, an unlink is harmless).
+        None if it kept being evicted before it could be opened: read the shard remotely then."""
+        for _ in range(3):
+            path = self.get(url, entry)
+            with self._flock(path):
+                try:
+                    return open(path, "rb")  # the caller owns and closes it
+                except FileNotFoundError:
+                    continue
+        return None
 
     # -- internals ------------------------------------------------------------------------------------
 

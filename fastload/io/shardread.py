@@ -92,12 +92,20 @@ def group_members(members: Iterator[tuple[str, str, bytes]]) -> Iterator[RawSamp
 class ShardReader:
     """Random access to one shard's samples (local file or S3 object); open it, read runs, close it."""
 
-    def __init__(self, url: str, entry: ShardEntry | None, *, config: S3Config | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        entry: ShardEntry | None,
+        *,
+        config: S3Config | None = None,
+        file: BinaryIO | None = None,
+    ) -> None:
+        """``file``: the shard already open (a local file, e.g. from the cache); the reader closes it."""
         self.url = url
         self.entry = entry
         self.name = entry.name if entry is not None else url.rsplit("/", 1)[-1]
-        self._file: BinaryIO = storage.open_read(url, config=config)
-        self._fd = self._file.fileno() if not storage.is_remote(url) else None
+        self._file: BinaryIO = file if file is not None else storage.open_read(url, config=config)
+        self._fd = self._file.fileno() if file is not None or not storage.is_remote(url) else None
         self._seek_lock = threading.Lock()  # for readers that go through the file position (Parquet)
         self._tfrecord: TFRecordSamples | None = None
         if entry is not None and is_tfrecord_name(self.name):
@@ -258,9 +266,10 @@ class ShardReaders:
                 return reader
             entry = self.shards[shard]
             url = storage.join(self.root, entry.name)
+            cached = None
             if self.cache is not None and storage.is_remote(url) and self.cache.cacheable(entry):
-                url = self.cache.get(url, entry)
-            reader = ShardReader(url, entry, config=self.config)
+                cached = self.cache.open(url, entry)
+            reader = ShardReader(url, entry, config=self.config, file=cached)
             with self._lock:
                 if self._closed:
                     reader.close()

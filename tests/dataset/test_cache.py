@@ -470,12 +470,6 @@ def test_dataloader_workers_sharing_a_cache_deliver_every_sample_once(
 
 
 @pytest.mark.usefixtures("s3_env")
-@pytest.mark.xfail(
-    strict=True,
-    raises=FileNotFoundError,
-    reason="ShardCache.get returns a path that another process's eviction can delete before ShardReaders "
-    "opens it (fastload/io/shardread.py ShardReaders._reader): FileNotFoundError mid-epoch",
-)
 def test_a_shard_evicted_between_get_and_open_is_still_read(
     remote: str, uneven: Packed, tmp_path: Path, config: fastload.S3Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
