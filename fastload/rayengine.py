@@ -17,6 +17,7 @@ checks and says so); ``s3://`` works from anywhere. Every node needs fastload in
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -35,7 +36,7 @@ from fastload.errors import ConfigError, FastloadError, PackError
 from fastload.io.dest import LocalDestination, destination
 from fastload.io.inputs import Input
 from fastload.io.journal import STATE_DIR, PackJournal
-from fastload.io.listing import LocalSource
+from fastload.io.listing import FileEntry, LocalSource
 from fastload.io.tarwriter import ShardResult
 
 INSTALL_HINT = "pip install 'fastload[ray]'"
@@ -90,6 +91,63 @@ class _Fault:
 _test_fault: _Fault | None = None  # set by tests only
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """A shard's samples as plain columns, each source once: Ray pickles these ~20x faster than the
+    samples' objects (0.04 s instead of 0.7 s for 20,000 files, and as much again to unpickle)."""
+
+    sources: list[Any]
+    keys: list[str]
+    counts: list[int]  # members per sample
+    fields: list[str]
+    source_ids: list[int]
+    relpaths: list[str]
+    paths: list[str]
+    sizes: list[int]
+
+    @classmethod
+    def of(cls, samples: list[Sample[Input]]) -> _Columns:
+        out = cls([], [], [], [], [], [], [], [])
+        ids: dict[int, int] = {}
+        for sample in samples:
+            out.keys.append(sample.key)
+            out.counts.append(len(sample.members))
+            for name, item in sample.members:
+                source = ids.get(id(item.source))
+                if source is None:
+                    source = ids[id(item.source)] = len(out.sources)
+                    out.sources.append(item.source)
+                out.fields.append(name)
+                out.source_ids.append(source)
+                out.relpaths.append(item.entry.relpath)
+                out.paths.append(item.entry.path)
+                out.sizes.append(item.entry.size)
+        return out
+
+    def samples(self) -> list[Sample[Input]]:
+        """The samples again (entries without versions: writers do not use them)."""
+        out: list[Sample[Input]] = []
+        i = 0
+        for key, n in zip(self.keys, self.counts, strict=True):
+            out.append(
+                Sample(
+                    key,
+                    tuple(
+                        (
+                            self.fields[j],
+                            Input(
+                                self.sources[self.source_ids[j]],
+                                FileEntry(self.relpaths[j], self.paths[j], self.sizes[j], ""),
+                            ),
+                        )
+                        for j in range(i, i + n)
+                    ),
+                )
+            )
+            i += n
+        return out
+
+
 def _check_visible(dest: LocalDestination, samples: list[Sample[Input]]) -> None:
     """A local destination or source must be the same shared folder on every node."""
     roots = {it.source.root for s in samples for _, it in s.members if isinstance(it.source, LocalSource)}
@@ -111,7 +169,7 @@ def _write_shard(
     remote: bool,
     fault: _Fault | None,
 ) -> ShardResult:
-    """The body of one Ray task: write, publish and journal one shard with the local engine's writer."""
+    """Write, publish and journal one shard with the local engine's writer (the body of a Ray task)."""
     from fastload.pack import _Plan, _write_all
 
     dest = destination(dest_url, STATE_DIR, config=s3_config)
@@ -134,6 +192,18 @@ def _write_shard(
     finally:
         shutil.rmtree(attempt_dir, ignore_errors=True)
     return results[shard.number]
+
+
+def _write_columns(shard: ShardPlan, columns: _Columns, *args: Any) -> ShardResult:
+    """One Ray task: :func:`_write_shard` on the samples shipped as columns."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # many small objects, no cycles: collections would take 3/4 of the time (as in planning)
+    try:
+        samples = columns.samples()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return _write_shard(shard, samples, *args)
 
 
 def _ignore(nbytes: int, files: int) -> None:
@@ -175,7 +245,7 @@ def write_on_ray(
     if not todo:
         return
     with connected(address) as ray:
-        task = ray.remote(_write_shard).options(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)
+        task = ray.remote(_write_columns).options(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)
         cpus = int(ray.cluster_resources().get("CPU", 1))
         limit = config.workers or max(1, IN_FLIGHT_PER_CPU * cpus)
         fault = _test_fault
@@ -186,7 +256,7 @@ def write_on_ray(
                 for shard in waiting:
                     ref = task.remote(
                         shard,
-                        samples[shard.start : shard.stop],
+                        _Columns.of(samples[shard.start : shard.stop]),
                         fields,
                         config,
                         dest_url,
