@@ -121,7 +121,8 @@ def blocks(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ``cu_seqlens`` varies in length per block, so the blocks' are joined with offsets into one ``int32``
     vector for the flattened batch of ``batch x seq_len`` tokens: ``[0, ..., seq_len, ..., 2 x seq_len,
     ..., batch x seq_len]``, which is what FlashAttention's varlen kernels take with ``q.view(-1, heads,
-    dim)``; no segment crosses a block boundary. ``max_seqlen`` is the largest over the batch.
+    dim)``; no segment crosses a block boundary. ``max_seqlen`` is the largest over the batch;
+    ``num_tokens`` becomes an ``int64`` tensor ``[batch]``.
     """
     import torch
 
@@ -138,6 +139,8 @@ def blocks(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
             out[key] = torch.cat(parts).to(torch.int32)
         elif key == "max_seqlen":
             out[key] = max(int(b[key]) for b in batch)
+        elif key == "num_tokens":
+            out[key] = torch.tensor([int(b[key]) for b in batch], dtype=torch.int64)
         else:
             values = [b[key] for b in batch]
             out[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else values

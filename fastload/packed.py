@@ -147,7 +147,8 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
       at every document; labels are ``ignore_index`` at padding and, with ``ignore_doc_starts``, at the
       first token of every document piece (so no token learns to predict an unrelated document's start);
     - ``cu_seqlens`` (``int32``, FlashAttention varlen convention: ``[0, l1, l1 + l2, ..., seq_len]``, the
-      padding of a non-full block being its last segment) and ``max_seqlen`` (int);
+      padding of a non-full block being its last segment, so no row of a varlen kernel's output is left
+      undefined), ``max_seqlen`` (int) and ``num_tokens`` (int: real tokens; the rest is padding at the end);
     - with ``attention_mask=True``, a block-diagonal ``bool`` mask ``[seq_len, seq_len]`` (True where a
       token may attend: same document; not causal, the model adds that).
 
@@ -325,6 +326,7 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
                 "labels": torch.from_numpy(blocks.labels[b]),
                 "cu_seqlens": torch.from_numpy(cu),
                 "max_seqlen": int(blocks.max_seqlen[b]),
+                "num_tokens": fill,
             }
             if self.attention_mask:
                 seg = segment_ids(cu)

@@ -139,16 +139,19 @@ def _list_inputs(sources: Sequence[str], s3_config: S3Config | None) -> list[_In
     return inputs
 
 
-def _open(url: str, s3_config: S3Config | None) -> IO[bytes]:
-    raw: IO[bytes]
-    if storage.is_remote(url):
-        reader: Any = storage.open_read(url, config=s3_config)
-        raw = io.BufferedReader(reader, 1 << 20)
-    else:
-        raw = open(url, "rb", buffering=1 << 20)  # noqa: SIM115 - closed by the caller
-    if url.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
+@contextlib.contextmanager
+def _open(url: str, s3_config: S3Config | None) -> Iterator[IO[bytes]]:
+    """A buffered binary stream of ``url`` (gunzipped for ``.gz``); everything opened is closed after."""
+    with contextlib.ExitStack() as stack:
+        raw: IO[bytes]
+        if storage.is_remote(url):
+            reader: Any = stack.enter_context(storage.open_read(url, config=s3_config))
+            raw = io.BufferedReader(reader, 1 << 20)
+        else:
+            raw = stack.enter_context(open(url, "rb", buffering=1 << 20))
+        if url.endswith(".gz"):
+            raw = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))  # type: ignore[arg-type]
+        yield raw
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
