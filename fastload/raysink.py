@@ -115,9 +115,15 @@ class ShardSink(Datasink[list[dict[str, Any]]]):
             rows.extend(dict(r) for r in accessor.iter_rows(public_row_format=True))
         samples = to_samples(rows, opener)
         del rows
+        # Sizes as fastload.pack plans them, so shards are cut the same way.
         if config.shard_format == "tar":
             sizes = [sum(member_size(f"{s.key}.{f}", it.entry.size) for f, it in s.members) for s in samples]
             overhead, suffix = len(END_OF_ARCHIVE), ".tar"
+        elif config.shard_format == "tfrecord":
+            from fastload.io.tfrecordwriter import sample_record_size
+
+            sizes = [sample_record_size(s.key, [(f, it.entry.size) for f, it in s.members]) for s in samples]
+            overhead, suffix = 0, ".tfrecord"
         else:
             sizes = [parquet_row_bytes(s.key, [it.entry.size for _, it in s.members]) for s in samples]
             groups = config.shard_size_bytes // config.row_group_bytes + 1

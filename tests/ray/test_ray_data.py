@@ -1,6 +1,6 @@
-"""``fastload.to_ray`` and ``fastload.from_ray`` on a local 2-CPU Ray cluster: a packed dataset read as a
-``ray.data`` Dataset gives every sample's bytes, and a ``ray.data`` pipeline writes shards that verify and
-read back the same."""
+"""``fastload.to_ray`` and ``fastload.from_ray`` on a local 2-CPU Ray cluster: a packed dataset (tar, Parquet,
+TFRecord) read as a ``ray.data`` Dataset gives every sample's bytes, and a ``ray.data`` pipeline writes shards
+that verify and read back the same."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def packed(files: dict[str, bytes], tmp_path_factory: pytest.TempPathFactory) ->
     base = tmp_path_factory.mktemp("ray-data")
     src = write_files(base / "src", files)
     out = {}
-    for fmt in ("tar", "parquet"):
+    for fmt in ("tar", "parquet", "tfrecord"):
         fastload.pack(src, base / fmt, progress=False, shard_format=fmt, shard_size_bytes=64 << 10)
         out[fmt] = base / fmt
     return out
@@ -63,7 +63,7 @@ def by_key(rows: list[dict[str, Any]]) -> dict[str, dict[str, bytes]]:
     return out
 
 
-@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+@pytest.mark.parametrize("fmt", ["tar", "parquet", "tfrecord"])
 def test_to_ray_reads_every_sample(fmt: str, packed: dict[str, Path], files: dict[str, bytes]) -> None:
     ds = fastload.to_ray(packed[fmt])
     rows = ds.take_all()
@@ -71,7 +71,7 @@ def test_to_ray_reads_every_sample(fmt: str, packed: dict[str, Path], files: dic
     assert by_key(rows) == expected_samples(files)  # missing fields are null, never dropped or invented
 
 
-@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+@pytest.mark.parametrize("fmt", ["tar", "parquet", "tfrecord"])
 def test_from_ray_writes_shards_that_verify_and_read_back(fmt: str, tmp_path: Path) -> None:
     import ray.data
 

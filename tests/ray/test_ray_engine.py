@@ -24,6 +24,7 @@ from fastload.errors import ConfigError, PackError
 HERE = Path(__file__).resolve().parent
 TAR = {"shard_size_bytes": 64 << 10, "max_samples": 9, "shuffle_seed": 3, "partition_level": 0}
 PARQUET = {"shard_format": "parquet", "shard_size_bytes": 64 << 10, "row_group_bytes": 16 << 10}
+TFRECORD = {"shard_format": "tfrecord", "shard_size_bytes": 64 << 10}
 TAR_CLI = ["--shard-size", "64KiB", "--max-samples", "9", "--shuffle", "--seed", "3", "--partition-by", "0"]
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -38,14 +39,14 @@ def local(src: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
     """The local engine's output for each option set: relative path -> bytes."""
     base = tmp_path_factory.mktemp("ray-local")
     out = {}
-    for name, options in (("tar", TAR), ("parquet", PARQUET)):
+    for name, options in (("tar", TAR), ("parquet", PARQUET), ("tfrecord", TFRECORD)):
         fastload.pack(src, base / name, progress=False, workers=2, **options)
         out[name] = snapshot(base / name)
     return out
 
 
 def shard_names(files: dict[str, bytes]) -> list[str]:
-    return sorted(n for n in files if n.endswith((".tar", ".parquet")))
+    return sorted(n for n in files if n.endswith((".tar", ".parquet", ".tfrecord")))
 
 
 def test_tar_via_cli_is_byte_identical_to_the_local_engine(src, local, tmp_path) -> None:
@@ -57,10 +58,11 @@ def test_tar_via_cli_is_byte_identical_to_the_local_engine(src, local, tmp_path)
     assert got == local["tar"]
 
 
-def test_parquet_is_byte_identical_to_the_local_engine(src, local, tmp_path) -> None:
-    report = fastload.pack(src, tmp_path / "dst", progress=False, engine="ray", **PARQUET)
-    assert snapshot(tmp_path / "dst") == local["parquet"]
-    assert report.shards_written == len(shard_names(local["parquet"])) and report.index.samples == 63
+@pytest.mark.parametrize(("fmt", "options"), [("parquet", PARQUET), ("tfrecord", TFRECORD)])
+def test_other_formats_are_byte_identical_to_the_local_engine(src, local, tmp_path, fmt, options) -> None:
+    report = fastload.pack(src, tmp_path / "dst", progress=False, engine="ray", **options)
+    assert snapshot(tmp_path / "dst") == local[fmt]
+    assert report.shards_written == len(shard_names(local[fmt])) >= 5 and report.index.samples == 63
 
 
 def test_killed_tasks_are_retried_and_spent_retries_fail_clearly(src, local, tmp_path, monkeypatch) -> None:
