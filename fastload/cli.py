@@ -109,9 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--workers", type=int, default=None)
 
     x = sub.add_parser(
-        "index", help="write index.json for a folder or s3:// prefix of existing TFRecord files"
+        "index", help="write index.json for a folder or s3:// prefix of existing TFRecord (or tar) files"
     )
-    x.add_argument("target", metavar="DST", help="folder or s3:// prefix holding *.tfrecord[.gz] files")
+    x.add_argument(
+        "target", metavar="DST", help="folder or s3:// prefix holding *.tfrecord[.gz] or .tar files"
+    )
     x.add_argument("--workers", type=int, default=None, help="files read at once (default: up to 8)")
     x.add_argument("--force", action="store_true", help="replace an existing index.json")
 

@@ -1,16 +1,19 @@
-"""``fastload index``: write ``index.json`` for a folder or ``s3://`` prefix of existing TFRecord files, so
-``ShardDataset`` can split, shuffle and resume them by record as it does packed shards.
+"""``fastload index``: write ``index.json`` for a folder or ``s3://`` prefix of existing TFRecord files (or
+WebDataset tar files), so ``ShardDataset`` can split, shuffle and resume them by sample as it does packed
+shards, without reading them first in every process.
 
 Every file named ``*.tfrecord``, ``*.tfrecords`` or ``*.tfrec`` (or one of those plus ``.gz``) under the
 target is read once, front to back: both CRCs of every record, each record's byte range and key (its
 ``__key__`` feature, else ``<file stem>/<record index:06d>``), the feature names and the file's CRC32C.
-``index.json`` is written only when every file reads cleanly.
+``index.json`` is written only when every file reads cleanly. A folder without TFRecord files is indexed as
+tar shards (:mod:`fastload.io.tarindex`).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -24,6 +27,7 @@ from fastload.io.tarread import ChecksumReader
 from fastload.io.tfrecordread import scan
 
 STATE_DIR = ".fastload-index"
+_KIND = {"tfrecord": "TFRecord", "tar": "tar", "parquet": "Parquet"}
 
 
 @dataclass
@@ -44,11 +48,11 @@ class IndexReport:
             idx = self.index
             where = storage.join(self.target, INDEX_NAME)
             return (
-                f"indexed {idx.samples:,} records in {len(idx.shards)} TFRecord file(s) "
+                f"indexed {idx.samples:,} samples in {len(idx.shards)} {_KIND[idx.shard_format]} file(s) "
                 f"({idx.bytes:,} bytes) in {self.seconds:.1f}s; wrote {where}\n"
                 f"fields: {', '.join(idx.fields) or '(none)'}"
             )
-        head = f"FAILED: {len(self.problems)} bad TFRecord file(s); no index written."
+        head = f"FAILED: {len(self.problems)} bad file(s); no index written."
         lines = [f"{head} First: {self.problems[0]}"]
         lines += [f"  {p}" for p in self.problems[1:20]]
         if len(self.problems) > 20:
@@ -90,6 +94,68 @@ def _scan_one(
     return entry, found.fields, found.payload_bytes, None
 
 
+def _scan_all(
+    named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+) -> tuple[DatasetIndex, list[VerifyError]]:
+    """Scan TFRecord files ``(url, name)`` in parallel: their index (in order) and the problems found."""
+    entries: list[ShardEntry] = []
+    problems: list[VerifyError] = []
+    fields: set[str] = set()
+    payload = 0
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(named)))) as pool:
+        for entry, names, nbytes, problem in pool.map(lambda x: _scan_one(x[0], x[1], s3_config), named):
+            if problem is not None:
+                problems.append(problem)
+            elif entry is not None:
+                entries.append(entry)
+                fields.update(names)
+                payload += nbytes
+    index = DatasetIndex(
+        shard_format="tfrecord",
+        fields=sorted(fields),
+        shards=entries,
+        options={"shard_format": "tfrecord", "indexed_by": "fastload index"},
+        payload_bytes=payload,
+    )
+    return index, problems
+
+
+def _index_tars(
+    named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+) -> tuple[DatasetIndex, list[VerifyError]]:
+    """The index of WebDataset tar files ``(url, name)`` (see :mod:`fastload.io.tarindex`)."""
+    from fastload.io.tarindex import index_tar_shards
+
+    try:
+        _, index = index_tar_shards([u for u, _ in named], config=s3_config, threads=threads)
+    except VerifyError as exc:
+        return DatasetIndex("tar", [], []), [exc]
+    for entry, (_, name) in zip(index.shards, named, strict=True):
+        entry.name = name  # relative to the folder that gets index.json
+    index.options = {"shard_format": "tar", "indexed_by": "fastload index"}
+    return index, []
+
+
+def index_tfrecord_files(
+    urls: Sequence[str], *, config: S3Config | None = None, threads: int = 8
+) -> tuple[str, DatasetIndex]:
+    """``(root, index)`` for TFRecord files given by URL (all local or all on S3), without writing anything:
+    shard names are relative to ``root``. Raises :class:`VerifyError` for the first bad file."""
+    from fastload.io.tarindex import _split_root
+
+    if not urls:
+        raise ConfigError("no TFRecord files given")
+    urls = [storage.normalise(u) for u in urls]
+    other = next((u for u in urls if not is_tfrecord_name(u)), None)
+    if other is not None:
+        raise ConfigError(f"{other} is not a TFRecord file name (*.tfrecord, *.tfrecords, *.tfrec, or .gz)")
+    root, names = _split_root(urls)
+    index, problems = _scan_all(list(zip(urls, names, strict=True)), threads=threads, s3_config=config)
+    if problems:
+        raise problems[0]
+    return root, index
+
+
 def build_index(
     target: str | os.PathLike[str],
     *,
@@ -97,7 +163,8 @@ def build_index(
     force: bool = False,
     s3_config: S3Config | None = None,
 ) -> IndexReport:
-    """Index the TFRecord files under ``target`` (a folder or ``s3://`` prefix) into ``target/index.json``.
+    """Write ``index.json`` for the TFRecord files (or, if it holds none, the WebDataset tar files) under
+    ``target``, a folder or ``s3://`` prefix.
 
     Refuses (:class:`ConfigError`) to replace an existing ``index.json`` unless ``force``. Files in hidden
     folders (a name starting with ``.``) are left out. Returns a report; when any file is corrupt its
@@ -115,35 +182,28 @@ def build_index(
         raise ConfigError(
             f"{storage.join(root, INDEX_NAME)} exists already; pass --force (force=True) to replace it"
         )
-    urls = storage.list_files(root, "", config=s3_config)
-    named = [(u, _relative(root, u)) for u in urls]
-    named = [(u, n) for u, n in named if is_tfrecord_name(n) and not _hidden(n)]
-    if not named:
+    named = [(u, _relative(root, u)) for u in storage.list_files(root, "", config=s3_config)]
+    named = [(u, n) for u, n in named if not _hidden(n)]
+    tfrecords = [(u, n) for u, n in named if is_tfrecord_name(n)]
+    tars = [(u, n) for u, n in named if n.endswith(".tar")]
+    if tfrecords and tars:
+        raise ConfigError(
+            f"{root} holds both TFRecord and tar files; one index covers one format: put them in two folders"
+        )
+    if not tfrecords and not tars:
         kinds = ", ".join(f"*{s}" for s in SUFFIXES)
-        raise NotFoundError(f"no TFRecord files ({kinds}, or those with .gz) under {root}", path=root)
+        raise NotFoundError(
+            f"no TFRecord files ({kinds}, or those with .gz) or .tar files under {root}", path=root
+        )
     report = IndexReport(root)
-    entries: list[ShardEntry] = []
-    fields: set[str] = set()
-    payload = 0
-    with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
-        for entry, names, nbytes, problem in pool.map(lambda x: _scan_one(x[0], x[1], s3_config), named):
-            if problem is not None:
-                report.problems.append(problem)
-            elif entry is not None:
-                entries.append(entry)
-                fields.update(names)
-                payload += nbytes
+    threads = workers or min(8, os.cpu_count() or 1)
+    if tfrecords:
+        index, report.problems = _scan_all(tfrecords, threads=threads, s3_config=s3_config)
+    else:
+        index, report.problems = _index_tars(tars, threads=threads, s3_config=s3_config)
+    report.seconds = time.monotonic() - began
     if report.problems:
-        report.seconds = time.monotonic() - began
         return report
-    index = DatasetIndex(
-        shard_format="tfrecord",
-        fields=sorted(fields),
-        shards=entries,
-        options={"shard_format": "tfrecord", "indexed_by": "fastload index"},
-        payload_bytes=payload,
-    )
     destination(root, STATE_DIR, config=s3_config).write_bytes(INDEX_NAME, index.to_json())
     report.index = index
-    report.seconds = time.monotonic() - began
     return report

@@ -95,7 +95,7 @@ def test_foreign_damage_stops_the_index(foreign_copy: Foreign) -> None:
     text = "\n".join(map(str, report.problems))
     assert "train/a.tfrecord, byte offset 0: record 0: the length field's CRC does not match" in text
     assert "train/b.tfrecord.gz: the gzip stream is corrupt or truncated" in text
-    assert len(report.problems) == 2 and "FAILED: 2 bad TFRecord file(s)" in report.summary()
+    assert len(report.problems) == 2 and "FAILED: 2 bad file(s)" in report.summary()
 
 
 def test_damaged_gzip_shard_after_indexing(foreign: Foreign, tmp_path: Path) -> None:

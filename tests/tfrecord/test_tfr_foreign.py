@@ -15,7 +15,7 @@ from tfr_helpers import Foreign, check_sample
 import fastload
 from fastload.cli import main
 from fastload.errors import ConfigError
-from fastload.indexing import build_index
+from fastload.indexing import build_index, index_tfrecord_files
 
 
 def test_index_lists_every_record(foreign: Foreign) -> None:
@@ -62,7 +62,7 @@ def test_verify_lints_tfrecord_files_without_an_index(foreign_copy: Foreign) -> 
 def test_index_keeps_an_existing_index_unless_forced(foreign_copy: Foreign, capsys) -> None:
     assert main(["index", str(foreign_copy.root)]) == 0
     first = (foreign_copy.root / "index.json").read_bytes()
-    assert "indexed 75 records in 4 TFRecord file(s)" in capsys.readouterr().out
+    assert "indexed 75 samples in 4 TFRecord file(s)" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="--force"):
         build_index(foreign_copy.root)
     assert build_index(foreign_copy.root, force=True, workers=1).ok
@@ -107,3 +107,31 @@ def test_index_and_read_an_s3_prefix(foreign_copy: Foreign, moto_url: str) -> No
     for s in samples:
         check_sample(s, foreign_copy.expected)
     assert fastload.verify(url, s3_config=config).ok
+
+
+def test_index_tfrecord_files_for_a_list_of_urls(foreign_copy: Foreign) -> None:
+    urls = [str(foreign_copy.root / n) for n in ("val/d.tfrec", "train/b.tfrecord.gz")]
+    root, index = index_tfrecord_files(urls)
+    assert root == str(foreign_copy.root)
+    assert [s.name for s in index.shards] == ["val/d.tfrec", "train/b.tfrecord.gz"]
+    assert index.samples == 31 + 17 and not (foreign_copy.root / "index.json").exists()
+    with pytest.raises(ConfigError, match="not a TFRecord file"):
+        index_tfrecord_files([*urls, str(foreign_copy.root / "x.tar")])
+
+
+def test_index_a_folder_of_foreign_tars(rich_tree, tmp_path: Path) -> None:
+    fastload.pack(rich_tree.root, tmp_path / "packed", shard_size_bytes=16 << 10, progress=False)
+    (tmp_path / "packed" / "index.json").rename(tmp_path / "packed.json")
+    report = build_index(tmp_path / "packed")
+    assert report.ok and "tar file(s)" in report.summary()
+    assert report.index is not None and report.index.shard_format == "tar"
+    packed = json.loads((tmp_path / "packed.json").read_bytes())
+    assert [s.to_dict()["offsets"] for s in report.index.shards] == [s["offsets"] for s in packed["shards"]]
+    assert fastload.verify(tmp_path / "packed").ok
+    samples = {s["__key__"]: s for s in fastload.ShardDataset(tmp_path / "packed", decode=False)}
+    assert {k: {f: v for f, v in s.items() if not f.startswith("__")} for k, s in samples.items()} == (
+        rich_tree.samples()
+    )
+    (tmp_path / "packed" / "x.tfrecord").write_bytes(b"")
+    with pytest.raises(ConfigError, match="both TFRecord and tar"):
+        build_index(tmp_path / "packed", force=True)
