@@ -7,7 +7,7 @@ as tensors. Batch blocks with :func:`fastload.collate.blocks`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,6 +265,14 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
     # -- iteration ----------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if torch.utils.data.get_worker_info() is not None and (
+            self._upstream.kind == "stateful" or isinstance(self.dataset, Sequence)
+        ):
+            raise ConfigError(
+                f"PackedSequences over a {type(self.dataset).__name__} in DataLoader workers would hand "
+                "every worker every document; iterate it in the training process (num_workers=0) and give "
+                "the upstream the workers (fastload.DataLoader), or wrap a ShardDataset (it splits by worker)"
+            )
         restored, self._restored = self._restored, None
         it = self._upstream.start()
         live = restored or _Live(self._upstream.snapshot(0))

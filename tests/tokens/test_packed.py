@@ -236,3 +236,18 @@ def test_resume_over_a_fastload_dataloader(token_dataset: TokenDataset, workers:
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["cu_seqlens"], b["cu_seqlens"])
     real = [row[:n] for b in whole for row, n in zip(b["input_ids"], b["num_tokens"].tolist(), strict=True)]
     assert np.array_equal(np.sort(torch.cat(real).numpy()), np.sort(np.concatenate(token_dataset.docs)))
+
+
+def test_workers_need_an_upstream_that_splits_itself(
+    token_dataset: TokenDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In DataLoader workers a list would reach every worker whole: refused. A ShardDataset splits by
+    worker, so two workers still hand out every token exactly once."""
+    with monkeypatch.context() as m:
+        m.setattr(torch.utils.data, "get_worker_info", lambda: object())  # as inside a worker
+        with pytest.raises(ConfigError, match="would hand every worker every document"):
+            next(iter(packed(DOCS)))
+    loader = torch.utils.data.DataLoader(
+        packed(fastload.ShardDataset(token_dataset.root)), batch_size=None, num_workers=2
+    )
+    assert_exactly_once(token_dataset.docs, list(loader), seq_len=64)
