@@ -123,11 +123,11 @@ def test_a_file_shrinking_mid_pack_leaves_its_sample_out_whole(
     assert [protobuf_features(p)["__key__"][0].decode() for p in payloads] == index["shards"][0]["keys"]
 
 
-def test_index_refuses_what_is_not_a_folder_of_tfrecords(tmp_path: Path, capsys) -> None:
-    (tmp_path / "x.tar").write_bytes(b"")
+def test_index_refuses_what_is_not_a_folder_of_shards(tmp_path: Path, capsys) -> None:
+    (tmp_path / "notes.txt").write_bytes(b"hello")
     assert main(["index", str(tmp_path)]) == 1
     assert "no TFRecord files" in capsys.readouterr().err
     assert main(["index", str(tmp_path / "missing")]) == 1
     assert "does not exist" in capsys.readouterr().err
-    assert main(["index", str(tmp_path / "x.tar")]) == 2
+    assert main(["index", str(tmp_path / "notes.txt")]) == 2
     assert "is a file" in capsys.readouterr().err
