@@ -39,6 +39,7 @@ SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
 GZIP_SUFFIX = ".gz"
 KEY_FEATURE = "__key__"
 _MASK_DELTA = 0xA282EAD8
+_GIL_RELEASE_BYTES = 4 << 20
 _U32 = 0xFFFFFFFF
 _U64 = (1 << 64) - 1
 _LENGTH = struct.Struct("<Q")
@@ -86,6 +87,13 @@ def masked_crc(data: bytes | bytearray | memoryview, crc: int | None = None) -> 
     """TensorFlow's masked CRC32C of ``data`` (or of a CRC32C already computed, ``crc``)."""
     c = crc32c(data) if crc is None else crc
     return (((c >> 15) | (c << 17)) + _MASK_DELTA) & _U32
+
+
+def record_crc(payload: bytes | bytearray | memoryview) -> int:
+    """CRC32C of a record's payload, keeping the GIL unless it is large: the crc32c package releases it from
+    32 KiB, and taking it back behind a thread that is running Python can cost a whole switch interval
+    (5 ms) per record when prefetch threads and the training loop share a process."""
+    return crc32c(payload, gil_release_mode=1 if len(payload) >= _GIL_RELEASE_BYTES else 0)
 
 
 def record_header(length: int) -> bytes:
@@ -178,7 +186,7 @@ def iter_records(
         payload = view[pos + HEADER_BYTES : end]
         check_footer(
             view[end : end + FOOTER_BYTES],
-            crc32c(payload),
+            record_crc(payload),
             shard=shard,
             record=record,
             offset=offset,
@@ -225,31 +233,42 @@ def _varint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
             raise ExampleFormatError("a varint is longer than 10 bytes")
 
 
-def _fields(buf: bytes | memoryview, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+def _fields(buf: bytes | memoryview, pos: int, end: int) -> list[tuple[int, int, int, int]]:
     """``(field number, wire type, a, b)`` of each field of a message in ``buf[pos:end]``: for varints
-    ``a`` is the value, for length-delimited fields and fixed32/64 ``[a, b)`` is the value's byte range."""
+    ``a`` is the value, for length-delimited fields and fixed32/64 ``[a, b)`` is the value's byte range.
+    (One list per message, one-byte tags and lengths read inline: this runs for every record read.)"""
+    out: list[tuple[int, int, int, int]] = []
     while pos < end:
-        tag, pos = _varint(buf, pos, end)
+        tag = buf[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _varint(buf, pos, end)
         number, wire = tag >> 3, tag & 7
         if number == 0:
             raise ExampleFormatError("a field has number 0")
-        if wire == 0:
-            value, pos = _varint(buf, pos, end)
-            yield number, wire, value, pos
-        elif wire == 2:
-            size, pos = _varint(buf, pos, end)
+        if wire == 2:
+            if pos < end and buf[pos] < 0x80:
+                size = buf[pos]
+                pos += 1
+            else:
+                size, pos = _varint(buf, pos, end)
             if pos + size > end:
                 raise ExampleFormatError(f"field {number} ({size} bytes) runs past the end of its message")
-            yield number, wire, pos, pos + size
+            out.append((number, wire, pos, pos + size))
             pos += size
+        elif wire == 0:
+            value, pos = _varint(buf, pos, end)
+            out.append((number, wire, value, pos))
         elif wire in (1, 5):
             size = 8 if wire == 1 else 4
             if pos + size > end:
                 raise ExampleFormatError(f"field {number} runs past the end of its message")
-            yield number, wire, pos, pos + size
+            out.append((number, wire, pos, pos + size))
             pos += size
         else:
             raise ExampleFormatError(f"field {number} has wire type {wire} (groups are not used by Example)")
+    return out
 
 
 def _signed64(value: int) -> int:
@@ -312,7 +331,7 @@ def iter_features(payload: bytes | memoryview) -> Iterator[tuple[str, int, int]]
             for n2, w2, x2, y2 in _fields(payload, x, y):
                 if n2 == 1 and w2 == 2:
                     try:
-                        name = bytes(payload[x2:y2]).decode("utf-8")
+                        name = str(payload[x2:y2], "utf-8")
                     except UnicodeDecodeError:
                         raise ExampleFormatError("a feature name is not valid UTF-8") from None
                 elif n2 == 2 and w2 == 2:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
-from crc32c import crc32c
 
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
@@ -41,6 +40,7 @@ from fastload.core.tfrecord import (
     iter_records,
     key_value,
     parse_header,
+    record_crc,
     record_size,
     truncated,
 )
@@ -252,7 +252,9 @@ def iter_stream(f: Any, *, shard: str) -> Iterator[tuple[int, int, memoryview]]:
                 shard, record, pos, HEADER_BYTES + len(rest), record_size(length), where="the file"
             )
         payload = memoryview(rest)[:length]
-        check_footer(rest[length:], crc32c(payload), shard=shard, record=record, offset=pos, length=length)
+        check_footer(
+            rest[length:], record_crc(payload), shard=shard, record=record, offset=pos, length=length
+        )
         yield record, pos, payload
         pos += record_size(length)
         record += 1
