@@ -542,6 +542,8 @@ def pack_tokens(
     ``vocab_size <= 65536`` (else ``int32``; ``dtype`` forces one); an id below 0 or not below
     ``vocab_size`` (or the dtype's range) is an error. Documents that are not token ids are left out and
     listed; unless ``allow_skip``, :class:`~fastload.errors.SkippedInputError` is raised after writing.
+    A missing column fails before anything is written; if the run fails later (e.g. the disk fills up),
+    shards already published stay without an ``index.json``: delete ``dst`` and run again.
     """
     began = time.monotonic()
     chosen, explicit = _dtype_for(dtype, vocab_size)
