@@ -15,7 +15,7 @@ import pytest
 import webdataset as wds
 
 import fastload
-from fastload.errors import NotFoundError, VerifyError
+from fastload.errors import ConfigError, NotFoundError, VerifyError
 
 from .helpers import keys_of
 
@@ -117,3 +117,27 @@ def test_a_folder_with_neither_index_nor_tars_says_what_it_wanted(tmp_path: Path
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(NotFoundError, match=r"index\.json"):
         fastload.ShardDataset(tmp_path)
+
+
+def test_tfrecord_shards_without_index_are_indexed_in_memory_too(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    data = samples(25, seed=9)
+    for key, fields in data.items():
+        for field_name, value in fields.items():
+            (src / f"{key}.{field_name}").parent.mkdir(parents=True, exist_ok=True)
+            (src / f"{key}.{field_name}").write_bytes(value)
+    dst = tmp_path / "tfr"
+    fastload.pack(src, dst, shard_format="tfrecord", max_samples=10, progress=False)
+    (dst / "index.json").unlink()
+    with pytest.warns(UserWarning, match=NO_INDEX):
+        ds = fastload.ShardDataset(dst, decode=False)
+    got = list(ds)
+    assert ds.index.shard_format == "tfrecord"
+    assert [s["__key__"] for s in got] == list(data)
+    assert all(as_source(s) == data[s["__key__"]] for s in got)
+    shards = sorted(str(p) for p in dst.glob("*.tfrecord"))
+    with pytest.warns(UserWarning, match=NO_INDEX):
+        assert [s["__key__"] for s in fastload.ShardDataset(shards[1:], decode=False)] == list(data)[10:]
+    (dst / "extra.tar").write_bytes(b"")
+    with pytest.raises(ConfigError, match="both tar and TFRecord"):
+        fastload.ShardDataset(dst)
