@@ -26,7 +26,7 @@ from botocore.config import Config
 import fastload
 from fastload.core.index import DatasetIndex, parse_index
 from fastload.errors import VerifyError
-from fastload.io import s3client
+from fastload.io import s3client, shardcache
 from fastload.io.shardcache import ShardCache, file_crc32c
 
 from .helpers import WORKER_TIMEOUT_S, Packed, make_loader
@@ -491,3 +491,37 @@ def test_a_shard_evicted_between_get_and_open_is_still_read(
     monkeypatch.setattr(ShardCache, "get", get_then_other_worker_evicts)
     ds = dataset(remote, cache, config, cache_limit_bytes=limit, prefetch_bytes=0)
     check_samples(list(ds), uneven)
+
+
+@pytest.mark.usefixtures("s3_env")
+@pytest.mark.xfail(
+    strict=True,
+    raises=FileNotFoundError,
+    reason="ShardCache._usable checks a cached file's CRC32C by path without the shard's lock "
+    "(fastload/io/shardcache.py): another process's eviction during the check raises FileNotFoundError",
+)
+def test_a_shard_evicted_while_its_checksum_is_checked_is_fetched_again(
+    remote: str, uneven: Packed, tmp_path: Path, config: fastload.S3Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = index_of(uneven)
+    mine, neighbour = index.shards[2], index.shards[3]
+    folder = tmp_path / "cache"
+    ShardCache(folder, config=config).get(f"{remote}/{mine.name}", mine)  # cached by an earlier epoch
+    time.sleep(0.03)  # file times are coarse (a clock tick): the other worker's fill is newer
+    limit = max(mine.bytes, neighbour.bytes)  # one shard at a time
+    cache = ShardCache(folder, limit_bytes=limit, config=config)  # this worker: checks files on first use
+    other = ShardCache(folder, limit_bytes=limit, config=config)  # another worker
+    real_crc = shardcache.file_crc32c
+    evicted: list[str] = []
+
+    def crc_while_the_other_worker_evicts(path: str) -> tuple[str, int]:
+        if not evicted:
+            evicted.append(path)
+            other.get(f"{remote}/{neighbour.name}", neighbour)  # its fill evicts the file being checked
+        return real_crc(path)
+
+    monkeypatch.setattr(shardcache, "file_crc32c", crc_while_the_other_worker_evicts)
+    opened = cache.open(f"{remote}/{mine.name}", mine)
+    assert evicted and opened is not None
+    with opened:
+        assert opened.read() == (uneven.root / mine.name).read_bytes()
