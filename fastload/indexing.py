@@ -141,7 +141,7 @@ def index_tfrecord_files(
 ) -> tuple[str, DatasetIndex]:
     """``(root, index)`` for TFRecord files given by URL (all local or all on S3), without writing anything:
     shard names are relative to ``root``. Raises :class:`VerifyError` for the first bad file."""
-    from fastload.io.tarindex import _split_root
+    from fastload.io.tarindex import split_root
 
     if not urls:
         raise ConfigError("no TFRecord files given")
@@ -149,7 +149,7 @@ def index_tfrecord_files(
     other = next((u for u in urls if not is_tfrecord_name(u)), None)
     if other is not None:
         raise ConfigError(f"{other} is not a TFRecord file name (*.tfrecord, *.tfrecords, *.tfrec, or .gz)")
-    root, names = _split_root(urls)
+    root, names = split_root(urls)
     index, problems = _scan_all(list(zip(urls, names, strict=True)), threads=threads, s3_config=config)
     if problems:
         raise problems[0]

@@ -70,7 +70,7 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
     return entry, fields
 
 
-def _split_root(urls: Sequence[str]) -> tuple[str, list[str]]:
+def split_root(urls: Sequence[str]) -> tuple[str, list[str]]:
     """A common root of ``urls`` and each URL's name relative to it."""
     remote = {storage.is_remote(u) for u in urls}
     if len(remote) != 1:
@@ -100,7 +100,7 @@ def index_tar_shards(
             f"{missing[0]}: only .tar shards can be read without an index.json (for TFRecord files run "
             "`fastload index`; Parquet needs an index written by `fastload pack`)"
         )
-    root, names = _split_root(urls)
+    root, names = split_root(urls)
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
         results = list(pool.map(lambda u, n: index_tar_shard(u, n, config=config), urls, names))
     fields = sorted(set().union(*(f for _, f in results)))

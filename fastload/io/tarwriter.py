@@ -29,7 +29,7 @@ class ShardResult:
     files: int = 0
 
 
-class _Output:
+class ShardOutput:
     """Buffered, checksummed, rewindable writer to a file descriptor."""
 
     def __init__(self, fd: int, buffer_bytes: int) -> None:
@@ -79,7 +79,7 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[n:]
 
 
-def _copy_member(out: _Output, name: str, f: BinaryIO, size: int, mtime: int) -> None:
+def _copy_member(out: ShardOutput, name: str, f: BinaryIO, size: int, mtime: int) -> None:
     header = member_header(name, size, mtime=mtime)
     total = len(header) + padded(size)
     if total <= len(out.buf):
@@ -120,7 +120,7 @@ def write_tar_shard(
     entry = result.entry
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        out = _Output(fd, buffer_bytes)
+        out = ShardOutput(fd, buffer_bytes)
         for sample, members, failed in open_ahead(samples, threads=open_threads, window_bytes=window_bytes):
             start, crc = out.position, out.crc
             try:

@@ -16,7 +16,7 @@ from fastload.core.keys import Sample
 from fastload.core.tfrecord import record_footer, record_header, record_size, sample_layout
 from fastload.errors import Skip
 from fastload.io.inputs import Input, Member, close_all, open_ahead, read_exactly, read_problem
-from fastload.io.tarwriter import DEFAULT_BUFFER_BYTES, ShardResult, _Output
+from fastload.io.tarwriter import DEFAULT_BUFFER_BYTES, ShardOutput, ShardResult
 
 
 def sample_record_size(key: str, field_sizes: Sequence[tuple[str, int]]) -> int:
@@ -24,7 +24,7 @@ def sample_record_size(key: str, field_sizes: Sequence[tuple[str, int]]) -> int:
     return record_size(sample_layout(key, field_sizes)[0])
 
 
-def _copy_value(out: _Output, f: BinaryIO, size: int, crc: int) -> int:
+def _copy_value(out: ShardOutput, f: BinaryIO, size: int, crc: int) -> int:
     """Copy ``size`` bytes of ``f`` into ``out``; return the payload CRC32C continued over them."""
     left = size
     while left:
@@ -36,7 +36,7 @@ def _copy_value(out: _Output, f: BinaryIO, size: int, crc: int) -> int:
     return crc
 
 
-def _write_record(out: _Output, key: str, members: Sequence[Member]) -> Skip | None:
+def _write_record(out: ShardOutput, key: str, members: Sequence[Member]) -> Skip | None:
     """Append one sample's record; on a read error return which input failed (the caller rolls back)."""
     length, lead, prefixes = sample_layout(key, [(m.field, m.size) for m in members])
     out.write(record_header(length))
@@ -72,7 +72,7 @@ def write_tfrecord_shard(
     entry = result.entry
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        out = _Output(fd, buffer_bytes)
+        out = ShardOutput(fd, buffer_bytes)
         for sample, members, failed in open_ahead(samples, threads=open_threads, window_bytes=window_bytes):
             start, crc = out.position, out.crc
             try:
