@@ -88,17 +88,22 @@ TARGETS = (
 # ---------------------------------------------------------------------------------------------- pure parts
 
 
-def variants(location: str, readers: Sequence[str]) -> list[str]:
+def variants(
+    location: str,
+    readers: Sequence[str],
+    payloads: Sequence[str] = ("raw", "decode"),
+    modes: Sequence[str] = ("inproc", "nw2"),
+) -> list[str]:
     """Variant names ``reader/mode/payload`` (or a bare reference name) of one location, in run order."""
     out = []
-    for payload in ("raw",) if location == "s3" else ("raw", "decode"):
+    for payload in [p for p in payloads if location == "local" or p == "raw"]:
         for reader in readers:
             if reader == "cat":
                 out += ["cat"] if payload == "raw" else []
             elif reader == "decode-only":
                 out += ["decode-only"] if payload == "decode" else []
             else:
-                out += [f"{reader}/{mode}/{payload}" for mode in ("inproc", "nw2")]
+                out += [f"{reader}/{mode}/{payload}" for mode in modes]
     return out
 
 
@@ -479,7 +484,7 @@ def s3_world(
             "urls": [f"s3://{bucket}/packed/{n}" for n in data["tars"]],
             "perfile_root": "files",
             "perfile_keys": [s[0] for s in per_file],
-            "s3": {"endpoint_url": world.proxies["capped"].endpoint_url},
+            "s3": {"endpoint_url": world.proxies["capped"].endpoint_url, "bucket": bucket},
         }
         yield base, world.env
 
@@ -524,6 +529,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--decode-samples", type=int, help="samples per decode run (default 5,000; --quick all)")
     add("--s3-per-file-samples", type=int, help="samples the S3 per-file Dataset reads (default 1,000)")
     add("--variants", help="comma-separated readers to run (default all): " + ",".join(LOCAL_READERS))
+    add("--payloads", default="raw,decode", help="comma-separated subset of raw,decode")
+    add("--modes", default="inproc,nw2", help="comma-separated subset of inproc,nw2")
     add("--latency-ms", type=float, default=20.0, help="proxy latency before each response (default 20)")
     add("--conn-mbps", type=float, default=50.0, help="proxy cap per response in MB/s (default 50)")
     add("--touch", action="store_true", help="timed runs also CRC32C every delivered byte")
@@ -543,6 +550,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown readers {sorted(unknown)}; choose from {', '.join(LOCAL_READERS)}")
     args.readers = readers
+    args.payload_list, args.mode_list = args.payloads.split(","), args.modes.split(",")
+    if set(args.payload_list) - {"raw", "decode"} or set(args.mode_list) - {"inproc", "nw2"}:
+        parser.error("--payloads takes raw,decode and --modes inproc,nw2")
     if min(args.count, args.shard_mib, args.reps, args.batch_size, args.decode_samples) < 1:
         parser.error("--count, --shard-mib, --reps, --batch-size and --decode-samples must be >= 1")
     return args
@@ -577,13 +587,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[Run] = []
     summaries: dict[str, dict[str, dict[str, Any]]] = {}
     if args.only in (None, "local"):
-        names = variants("local", args.readers)
+        names = variants("local", args.readers, args.payload_list, args.mode_list)
         runs += interleave("local", names, local_base(data), dict(os.environ), args)
         summaries["local"] = summarize([r for r in runs if r.location == "local"])
         if args.tfrecord:
             report["tfrecord"] = tfrecord_rows(args, data)
     if args.only in (None, "s3"):
-        names = variants("s3", [r for r in args.readers if r in S3_READERS])
+        names = variants("s3", [r for r in args.readers if r in S3_READERS], ["raw"], args.mode_list)
         with s3_world(args, data) as (base, env):
             runs += interleave("s3", names, base, env, args)
         summaries["s3"] = summarize([r for r in runs if r.location == "s3"])
@@ -614,6 +624,12 @@ def render(report: dict[str, Any]) -> str:
             f"{s['s3_per_file_samples']:,} samples"
         )
         out += ["", title, "", format_summary(summary, location), "", format_peers(summary)]
+    files = sorted({r["fastload_file"] for r in report["runs"] if r.get("fastload_file")})
+    if files:
+        out += [
+            "",
+            "fastload imported from: " + ", ".join(os.path.dirname(os.path.dirname(f)) for f in files),
+        ]
     loads = [r["load_1min"] for r in report["runs"]]
     if loads:
         out += ["", f"Noise: 1-minute load average at the end of each run {min(loads):.1f}-{max(loads):.1f}."]

@@ -14,6 +14,7 @@ and cls to an order-independent sum, which the parent compares with the manifest
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -30,7 +31,6 @@ from read_data import MASK64, sample_digest
 
 CROP = 224
 REGION = "us-east-1"
-BUCKET = "readbench"
 
 
 # ------------------------------------------------------------------------------------------ decoding
@@ -77,7 +77,8 @@ class PerFile(torch.utils.data.Dataset):  # type: ignore[type-arg]
                 return f.read()
         if self._client is None or self._pid != os.getpid():  # one client per process (fork-safe)
             self._client, self._pid = _boto_client(self.s3["endpoint_url"]), os.getpid()
-        data: bytes = self._client.get_object(Bucket=BUCKET, Key=f"{self.root}/{name}")["Body"].read()
+        response = self._client.get_object(Bucket=self.s3["bucket"], Key=f"{self.root}/{name}")
+        data: bytes = response["Body"].read()
         return data
 
     def __getitem__(self, i: int) -> dict[str, Any]:
@@ -134,7 +135,10 @@ def build(spec: dict[str, Any]) -> tuple[Iterable[Any], bool]:
         import webdataset as wds
 
         if s3:
-            wds.gopen.gopen_schemes["s3"] = _webdataset_s3_opener(s3["endpoint_url"])
+            # webdataset's documented extension point: its gopen dispatch table by URL scheme
+            importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = _webdataset_s3_opener(
+                s3["endpoint_url"]
+            )
         wd = wds.WebDataset(spec["urls"], shardshuffle=False, empty_check=False)
         if decode:
             wd = wd.map(decode_sample)
