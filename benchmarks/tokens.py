@@ -13,8 +13,9 @@ the model is reported:
 
 Throughput is ``PackedSequences`` end to end (documents in, block tensors out) on one core (the process is
 pinned to one CPU), from documents already in memory as ``uint16`` arrays (what a token shard holds); the
-median of ``--reps`` runs, with the planning step alone (``core.seqpack.plan_round``) for reference. A last
-row reads the documents back from a ``fastload pack-tokens`` dataset on local disk
+median of ``--reps`` runs (tokens per wall second, and per CPU second of this process, which is what a
+core of its own would give on a shared machine), with the planning step alone (``core.seqpack.plan_round``)
+for reference. A last row reads the documents back from a ``fastload pack-tokens`` dataset on local disk
 (``ShardDataset(decode=False)`` -> ``PackedSequences``), still on one core.
 
     python benchmarks/tokens.py                   # 200,000 documents (about 41M tokens), 3 repetitions
@@ -181,11 +182,13 @@ def main() -> int:
     speed = throughput_rows(docs, lens, args.reps)
     if not args.no_dataset:
         speed.append(dataset_row(docs, lens, args.reps))
-    print(f"\n| seq_len | what (one core, median of {args.reps}) | wall s | CPU s | tokens/s |")
-    print("|---:|---|---:|---:|---:|")
+    print(
+        f"\n| seq_len | what (one core, median of {args.reps}) | wall s | CPU s | tokens/s | tokens/CPU s |"
+    )
+    print("|---:|---|---:|---:|---:|---:|")
     for r in speed:
-        rate = f"{r['tokens_s'] / 1e6:.1f}M"
-        print(f"| {r['seq_len']} | {r['what']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {rate} |")
+        rate, per_cpu = f"{r['tokens_s'] / 1e6:.1f}M", f"{tokens / r['cpu_s'] / 1e6:.1f}M"
+        print(f"| {r['seq_len']} | {r['what']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {rate} | {per_cpu} |")
     if not args.no_dataset:
         print(f"\n(pack_tokens wrote the dataset from Parquet in {speed[-1]['pack_tokens_s']:.1f} s)")
     waste = next(
