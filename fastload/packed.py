@@ -100,6 +100,13 @@ class _Upstream:
                     )
         return it
 
+    def idle(self) -> dict[str, Any]:
+        """The position while no iteration is under way."""
+        if self.kind == "shard_dataset":
+            ds: Any = self.source
+            return {"kind": self.kind, "epoch": ds.epoch, "delivered": ds.start}
+        return self.snapshot(0)
+
     def snapshot(self, consumed: int) -> dict[str, Any]:
         """The position after ``consumed`` items of the current iteration."""
         if self.kind == "stateful":
@@ -346,7 +353,7 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands after the blocks handed out so far (tensors and plain values only, so
         ``torch.save`` / ``torch.load(weights_only=True)`` keep it)."""
-        live = self._restored or self._live or _Live(self._upstream.snapshot(0))
+        live = self._restored or self._live or _Live(self._upstream.idle())
         pending_tokens, pending_lengths, pending_pieces = _EMPTY, _EMPTY, _EMPTY
         if live.round is not None and live.round.next < len(live.round.blocks):
             r, first = live.round, live.round.next

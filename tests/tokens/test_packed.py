@@ -209,6 +209,7 @@ def test_resume_over_a_shard_dataset(token_dataset: TokenDataset, cut: int) -> N
     # fastload.DataLoader; the training loop moves on with set_epoch(epoch + 1)
     assert same_blocks(head + list(second), whole if cut <= len(whole) else whole + whole)
     assert ds2.start == 0, "a complete pass leaves the dataset at the start of the epoch"
+    assert second.state_dict()["upstream"] == {"kind": "shard_dataset", "epoch": 0, "delivered": 0}
 
 
 @pytest.mark.parametrize("workers", [0, 2])
