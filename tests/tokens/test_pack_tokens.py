@@ -233,3 +233,13 @@ def test_s3_destination_and_read_back(tmp_path: Path, moto_url: str, monkeypatch
     finally:
         for ident in set(s3client._clients) - before:
             s3client._clients.pop(ident).close()
+
+
+def test_parquet_nulls_are_named_by_row(tmp_path: Path) -> None:
+    ids = pa.array([[1, 2], None, [3, None], [], [4]], type=pa.list_(pa.int64()))
+    pq.write_table(pa.table({"input_ids": ids}), tmp_path / "n.parquet")
+    report = fastload.pack_tokens(tmp_path / "n.parquet", tmp_path / "ds", allow_skip=True)
+    assert [s.path.rsplit(" ", 1)[1] for s in report.skipped] == ["1", "2"]
+    assert "is null" in report.skipped[0].reason and "not a list of integers" in report.skipped[1].reason
+    got = read_back(tmp_path / "ds")
+    assert {k: v.tolist() for k, v in got.items()} == {"n/0": [1, 2], "n/3": [], "n/4": [4]}
