@@ -86,9 +86,9 @@ class Prefetcher(Generic[T]):
 
     def close(self) -> None:
         """Stop: queued tasks are cancelled, running fetches see the stop event; does not wait for them."""
-        self._stop.set()
-        for _, future in self._pending:
+        for _, future in self._pending:  # cancelled before the stop, so no freed thread starts one
             future.cancel()
+        self._stop.set()
         self._pending.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)

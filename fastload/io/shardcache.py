@@ -35,15 +35,24 @@ from fastload.errors import ConfigError, VerifyError
 _BUF = 8 << 20
 
 
+class FillStopped(Exception):
+    """A fill was abandoned because its reader stopped (nobody waits for the shard any more)."""
+
+
+def _crc_of(f: BinaryIO) -> tuple[str, int]:
+    """``(crc32c as 8 hex digits, size)`` of an open local file, read from its start with ``pread``."""
+    crc, size = 0, 0
+    fd = f.fileno()
+    while data := os.pread(fd, _BUF, size):
+        crc = crc32c(data, crc)
+        size += len(data)
+    return f"{crc:08x}", size
+
+
 def file_crc32c(path: str) -> tuple[str, int]:
     """``(crc32c as 8 hex digits, size)`` of a local file."""
-    crc, size = 0, 0
-    buf = bytearray(_BUF)
     with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            crc = crc32c(memoryview(buf)[:n], crc)
-            size += n
-    return f"{crc:08x}", size
+        return _crc_of(f)
 
 
 class ShardCache:
@@ -82,56 +91,73 @@ class ShardCache:
     def cacheable(self, entry: ShardEntry) -> bool:
         return self.limit_bytes is None or entry.bytes <= self.limit_bytes
 
-    def get(self, url: str, entry: ShardEntry) -> str:
-        """A local path holding exactly the shard ``url`` described by ``entry``: filled if needed."""
+    def get(self, url: str, entry: ShardEntry, *, stop: threading.Event | None = None) -> str:
+        """A local path holding exactly the shard ``url`` described by ``entry``: filled if needed. (Another
+        process may evict it at any time after this returns: to read it, use :meth:`open`.)"""
+        f = self.open(url, entry, stop=stop)
+        if f is None:
+            raise FileNotFoundError(f"{self.path_for(url, entry)} kept being evicted: raise the cache limit")
+        f.close()
+        return self.path_for(url, entry)
+
+    def open(self, url: str, entry: ShardEntry, *, stop: threading.Event | None = None) -> BinaryIO | None:
+        """The cached shard, open for reading (filled if needed, checked against the index through the same
+        handle, so an eviction by another process after it is opened does no harm). The caller closes it.
+        None if it kept being evicted before it could be opened: read the shard remotely then. ``stop``
+        abandons a fill in progress (:class:`FillStopped`)."""
         path = self.path_for(url, entry)
-        if self._usable(path, entry):
-            with self._lock:
-                self.hits += 1
-            return path
-        with self._flock(path):
-            if self._usable(path, entry):  # another process filled it while we waited
+        for _ in range(3):
+            f = self._open_usable(path, entry)
+            if f is not None:
                 with self._lock:
                     self.hits += 1
-                return path
-            self._fill(url, entry, path)
-        self._evict(keep=path)
-        return path
-
-    def open(self, url: str, entry: ShardEntry) -> BinaryIO | None:
-        """The cached shard, open for reading (filled if needed). The file is opened under the shard's lock,
-        so another process's eviction cannot remove it in between (once open, an unlink is harmless).
-        None if it kept being evicted before it could be opened: read the shard remotely then."""
-        for _ in range(3):
-            path = self.get(url, entry)
+                return f
             with self._flock(path):
-                try:
-                    return open(path, "rb")  # the caller owns and closes it
-                except FileNotFoundError:
-                    continue
+                f = self._open_usable(path, entry, locked=True)  # another process may have filled it
+                if f is None:
+                    self._fill(url, entry, path, stop)
+                    with contextlib.suppress(FileNotFoundError):
+                        f = open(path, "rb")  # noqa: SIM115 (returned to the caller)
+                elif f is not None:
+                    with self._lock:
+                        self.hits += 1
+            self._evict(keep=path)
+            if f is not None:
+                return f
         return None
 
     # -- internals ------------------------------------------------------------------------------------
 
-    def _usable(self, path: str, entry: ShardEntry) -> bool:
+    def _open_usable(self, path: str, entry: ShardEntry, *, locked: bool = False) -> BinaryIO | None:
+        """``path`` opened, if it holds the shard (size, and CRC32C once per process and file); a bad file
+        is deleted (only if ``path`` still names that same file; ``locked``: the caller holds its lock)."""
         try:
-            st = os.stat(path)
+            f = open(path, "rb")  # noqa: SIM115 (returned to the caller)
         except FileNotFoundError:
-            return False
-        stamp = (st.st_dev, st.st_ino)  # a re-filled file is a new inode
-        good = st.st_size == entry.bytes
-        if good and self.verify and self._checked.get(path) != stamp:
-            good = file_crc32c(path) == (entry.checksum, entry.bytes)
+            return None
+        try:
+            st = os.fstat(f.fileno())
+            stamp = (st.st_dev, st.st_ino)  # a re-filled file is a new inode
+            good = st.st_size == entry.bytes
+            if good and self.verify and self._checked.get(path) != stamp:
+                good = _crc_of(f) == (entry.checksum, entry.bytes)
+        except BaseException:
+            f.close()
+            raise
         if not good:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            f.close()
+            guard = contextlib.nullcontext() if locked else self._flock(path)
+            with guard, contextlib.suppress(FileNotFoundError):
+                now = os.stat(path)
+                if (now.st_dev, now.st_ino) == stamp:
+                    os.unlink(path)
             with self._lock:
                 self.refetched += 1
-            return False
+            return None
         with contextlib.suppress(FileNotFoundError):
             os.utime(path)  # LRU: a use refreshes the mtime
         self._checked[path] = stamp
-        return True
+        return f
 
     @contextlib.contextmanager
     def _flock(self, path: str) -> Iterator[None]:
@@ -143,7 +169,7 @@ class ShardCache:
         finally:
             os.close(fd)  # releases the lock
 
-    def _fill(self, url: str, entry: ShardEntry, path: str) -> None:
+    def _fill(self, url: str, entry: ShardEntry, path: str, stop: threading.Event | None) -> None:
         from fastload.io import storage
 
         tmp = os.path.join(
@@ -154,6 +180,8 @@ class ShardCache:
             with storage.open_read(url, config=self.config) as src, open(tmp, "wb") as out:
                 buf = memoryview(bytearray(_BUF))
                 while n := src.readinto(buf):  # type: ignore[attr-defined]
+                    if stop is not None and stop.is_set():
+                        raise FillStopped(f"filling {entry.name} was abandoned (the reader stopped)")
                     crc = crc32c(buf[:n], crc)
                     out.write(buf[:n])
                     size += n

@@ -233,7 +233,7 @@ class ShardReaders:
 
     def fetch(self, task: ReadTask, stop: threading.Event | None = None) -> list[RawSample]:
         """The samples of ``task``, in its order."""
-        reader = self._reader(task.shard)
+        reader = self._reader(task.shard, stop)
         out: list[RawSample] = []
         for chunk in reader.read_samples(task.positions, self.columns):
             out.extend(chunk)
@@ -253,7 +253,7 @@ class ShardReaders:
         for reader in readers:
             reader.close()
 
-    def _reader(self, shard: int) -> ShardReader:
+    def _reader(self, shard: int, stop: threading.Event | None = None) -> ShardReader:
         with self._lock:
             reader = self._open.get(shard)
             if reader is not None:
@@ -268,7 +268,7 @@ class ShardReaders:
             url = storage.join(self.root, entry.name)
             cached = None
             if self.cache is not None and storage.is_remote(url) and self.cache.cacheable(entry):
-                cached = self.cache.open(url, entry)
+                cached = self.cache.open(url, entry, stop=stop)
             reader = ShardReader(url, entry, config=self.config, file=cached)
             with self._lock:
                 if self._closed:

@@ -494,12 +494,6 @@ def test_a_shard_evicted_between_get_and_open_is_still_read(
 
 
 @pytest.mark.usefixtures("s3_env")
-@pytest.mark.xfail(
-    strict=True,
-    raises=FileNotFoundError,
-    reason="ShardCache._usable checks a cached file's CRC32C by path without the shard's lock "
-    "(fastload/io/shardcache.py): another process's eviction during the check raises FileNotFoundError",
-)
 def test_a_shard_evicted_while_its_checksum_is_checked_is_fetched_again(
     remote: str, uneven: Packed, tmp_path: Path, config: fastload.S3Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -511,16 +505,16 @@ def test_a_shard_evicted_while_its_checksum_is_checked_is_fetched_again(
     limit = max(mine.bytes, neighbour.bytes)  # one shard at a time
     cache = ShardCache(folder, limit_bytes=limit, config=config)  # this worker: checks files on first use
     other = ShardCache(folder, limit_bytes=limit, config=config)  # another worker
-    real_crc = shardcache.file_crc32c
+    real_crc = shardcache._crc_of
     evicted: list[str] = []
 
-    def crc_while_the_other_worker_evicts(path: str) -> tuple[str, int]:
+    def crc_while_the_other_worker_evicts(f: Any) -> tuple[str, int]:
         if not evicted:
-            evicted.append(path)
+            evicted.append(f.name)
             other.get(f"{remote}/{neighbour.name}", neighbour)  # its fill evicts the file being checked
-        return real_crc(path)
+        return real_crc(f)
 
-    monkeypatch.setattr(shardcache, "file_crc32c", crc_while_the_other_worker_evicts)
+    monkeypatch.setattr(shardcache, "_crc_of", crc_while_the_other_worker_evicts)
     opened = cache.open(f"{remote}/{mine.name}", mine)
     assert evicted and opened is not None
     with opened:
