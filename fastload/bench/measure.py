@@ -1,23 +1,67 @@
 """The consumer: iterate a loader like a training loop, timing the wait in ``next()`` and the step after it.
 
-Throughput is the loader's steady production rate. Every batch carries the ``time.monotonic()`` at which
-its collate finished (``made``; the clock is system-wide, so worker processes share it). The steady
-window opens when the first batch reaches the consumer (worker start-up and the first batch's latency lie
-before it) and counts only batches *made* inside it: batches that workers made and buffered while the
-first one was awaited would otherwise arrive at once and inflate the rate. A measurement ends when the
-window has lasted ``budget_s`` and holds ``min_batches``, or the epoch ends (then the window closes at the
-last batch's delivery). The first batch's latency is reported on its own.
+Throughput is the loader's production rate, measured per producer. Every batch carries the
+``time.monotonic()`` at which its collate finished (``made``; the clock is system-wide, so DataLoader
+worker processes share it) and which worker made it. For each worker, the time it spent on batch k is
+``made[k] - start[k]`` where ``start[k]`` is when it could begin: after its previous batch, and once one
+of its ``PREFETCH`` slots was free (batch ``k - PREFETCH`` delivered; in the main process, once ``next()``
+was called). The rate is the sum over workers of (samples after each worker's first batch) / (that busy
+time). Worker start-up and the first batch's latency are thus left out (the latter is reported on its
+own), batches buffered while the first was awaited do not inflate the figure, and workers that produce in
+lockstep bursts are measured over whole periods.
+
+A measurement ends when every worker seen has made two batches and ``budget_s`` has passed since the first
+batch arrived, or the epoch ends, or ``max_s`` has passed (then the rate is samples / wall time if no
+worker made two batches).
 """
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 Step = Callable[[dict[str, Any]], None]
+PREFETCH = 2
+"""Batches a DataLoader worker may hold ahead of delivery (torch's default ``prefetch_factor``)."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One batch as the consumer saw it: when it asked, when it got it, who made it and when."""
+
+    asked: float
+    delivered: float
+    made: float
+    worker: int
+    size: int
+    nbytes: int
+
+
+def production_rate(arrivals: list[Arrival]) -> tuple[float, float, float] | None:
+    """``(samples/s, bytes/s, batches/s)`` summed over workers (see the module docstring), or None when no
+    worker made two batches."""
+    by_worker: dict[int, list[Arrival]] = {}
+    for a in arrivals:
+        by_worker.setdefault(a.worker, []).append(a)
+    samples = nbytes = batches = 0.0
+    measured = False
+    for worker, seq in by_worker.items():
+        busy = 0.0
+        s = b = n = 0
+        for k in range(1, len(seq)):
+            if worker < 0:
+                start = max(seq[k - 1].made, seq[k].asked)
+            else:
+                freed = seq[k - PREFETCH].delivered if k >= PREFETCH else float("-inf")
+                start = max(seq[k - 1].made, freed)
+            busy += max(0.0, seq[k].made - start)
+            s, b, n = s + seq[k].size, b + seq[k].nbytes, n + 1
+        if n and busy > 0:
+            samples, nbytes, batches = samples + s / busy, nbytes + b / busy, batches + n / busy
+            measured = True
+    return (samples, nbytes, batches) if measured else None
 
 
 @dataclass
@@ -31,39 +75,37 @@ class Run:
     batches: int = 0
     nbytes: int = 0
     first_batch_s: float = 0.0
-    steady_s: float = 0.0
-    steady_samples: int = 0
-    steady_batches: int = 0
-    steady_bytes: int = 0
     wait_s: float = 0.0
     compute_s: float = 0.0
     wall_s: float = 0.0
     complete: bool = False
     unique_keys: int | None = None
     error: str | None = None
+    rate: tuple[float, float, float] | None = None
     waits: list[float] = field(default_factory=list)
     computes: list[float] = field(default_factory=list)
 
-    def _steady(self) -> bool:
-        return self.steady_s > 0 and self.steady_batches >= 1
+    def _wall(self, amount: float) -> float:
+        return amount / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def samples_per_s(self) -> float:
-        if self._steady():
-            return self.steady_samples / self.steady_s
-        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def batches_per_s(self) -> float:
-        if self._steady():
-            return self.steady_batches / self.steady_s
-        return self.batches / self.wall_s if self.wall_s > 0 else 0.0
+        """Loader alone: the production rate. With a step: samples per second of wall time."""
+        if self.rate is not None and not self.computes:
+            return self.rate[0]
+        return self._wall(self.samples)
 
     @property
     def mb_per_s(self) -> float:
-        if self._steady():
-            return self.steady_bytes / self.steady_s / 1e6
-        return self.nbytes / self.wall_s / 1e6 if self.wall_s > 0 else 0.0
+        if self.rate is not None and not self.computes:
+            return self.rate[1] / 1e6
+        return self._wall(self.nbytes) / 1e6
+
+    @property
+    def batches_per_s(self) -> float:
+        if self.rate is not None and not self.computes:
+            return self.rate[2]
+        return self._wall(self.batches)
 
     @property
     def wait_share(self) -> float:
@@ -82,8 +124,6 @@ class Run:
             "batches": self.batches,
             "bytes": self.nbytes,
             "first_batch_s": round(self.first_batch_s, 6),
-            "steady_s": round(self.steady_s, 6),
-            "steady_samples": self.steady_samples,
             "samples_per_s": round(self.samples_per_s, 3),
             "batches_per_s": round(self.batches_per_s, 3),
             "mb_per_s": round(self.mb_per_s, 4),
@@ -116,20 +156,18 @@ def consume(
     run: Run,
     *,
     budget_s: float,
-    min_batches: int = 2,
     step: Step | None = None,
     keep_keys: bool = False,
     max_s: float | None = None,
 ) -> Run:
     """Iterate ``loader`` into ``run`` (see the module docstring); ``step(batch)`` after each batch is timed
-    as compute. ``keep_keys`` counts distinct ``__key__`` values (for complete epochs). ``max_s`` stops a
-    very slow loader once its window holds one batch."""
+    as compute. ``keep_keys`` counts distinct ``__key__`` values (for complete epochs)."""
     keys: set[str] | None = set() if keep_keys else None
     clock = time.monotonic
     began = clock()
+    arrivals: list[Arrival] = []
+    made_by: dict[int, int] = {}
     it = iter(loader)
-    opened: float | None = None
-    last = began
     try:
         while True:
             t0 = clock()
@@ -140,13 +178,14 @@ def consume(
                 break
             t1 = clock()
             size, nbytes = int(batch["size"]), int(batch["nbytes"])
-            made = float(batch.get("made", t1))
+            worker = int(batch.get("worker", -1))
+            arrivals.append(Arrival(t0, t1, float(batch.get("made", t1)), worker, size, nbytes))
+            made_by[worker] = made_by.get(worker, 0) + 1
             if keys is not None:
                 keys.update(batch["__key__"])
             if step is not None:
                 step(batch)
             t2 = clock()
-            last = t1
             run.batches += 1
             run.samples += size
             run.nbytes += nbytes
@@ -155,25 +194,16 @@ def consume(
                 run.computes.append(t2 - t1)
                 run.wait_s += t1 - t0
                 run.compute_s += t2 - t1
-            if opened is None:
-                opened = t1
+            if run.batches == 1:
                 run.first_batch_s = t1 - began
-            elif made > opened:
-                run.steady_batches += 1
-                run.steady_samples += size
-                run.steady_bytes += nbytes
-                run.steady_s = max(run.steady_s, made - opened)
-            if run.steady_batches >= min_batches and run.steady_s >= budget_s:
+            if min(made_by.values()) >= 2 and t2 - (began + run.first_batch_s) >= budget_s:
                 break
-            if max_s is not None and t2 - began >= max_s and run.steady_batches >= 1:
+            if max_s is not None and t2 - began >= max_s:
                 break
     finally:
         run.wall_s = clock() - began
         _close(it)
-        del it
-        gc.collect()
-    if run.complete and opened is not None and run.steady_batches:
-        run.steady_s = max(run.steady_s, last - opened)
+    run.rate = production_rate(arrivals)
     if keys is not None:
         run.unique_keys = len(keys)
     return run

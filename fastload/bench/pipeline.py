@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.data
 
 from fastload.decode import IMAGE_EXTENSIONS, decode_field
 
@@ -46,7 +47,11 @@ class Decode:
             nbytes += len(value)
             ext = name.rsplit(".", 1)[-1].lower()
             if ext in IMAGE_EXTENSIONS:
-                img = decode_field(name, value).convert("RGB").resize((self.px, self.px), Image.BILINEAR)
+                img = (
+                    decode_field(name, value)
+                    .convert("RGB")
+                    .resize((self.px, self.px), Image.Resampling.BILINEAR)
+                )
                 if image is None:
                     image = torch.from_numpy(np.array(img)).permute(2, 0, 1)
             elif ext in ("cls", "cls2"):
@@ -61,7 +66,8 @@ class Decode:
 def collate(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Stack images and labels; keys as a list; ``nbytes`` summed; ``size`` the sample count; ``made`` the
     ``time.monotonic()`` at which the batch was complete (system-wide on Linux, so comparable across the
-    DataLoader's worker processes)."""
+    DataLoader's worker processes) and ``worker`` the DataLoader worker that made it (-1: main process)."""
+    info = torch.utils.data.get_worker_info()
     return {
         "image": torch.stack([s["image"] for s in samples]),
         "label": torch.tensor([s["label"] for s in samples], dtype=torch.int64),
@@ -69,4 +75,5 @@ def collate(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "nbytes": sum(int(s["nbytes"]) for s in samples),
         "size": len(samples),
         "made": time.monotonic(),
+        "worker": -1 if info is None else info.id,
     }

@@ -9,6 +9,7 @@ from fastload.bench.runner import BenchReport
 from fastload.errors import ConfigError
 
 WAIT_COLOUR, COMPUTE_COLOUR = "#d62728", "#1f77b4"
+TOOL_COLOURS = {"fastload": "#2ca02c", "per-file": "#7f7f7f", "webdataset": "#9467bd"}
 TIMELINE_S = 2.0
 
 
@@ -34,8 +35,17 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
         mid = [r[len(r) // 2] for r in rates]
         low = [m - r[0] for m, r in zip(mid, rates, strict=True)]
         high = [r[-1] - m for m, r in zip(mid, rates, strict=True)]
-        style = "-" if v["tool"] == "fastload" else "--" if v["tool"] == "per-file" else ":"
-        ax.errorbar(xs, mid, yerr=[low, high], fmt="o" + style, capsize=3, label=v["name"], lw=1.6, ms=4)
+        ax.errorbar(
+            xs,
+            mid,
+            yerr=[low, high],
+            fmt="o-" if v["where"] == "local" else "s--",
+            color=TOOL_COLOURS.get(v["tool"], "#333333"),
+            capsize=3,
+            label=v["name"],
+            lw=1.6,
+            ms=4,
+        )
     ax.set_yscale("log")
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples/s (median, min-max)")
@@ -47,7 +57,8 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
         tl = fig.add_subplot(grid[i, 1])
         t = 0.0
         waits, computes = [], []
-        for w, c in zip(run.waits, run.computes, strict=True):
+        # from the end of the first batch: worker start-up is not part of the sawtooth
+        for w, c in list(zip(run.waits, run.computes, strict=True))[1:]:
             if t > TIMELINE_S:
                 break
             waits.append((t, w))
@@ -58,7 +69,12 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
         tl.set_xlim(0, TIMELINE_S)
         tl.set_yticks([])
         share = f"{run.wait_share * 100:.0f}% waiting" if run.computes else ""
-        tl.set_title(f"{run.variant}, num_workers={run.workers}: {share}", fontsize=9, loc="left")
+        tl.set_title(
+            f"{run.variant}, num_workers={run.workers}: {share} "
+            f"(first batch after {run.first_batch_s:.2f} s, not shown)",
+            fontsize=9,
+            loc="left",
+        )
         if i == rows - 1:
             tl.set_xlabel("seconds of the training loop (red: waiting for data, blue: step)")
     fig.savefig(os.fspath(path), format="png", bbox_inches="tight")

@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +26,6 @@ from fastload.bench.pipeline import Decode
 from fastload.bench.steps import busy_step, default_device, model_step, sleep_step
 from fastload.bench.workload import BUCKET, Endpoint, Workload, prepare
 from fastload.core.advice import Advice, Facts, advise
-
-MIN_BATCHES = 2
 
 
 @dataclass
@@ -115,18 +114,25 @@ def _measure(
     try:
         if variant.prepare is not None:
             variant.prepare()
-        loader = variant.make(workers)
         budget = options.budget_s or 0.5
-        consume(
-            loader, run, budget_s=budget, min_batches=MIN_BATCHES, keep_keys=keep_keys, max_s=budget * 8 + 5
-        )
+        with warnings.catch_warnings():
+            # a sweep past the core count is the point; torch's advice against it is not news here
+            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+            loader = variant.make(workers)
+            consume(
+                loader,
+                run,
+                budget_s=budget,
+                keep_keys=keep_keys,
+                max_s=budget * 8 + 5,
+            )
     except Exception as exc:  # one broken variant must not lose the others' figures
         run.error = f"{type(exc).__name__}: {exc}"
     return run
 
 
 def _probe(work: Workload, options: BenchOptions, report: BenchReport) -> None:
-    seconds = max(0.25, min(2.0, (options.budget_s or 0.5)))
+    seconds = max(0.1, min(2.0, options.budget_s or 0.5))
     small = [f"files/{rel}" for s in (work.samples or [])[:512] for _, rel in s.members]
     big: list[str] = []
     if work.packed_local:
@@ -209,7 +215,7 @@ def _headline(chosen: list[variants.Variant]) -> list[variants.Variant]:
 def _check_delivery(work: Workload, report: BenchReport) -> None:
     """One untimed epoch of the packed data through ``fastload.ShardDataset`` (no decoding): every sample of
     the index delivered exactly once, and, for data also held as files, the same bytes in total."""
-    import fastload
+    from fastload.dataset import ShardDataset
 
     for name, url, config in (
         ("fastload s3", work.packed_s3, work.s3_config),
@@ -218,7 +224,7 @@ def _check_delivery(work: Workload, report: BenchReport) -> None:
         if url is None:
             continue
         try:
-            dataset = fastload.ShardDataset(url, decode=False, s3_config=config)
+            dataset = ShardDataset(url, decode=False, s3_config=config)
             keys: list[str] = []
             nbytes = 0
             for sample in dataset:
@@ -298,7 +304,7 @@ def machine() -> dict[str, Any]:
     ram = None
     with contextlib.suppress(ValueError, OSError, AttributeError):
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    versions = {}
+    versions: dict[str, str | None] = {}
     for dist in ("fastload", "torch", "pillow", "numpy", "boto3", "webdataset", "matplotlib"):
         try:
             versions[dist] = importlib.metadata.version(dist)
@@ -378,7 +384,6 @@ def run_bench(options: BenchOptions) -> BenchReport:
                             variant.make(options.num_workers or 0),
                             run,
                             budget_s=options.train_s or 2.0,
-                            min_batches=MIN_BATCHES,
                             step=step,
                             max_s=(options.train_s or 2.0) * 4 + 5,
                         )

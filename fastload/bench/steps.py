@@ -58,7 +58,7 @@ def model_step(device: str, classes: int = 10) -> Callable[[dict[str, Any]], Non
         y = labels.to(device, non_blocking=cuda).clamp_(0, classes - 1)
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         if cuda:
             torch.cuda.synchronize()

@@ -98,19 +98,20 @@ def per_file_loader(
 
 def shard_dataset_options() -> set[str]:
     """Keyword options this fastload's ``ShardDataset`` accepts (prefetch and cache arrived later)."""
-    import fastload
+    from fastload.dataset import ShardDataset
 
-    return set(inspect.signature(fastload.ShardDataset.__init__).parameters)
+    return set(inspect.signature(ShardDataset).parameters)
 
 
 def fastload_loader(
     url: str, transform: Decode, batch_size: int, *, config: S3Config | None, **options: Any
 ) -> Callable[[int], Loader]:
     def make(workers: int) -> Loader:
-        import fastload
+        from fastload.dataset import DataLoader, ShardDataset
 
-        dataset = fastload.ShardDataset(url, decode=False, map=transform, s3_config=config, **options)
-        return fastload.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)
+        dataset = ShardDataset(url, decode=False, map=transform, s3_config=config, **options)
+        loader: Loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)
+        return loader
 
     return make
 
@@ -169,9 +170,9 @@ def _fill_once(url: str, config: S3Config | None, cache_dir: str) -> Callable[[]
     def fill() -> None:
         if filled:
             return
-        import fastload
+        from fastload.dataset import ShardDataset
 
-        for _ in fastload.ShardDataset(url, decode=False, s3_config=config, cache_dir=cache_dir):
+        for _ in ShardDataset(url, decode=False, s3_config=config, cache_dir=cache_dir):
             pass
         filled.append(True)
 

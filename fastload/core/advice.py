@@ -174,13 +174,17 @@ def _workers_line(facts: Facts, needed: float | None) -> tuple[int | None, str |
             f"the step consumes ({_rate(needed)}); more workers alone will not fix it on {facts.cores} "
             "cores: make each sample cheaper to load (see below) or give the loader more CPU"
         )
-    current = sweep.get(facts.num_workers)
     if suggested > facts.num_workers:
         return suggested, f"raise num_workers to {suggested} ({_rate(best_rate)} measured)"
-    if suggested < facts.num_workers and (current is None or current < best_rate / NEAR_BEST):
-        return suggested, (
-            f"num_workers={suggested} is enough ({_rate(best_rate)} measured); "
-            f"{facts.num_workers} costs memory and CPU for no gain"
+    if suggested < facts.num_workers:
+        what = (
+            f"already covers the step ({_rate(best_rate)} measured, the step consumes {_rate(needed)})"
+            if needed is not None
+            else f"is as fast as any setting measured ({_rate(best_rate)})"
+        )
+        return (
+            suggested,
+            f"num_workers={suggested} {what}; {facts.num_workers} costs memory and CPU for nothing",
         )
     return suggested, None
 

@@ -19,7 +19,8 @@ thread per connection, keep-alive::
 
 The command prints one JSON line (``endpoint_url``, ``bucket``, ``pid``) and serves until SIGTERM/SIGINT.
 Keys map to files under the root, symlinks followed (so a served folder can link in others); a key with
-an empty, ``.`` or ``..`` segment is NoSuchKey, so no key names a path above the root. The ETag is a digest of (inode, size, mtime), stable while the file is unchanged.
+an empty, ``.`` or ``..`` segment is NoSuchKey, so no key names a path above the root. The ETag is a
+digest of (inode, size, mtime), stable while the file is unchanged.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ from xml.sax.saxutils import escape
 
 from fastload.errors import ConfigError
 
-PIECE_BYTES = 256 << 10
-"""Bytes per paced ``sendfile`` call (5 ms of body at 50 MB/s)."""
+PIECE_BYTES = 64 << 10
+"""Bytes per paced ``sendfile`` call: each piece leaves when its first byte is due (1.3 ms at 50 MB/s)."""
 MAX_KEYS = 1000
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _XML = '<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -104,11 +105,11 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
             raise _S3Error(416, "InvalidRange", "The requested range is not satisfiable", _unsatisfied(size))
         return max(0, size - n), size
     start = int(match[1])
-    end = int(match[2]) + 1 if match[2] else size
-    if end <= start:
+    if match[2] and int(match[2]) < start:
         return None  # an invalid range is ignored, as S3 does
     if start >= size:
         raise _S3Error(416, "InvalidRange", "The requested range is not satisfiable", _unsatisfied(size))
+    end = int(match[2]) + 1 if match[2] else size
     return start, min(end, size)
 
 
@@ -296,9 +297,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         started, sent = time.monotonic(), 0
         while sent < len(view):
             n = len(view) - sent if rate is None else min(PIECE_BYTES, len(view) - sent)
+            self._pace(started, sent)
             self.connection.sendall(view[sent : sent + n])
             sent += n
-            self._pace(started, sent)
         self.server.add_bytes(sent)
 
     def _send_file(self, f: Any, offset: int, count: int) -> None:
@@ -306,11 +307,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         started, sent = time.monotonic(), 0
         while sent < count:
             n = count - sent if rate is None else min(PIECE_BYTES, count - sent)
+            self._pace(started, sent)
             done = self.connection.sendfile(f, offset + sent, n)
             if done == 0:
                 raise ConnectionError("the file ended early or the client went away")
             sent += done
-            self._pace(started, sent)
         self.server.add_bytes(sent)
 
     def _pace(self, started: float, sent: int) -> None:
