@@ -224,7 +224,7 @@ def pack(
     if engine == "ray":
         from fastload.rayengine import require_ray
 
-        require_ray()
+        require_ray(ray_address)
     elif ray_address is not None:
         raise ConfigError("ray_address only applies with engine='ray' (--engine ray)")
     config = replace(config or PackConfig(), **options) if options else (config or PackConfig())

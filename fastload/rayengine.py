@@ -44,12 +44,24 @@ MAX_RETRIES = 3  # attempts per shard after the first, when its worker process o
 IN_FLIGHT_PER_CPU = 2  # shards submitted ahead per cluster CPU: no node waits on the driver
 
 
-def require_ray() -> ModuleType:
-    """The ``ray`` module, or a :class:`ConfigError` saying how to install it."""
+def require_ray(address: str | None = None) -> ModuleType:
+    """The ``ray`` module, or a :class:`ConfigError` saying how to install it. With an ``address`` (or
+    ``RAY_ADDRESS``) of the form ``[ray://]host:port``, also check that something listens there: Ray itself
+    retries an unreachable cluster for minutes."""
     try:
         import ray
     except ImportError:
         raise ConfigError(f"the Ray engine needs Ray, which is not installed: {INSTALL_HINT}") from None
+    target = address if address is not None else os.environ.get("RAY_ADDRESS")
+    host, sep, port = (target or "").split("://", 1)[-1].rpartition(":")
+    if target and sep and host and port.isdigit():
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        except OSError as exc:
+            raise PackError(
+                f"cannot reach the Ray cluster at {target} ({exc.strerror or exc}); check --ray-address "
+                "(the head node's host:6379, or ray://host:10001) and that `ray start --head` runs there"
+            ) from None
     return ray
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -172,6 +173,18 @@ def test_a_local_destination_not_visible_on_the_node_is_refused(src, tmp_path) -
 def test_bad_engine_options(src, tmp_path, options, message) -> None:
     with pytest.raises(ConfigError, match=message):
         fastload.pack(src, tmp_path / "dst", progress=False, **options)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_an_unreachable_cluster_fails_at_once(src, tmp_path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the socket is closed
+    began = time.monotonic()
+    expected = rf"cannot reach the Ray cluster at 127\.0\.0\.1:{port} .*--ray-address"
+    with pytest.raises(PackError, match=expected):
+        fastload.pack(src, tmp_path / "dst", engine="ray", ray_address=f"127.0.0.1:{port}")
+    assert time.monotonic() - began < 10, "Ray retries an unreachable cluster for minutes; fastload must not"
     assert not (tmp_path / "dst").exists()
 
 
