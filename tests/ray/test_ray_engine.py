@@ -132,7 +132,8 @@ def test_resume_after_the_driver_is_killed(src, local, tmp_path, ray_cluster) ->
 
 
 @pytest.mark.usefixtures("s3_env")
-def test_s3_destination(src, local, moto_url) -> None:
+def test_s3_source_and_destination(src, local, moto_url) -> None:
+    """Tasks read their samples from S3 and upload their shard; the bytes are the local pack's."""
     client: Any = boto3.client(
         "s3",
         endpoint_url=moto_url,
@@ -141,13 +142,19 @@ def test_s3_destination(src, local, moto_url) -> None:
         aws_secret_access_key=SECRET_KEY,
         config=Config(s3={"addressing_style": "path"}),
     )
-    client.create_bucket(Bucket="fastload-ray-tests")
+    bucket = "fastload-ray-tests"
+    client.create_bucket(Bucket=bucket)
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        key = f"src/{path.relative_to(src).as_posix()}"
+        client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
     config = fastload.S3Config(endpoint_url=moto_url, addressing_style="path")
-    fastload.pack(src, "s3://fastload-ray-tests/ds", s3_config=config, progress=False, engine="ray", **TAR)
+    fastload.pack(
+        f"s3://{bucket}/src/", f"s3://{bucket}/ds", s3_config=config, progress=False, engine="ray", **TAR
+    )
     got = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket="fastload-ray-tests", Prefix="ds/"):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="ds/"):
         for obj in page.get("Contents", []):
-            body = client.get_object(Bucket="fastload-ray-tests", Key=obj["Key"])["Body"]
+            body = client.get_object(Bucket=bucket, Key=obj["Key"])["Body"]
             got[obj["Key"][len("ds/") :]] = body.read()
             body.close()
     client.close()
