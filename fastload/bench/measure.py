@@ -82,6 +82,7 @@ class Run:
     unique_keys: int | None = None
     error: str | None = None
     rate: tuple[float, float, float] | None = None
+    loader_stats: dict[str, Any] | None = None
     waits: list[float] = field(default_factory=list)
     computes: list[float] = field(default_factory=list)
 
@@ -136,6 +137,8 @@ class Run:
             out["wait_share"] = round(self.wait_share, 4)
             out["wait_s"] = round(self.wait_s, 6)
             out["compute_s"] = round(self.compute_s, 6)
+            if self.loader_stats is not None:
+                out["loader_stats"] = self.loader_stats
             out["timeline"] = [
                 [round(w, 6), round(c, 6)] for w, c in zip(self.waits, self.computes, strict=True)
             ]

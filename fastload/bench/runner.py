@@ -380,13 +380,17 @@ def run_bench(options: BenchOptions) -> BenchReport:
                     bar.set_postfix_str(f"training loop: {variant.name}", refresh=False)
                     run = Run(variant.name, options.num_workers or 0, 0)
                     try:
+                        loader = variant.make(options.num_workers or 0)
                         consume(
-                            variant.make(options.num_workers or 0),
+                            loader,
                             run,
                             budget_s=options.train_s or 2.0,
                             step=step,
                             max_s=(options.train_s or 2.0) * 4 + 5,
                         )
+                        stats = getattr(loader, "stats", None)  # fastload.loader's own wait accounting
+                        if stats is not None and hasattr(stats, "as_dict"):
+                            run.loader_stats = stats.as_dict()
                     except Exception as exc:
                         run.error = f"{type(exc).__name__}: {exc}"
                     report.training.append(run)

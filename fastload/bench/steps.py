@@ -37,15 +37,15 @@ def model_step(device: str, classes: int = 10) -> Callable[[dict[str, Any]], Non
     from torch import nn
 
     model = nn.Sequential(
-        nn.Conv2d(3, 32, 3, stride=2, padding=1),
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
         nn.ReLU(),
         nn.Conv2d(32, 64, 3, stride=2, padding=1),
         nn.ReLU(),
-        nn.Conv2d(64, 128, 3, stride=2, padding=1),
-        nn.ReLU(),
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
-        nn.Linear(128, classes),
+        nn.Linear(64, classes),
     ).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     cuda = device.startswith("cuda")

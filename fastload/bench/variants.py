@@ -3,8 +3,9 @@
 - ``per-file``: a map-style ``torch.utils.data.Dataset`` that reads each sample's files (``open().read()``
   locally, one boto3 ``get_object`` per file on S3) in ``__getitem__``, with torch's ``DataLoader`` — the
   way most training scripts start;
-- ``fastload``: ``fastload.ShardDataset`` + ``fastload.DataLoader`` over the packed shards (ranged reads
-  planned from the index, prefetch, optional local shard cache);
+- ``fastload``: ``fastload.loader(fastload.ShardDataset(...))`` (``fastload.DataLoader`` underneath) over
+  the packed shards (ranged reads planned from the index, prefetch, optional local shard cache), with
+  ``prefetch_factor=2`` like the others;
 - ``webdataset``: ``webdataset.WebDataset`` over the same tar shards (local paths, or ``pipe:curl`` from the
   embedded endpoint) with ``WebLoader``.
 
@@ -107,10 +108,16 @@ def fastload_loader(
     url: str, transform: Decode, batch_size: int, *, config: S3Config | None, **options: Any
 ) -> Callable[[int], Loader]:
     def make(workers: int) -> Loader:
+        import fastload
         from fastload.dataset import DataLoader, ShardDataset
 
         dataset = ShardDataset(url, decode=False, map=transform, s3_config=config, **options)
-        loader: Loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)
+        face = getattr(fastload, "loader", None)
+        if face is None:  # a fastload without fastload.loader()
+            return DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)
+        # the same prefetch depth as the other variants' DataLoaders (torch's default), fresh workers per run
+        extra = {"prefetch_factor": 2, "persistent_workers": False} if workers else {}
+        loader: Loader = face(dataset, batch_size, num_workers=workers, collate_fn=collate, **extra)
         return loader
 
     return make
