@@ -23,7 +23,7 @@ it would take minutes to read them all).
 Honesty: every run checks each sample's size (or decoded shape and label) against the manifest; a first,
 untimed pass checks every raw variant's order-independent CRC32C digest over all keys and bytes (and warms
 the page cache). Repetitions interleave the variants, rotated by one each time; figures are medians.
-Peak memory: the main process's ``ru_maxrss`` and the peak PSS of the whole process tree (main plus
+Peak memory: the main process's peak RSS (VmHWM) and the peak PSS of the whole process tree (main plus
 DataLoader workers), sampled every 100 ms by the parent.
 
     python benchmarks/read.py --quick                       # ~2 minutes: 2,000 samples, 2 repetitions

@@ -224,6 +224,16 @@ def decode_only(spec: dict[str, Any], tally: Tally) -> Callable[[], None]:
     return run
 
 
+def _peak_rss_kib() -> int:
+    """This process's peak RSS (VmHWM). Not ``ru_maxrss``: Linux carries that over from the forking
+    parent across exec, so a child of a big parent would report the parent's size."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def run_child(spec_path: str) -> int:
     """Run one variant once as the JSON spec says; write the result JSON next to it."""
     spec = json.loads(Path(spec_path).read_text())
@@ -262,7 +272,7 @@ def run_child(spec_path: str) -> int:
         "digest": tally.digest if spec["digest"] else None,
         "keys_seen": len(tally.seen) if tally.seen else None,
         "cpu_s": cpu(self0, self1) + cpu(kids0, kids1),
-        "maxrss_main_kib": self1.ru_maxrss,
+        "maxrss_main_kib": _peak_rss_kib(),
         "maxrss_child_kib": kids1.ru_maxrss,
         "load_1min": os.getloadavg()[0],
         "fastload_file": getattr(sys.modules.get("fastload"), "__file__", None),
