@@ -43,6 +43,8 @@ def to_ray(source: str | os.PathLike[str], *, s3_config: S3Config | None = None)
 
     index = load_index(source, s3_config=s3_config)
     root = storage.normalise(source)
+    if root.endswith(".json"):  # the index file itself was given: shards are named relative to its folder
+        root = root.rsplit("/", 1)[0] if storage.is_remote(root) else os.path.dirname(root)
     items = [{"url": storage.join(root, s.name), "entry": json.dumps(s.to_dict())} for s in index.shards]
     if not items:
         raise PackError(f"{root} holds no shards; there is nothing to read")
@@ -104,7 +106,10 @@ def from_ray(
         raise PackError(f"destination {dest.url} is a file; choose a folder")
     if not dest.is_empty():
         raise PackError(f"destination {dest.url} is not empty; choose an empty or new folder")
-    columns = list(dataset.schema().names)
+    schema = dataset.schema()
+    if schema is None:
+        raise PackError(f"the dataset has no rows (no schema); nothing was written to {dest.url}")
+    columns = list(schema.names)
     if KEY not in columns:
         raise ConfigError(
             f"the dataset has columns {columns} but no '__key__'; add one with the sample names, e.g. "

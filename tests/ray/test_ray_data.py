@@ -69,6 +69,8 @@ def test_to_ray_reads_every_sample(fmt: str, packed: dict[str, Path], files: dic
     rows = ds.take_all()
     assert set(ds.schema().names) == {"__key__", "cls", "jpg", "seg.png", "bin", "txt"}
     assert by_key(rows) == expected_samples(files)  # missing fields are null, never dropped or invented
+    if fmt == "tar":  # the index file itself names the dataset too
+        assert fastload.to_ray(packed[fmt] / "index.json").count() == len(rows)
 
 
 @pytest.mark.parametrize("fmt", ["tar", "parquet", "tfrecord"])
