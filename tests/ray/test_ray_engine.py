@@ -116,6 +116,10 @@ def test_resume_after_the_driver_is_killed(src, local, tmp_path, ray_cluster) ->
             proc.kill()
             proc.wait()
     assert proc.returncode == -signal.SIGKILL, f"the driver ended by itself:\n{err.decode(errors='replace')}"
+    # Ray kills the dead driver's tasks; wait until their CPUs are free, so none is still writing below.
+    deadline = time.monotonic() + 30
+    while ray_cluster.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not (dst / "index.json").exists()
     total = len(shard_names(local["tar"]))
     present = [dst / n for n in shard_names(snapshot(dst))]
