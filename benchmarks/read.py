@@ -93,6 +93,7 @@ def variants(
     readers: Sequence[str],
     payloads: Sequence[str] = ("raw", "decode"),
     modes: Sequence[str] = ("inproc", "nw2"),
+    candidate: bool = False,
 ) -> list[str]:
     """Variant names ``reader/mode/payload`` (or a bare reference name) of one location, in run order."""
     out = []
@@ -104,6 +105,8 @@ def variants(
                 out += ["decode-only"] if payload == "decode" else []
             else:
                 out += [f"{reader}/{mode}/{payload}" for mode in modes]
+                if reader == "fastload" and candidate:
+                    out += [f"candidate/{mode}/{payload}" for mode in modes]
     return out
 
 
@@ -233,10 +236,12 @@ def format_summary(summary: dict[str, dict[str, Any]], location: str) -> str:
 def format_peers(summary: dict[str, dict[str, Any]]) -> str:
     rows = []
     for name in summary:
-        if not name.startswith("fastload/"):
+        if not name.startswith(("fastload/", "candidate/")):
             continue
         _, mode, payload = name.split("/")
-        for peer in ("webdataset", "litdata", "perfile"):
+        for peer in ("fastload", "webdataset", "litdata", "perfile"):
+            if name.startswith(peer + "/"):
+                continue
             r = ratio(summary, name, f"{peer}/{mode}/{payload}", "samples_s")
             if r:
                 lo, hi = r["paired"] or (None, None)
@@ -310,6 +315,8 @@ def run_variant(
         spec_path.write_text(json.dumps(spec))
         out_path = Path(tmp) / "out.txt"
         with open(out_path, "w+") as out:
+            if spec.get("pythonpath"):
+                env = {**env, "PYTHONPATH": spec["pythonpath"]}
             proc = subprocess.Popen(
                 [sys.executable, str(HERE / "read.py"), "--child", str(spec_path)],
                 env=env,
@@ -354,8 +361,12 @@ def spec_of(variant: str, base: dict[str, Any], args: argparse.Namespace) -> dic
         payload = "decode"
     elif variant == "cat":
         payload = "raw"
+    pythonpath = None
+    if reader == "candidate":
+        reader, pythonpath = "fastload", args.candidate
     spec = {
         **base,
+        "pythonpath": pythonpath,
         "reader": reader,
         "mode": mode,
         "payload": payload,
@@ -533,6 +544,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--modes", default="inproc,nw2", help="comma-separated subset of inproc,nw2")
     add("--latency-ms", type=float, default=20.0, help="proxy latency before each response (default 20)")
     add("--conn-mbps", type=float, default=50.0, help="proxy cap per response in MB/s (default 50)")
+    add(
+        "--candidate",
+        metavar="PATH",
+        help="also run fastload's variants with PYTHONPATH=PATH (a patched copy) as 'candidate', interleaved",
+    )
     add("--touch", action="store_true", help="timed runs also CRC32C every delivered byte")
     add("--no-verify-pass", action="store_true", help="skip the untimed digest pass")
     add("--data-dir", default="/tmp/fastload-readbench", help="cache of generated data")
@@ -587,13 +603,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[Run] = []
     summaries: dict[str, dict[str, dict[str, Any]]] = {}
     if args.only in (None, "local"):
-        names = variants("local", args.readers, args.payload_list, args.mode_list)
+        names = variants("local", args.readers, args.payload_list, args.mode_list, bool(args.candidate))
         runs += interleave("local", names, local_base(data), dict(os.environ), args)
         summaries["local"] = summarize([r for r in runs if r.location == "local"])
         if args.tfrecord:
             report["tfrecord"] = tfrecord_rows(args, data)
     if args.only in (None, "s3"):
-        names = variants("s3", [r for r in args.readers if r in S3_READERS], ["raw"], args.mode_list)
+        s3_readers = [r for r in args.readers if r in S3_READERS]
+        names = variants("s3", s3_readers, ["raw"], args.mode_list, bool(args.candidate))
         with s3_world(args, data) as (base, env):
             runs += interleave("s3", names, base, env, args)
         summaries["s3"] = summarize([r for r in runs if r.location == "s3"])
