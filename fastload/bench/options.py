@@ -26,7 +26,7 @@ class Profile:
 
 PROFILES: dict[str, Profile] = {
     "quick": Profile(images=600, workers=(0, 2), reps=1, budget_s=0.25, train_s=1.0, stage_samples=96),
-    "default": Profile(images=3000, workers=(0, 2, 4), reps=3, budget_s=0.3, train_s=2.0, stage_samples=256),
+    "default": Profile(images=3000, workers=(0, 2, 4), reps=3, budget_s=0.5, train_s=1.5, stage_samples=256),
     "full": Profile(
         images=20000, workers=(0, 1, 2, 4, 8), reps=5, budget_s=2.0, train_s=8.0, stage_samples=1024
     ),

@@ -210,7 +210,7 @@ def build(work: Workload, options: Any, *, scratch: str) -> list[Variant]:
                 fastload_loader(work.packed_local, transform, bs, config=None),
             )
         )
-    wds_ok = "webdataset" in options.compare and _webdataset_installed()
+    wds_ok = "webdataset" in options.compare and _webdataset_installed() and _is_tar(work)
     if wds_ok and work.packed_local:
         urls = _shard_urls(work, work.packed_local, remote=False)
         out.append(Variant("webdataset local", "webdataset", "local", webdataset_loader(urls, transform, bs)))
@@ -284,6 +284,15 @@ def build(work: Workload, options: Any, *, scratch: str) -> list[Variant]:
                 )
             )
     return out
+
+
+def _is_tar(work: Workload) -> bool:
+    """webdataset reads tar shards only (the packed data is local whenever webdataset can be measured)."""
+    if work.packed_local is None:
+        return False
+    from fastload.summary import load_index
+
+    return load_index(work.packed_local).shard_format == "tar"
 
 
 def _webdataset_installed() -> bool:
