@@ -82,31 +82,35 @@ class Run:
     unique_keys: int | None = None
     error: str | None = None
     rate: tuple[float, float, float] | None = None
+    first_size: int = 0
+    first_nbytes: int = 0
     loader_stats: dict[str, Any] | None = None
     waits: list[float] = field(default_factory=list)
     computes: list[float] = field(default_factory=list)
 
-    def _wall(self, amount: float) -> float:
-        return amount / self.wall_s if self.wall_s > 0 else 0.0
+    def _per_s(self, total: float, first: float, index: int) -> float:
+        """Loader alone: the production rate (``rate[index]``). With a step: per second of the loop after its
+        first step (as ``wait_share``), or of wall time when there was only one step."""
+        if not self.computes:
+            if self.rate is not None:
+                return self.rate[index]
+            return total / self.wall_s if self.wall_s > 0 else 0.0
+        loop_s = sum(self.waits[1:]) + sum(self.computes[1:])
+        if loop_s > 0:
+            return (total - first) / loop_s
+        return total / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def samples_per_s(self) -> float:
-        """Loader alone: the production rate. With a step: samples per second of wall time."""
-        if self.rate is not None and not self.computes:
-            return self.rate[0]
-        return self._wall(self.samples)
+        return self._per_s(self.samples, self.first_size, 0)
 
     @property
     def mb_per_s(self) -> float:
-        if self.rate is not None and not self.computes:
-            return self.rate[1] / 1e6
-        return self._wall(self.nbytes) / 1e6
+        return self._per_s(self.nbytes, self.first_nbytes, 1) / 1e6
 
     @property
     def batches_per_s(self) -> float:
-        if self.rate is not None and not self.computes:
-            return self.rate[2]
-        return self._wall(self.batches)
+        return self._per_s(self.batches, 1, 2)
 
     @property
     def wait_share(self) -> float:
@@ -199,6 +203,7 @@ def consume(
                 run.compute_s += t2 - t1
             if run.batches == 1:
                 run.first_batch_s = t1 - began
+                run.first_size, run.first_nbytes = size, nbytes
             if min(made_by.values()) >= 2 and t2 - (began + run.first_batch_s) >= budget_s:
                 break
             if max_s is not None and t2 - began >= max_s:

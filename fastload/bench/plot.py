@@ -53,20 +53,22 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
     ax.grid(True, which="both", alpha=0.3)
     if ax.has_data():
         ax.legend(fontsize=8, loc="best")
+    longest = max((sum(r.waits[1:]) + sum(r.computes[1:]) for r in report.training), default=0.0)
+    window = min(TIMELINE_S, longest) if longest > 0 else TIMELINE_S
     for i, run in enumerate(report.training):
         tl = fig.add_subplot(grid[i, 1])
         t = 0.0
         waits, computes = [], []
         # from the end of the first batch: worker start-up is not part of the sawtooth
         for w, c in list(zip(run.waits, run.computes, strict=True))[1:]:
-            if t > TIMELINE_S:
+            if t > window:
                 break
             waits.append((t, w))
             computes.append((t + w, c))
             t += w + c
         tl.broken_barh(waits, (0, 1), facecolors=WAIT_COLOUR)
         tl.broken_barh(computes, (0, 1), facecolors=COMPUTE_COLOUR)
-        tl.set_xlim(0, TIMELINE_S)
+        tl.set_xlim(0, window)
         tl.set_yticks([])
         share = f"{run.wait_share * 100:.0f}% waiting" if run.computes else ""
         tl.set_title(
