@@ -538,7 +538,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--reps", type=int, help="timed repetitions (default 3; --quick 2)")
     add("--batch-size", type=int, default=64, help="DataLoader batch size (default 64)")
     add("--decode-samples", type=int, help="samples per decode run (default 5,000; --quick all)")
-    add("--s3-per-file-samples", type=int, help="samples the S3 per-file Dataset reads (default 1,000)")
+    add("--s3-per-file-samples", type=int, help="samples the S3 per-file Dataset reads (default 500)")
     add("--variants", help="comma-separated readers to run (default all): " + ",".join(LOCAL_READERS))
     add("--payloads", default="raw,decode", help="comma-separated subset of raw,decode")
     add("--modes", default="inproc,nw2", help="comma-separated subset of inproc,nw2")
@@ -560,7 +560,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.shard_mib = args.shard_mib or (16 if quick else 256)
     args.reps = args.reps or (2 if quick else 3)
     args.decode_samples = args.decode_samples or (args.count if quick else 5_000)
-    args.s3_per_file_samples = args.s3_per_file_samples or (200 if quick else 1_000)
+    args.s3_per_file_samples = args.s3_per_file_samples or (200 if quick else 500)
     readers = args.variants.split(",") if args.variants else list(LOCAL_READERS)
     unknown = set(readers) - set(LOCAL_READERS)
     if unknown:
