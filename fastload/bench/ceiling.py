@@ -100,3 +100,57 @@ def cat_files(paths: list[str]) -> dict[str, Any] | None:
         "files_per_s": round(len(paths) / elapsed, 1),
         "mb_per_s": round(total / elapsed / 1e6, 3),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fastload.bench.ceiling ROOT``: the endpoint's ceiling over ``ROOT/files`` and
+    ``ROOT/packed`` at several connection counts, raw and with the emulation (a cached bench dataset, e.g.
+    ``~/.cache/fastload/bench/synthetic-v1-3000-s0``)."""
+    import argparse
+    import json
+
+    from fastload.bench.workload import BUCKET, Endpoint
+
+    parser = argparse.ArgumentParser(prog="python -m fastload.bench.ceiling", description=main.__doc__)
+    parser.add_argument("root", help="folder with files/ and packed/ (a cached fastload bench dataset)")
+    parser.add_argument("--connections", default="1,4,16,64")
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--conn-mbps", type=float, default=50.0)
+    args = parser.parse_args(argv)
+    keys: dict[str, list[str]] = {}
+    for kind in ("files", "packed"):
+        base = os.path.join(args.root, kind)
+        keys[kind] = sorted(
+            os.path.relpath(os.path.join(here, f), args.root).replace(os.sep, "/")
+            for here, _, names in os.walk(base)
+            for f in names
+            if kind == "files" or f.endswith(".tar")
+        )
+    out: dict[str, Any] = {}
+    for label, latency, cap in (
+        ("raw", 0.0, None),
+        ("emulated", args.latency_ms / 1000, args.conn_mbps * 1e6),
+    ):
+        endpoint = Endpoint(args.root, latency_s=latency, conn_bytes_per_s=cap or None)
+        try:
+            for kind, names in keys.items():
+                for conns in (int(c) for c in args.connections.split(",")):
+                    figures = probe_endpoint(
+                        endpoint.endpoint_url, BUCKET, names, connections=conns, seconds=args.seconds
+                    )
+                    out[f"{label} {kind} {conns}"] = figures
+                    print(
+                        f"{label:<9}{kind:<7}{conns:>4} connections: {figures['requests_per_s']:>9,.0f} GET/s"
+                        f"{figures['mb_per_s']:>9,.0f} MB/s  errors {figures['errors']}",
+                        flush=True,
+                    )
+            out[f"{label} server_cpu_s"] = endpoint.cpu_s()
+        finally:
+            endpoint.close()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
