@@ -49,12 +49,18 @@ class Endpoint:
             str((conn_bytes_per_s or 0) / 1e6),
         ]
         self.latency_s, self.conn_bytes_per_s = latency_s, conn_bytes_per_s
-        self._proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # stderr goes to a file, not a pipe nobody drains while the endpoint serves
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
+        self._proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
         if not line:
-            err = self._proc.stderr.read() if self._proc.stderr else ""
-            raise FastloadError(f"the embedded S3 endpoint did not start: {err.strip() or 'no output'}")
+            self._proc.wait()
+            self._stderr.seek(0)
+            err = self._stderr.read().strip()
+            self._stderr.close()
+            self._proc.stdout.close()
+            raise FastloadError(f"the embedded S3 endpoint did not start: {err or 'no output'}")
         self.endpoint_url: str = json.loads(line)["endpoint_url"]
         self.pid = self._proc.pid
 
@@ -78,9 +84,9 @@ class Endpoint:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        for stream in (self._proc.stdout, self._proc.stderr):
-            if stream is not None:
-                stream.close()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+        self._stderr.close()
 
 
 @dataclass

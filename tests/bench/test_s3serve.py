@@ -239,3 +239,22 @@ def test_refuses_non_loopback_and_missing_folder(tmp_path: Path) -> None:
         S3Server(tmp_path, host="0.0.0.0")
     with pytest.raises(ValueError, match="not a folder"):
         S3Server(tmp_path / "nope")
+
+
+def test_the_endpoint_process_serves_and_a_bad_start_says_why(tree: Path) -> None:
+    from fastload.bench.workload import Endpoint
+    from fastload.errors import FastloadError
+
+    endpoint = Endpoint(str(tree), latency_s=0.0, conn_bytes_per_s=None)
+    try:
+        port = int(endpoint.endpoint_url.rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/bench/obj.bin", headers={"Range": "bytes=0-9"})
+        resp = conn.getresponse()
+        assert resp.status == 206 and len(resp.read()) == 10
+        conn.close()
+        assert (endpoint.cpu_s() or 0.0) >= 0
+    finally:
+        endpoint.close()
+    with pytest.raises(FastloadError, match=r"did not start: s3serve: .* is not a folder"):
+        Endpoint(str(tree / "missing"), latency_s=0.0, conn_bytes_per_s=None)
