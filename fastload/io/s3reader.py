@@ -220,26 +220,32 @@ class RangedReader(io.RawIOBase):
         return b"".join(pieces)
 
     def fetch_range(self, start: int, end: int, *, stop: threading.Event | None = None) -> bytes:
-        """Bytes ``[start, end)`` (clipped to the object's end) fetched now as concurrent parts: no
-        readahead, no read position, safe to call from several threads. Every response carries If-Match
-        with the ETag learnt by the object's first request (a HEAD when nothing was read yet)."""
+        """Bytes ``[start, end)`` fetched now as concurrent parts: no readahead, no read position, safe to
+        call from several threads. No HEAD: on an object not read yet, the range's first part goes alone and
+        its answer gives size and ETag (every later request carries If-Match). Clipped to the object's
+        end."""
         if self.closed:
             raise ValueError("I/O operation on closed file")
         self._after_fork()
         if end <= start:
             return b""
-        if self._size is None:
-            self._head()
+        parts: list[_Part] = []
+        if self._size is None:  # the first part alone: its answer gives size and ETag to the others
+            try:
+                parts.append(
+                    self._fetch(ByteRange(start, min(start + self._part, end)), first=True, stop=stop)
+                )
+            except _PastEnd:
+                return b""
+            start += len(parts[0])
         assert self._size is not None
         end = min(end, self._size)
-        if end <= start:
-            return b""
         if self._whole is not None:
-            return self._whole[start:end]
+            return self._whole[start - sum(len(p) for p in parts) : end]
         ranges = [ByteRange(a, min(a + self._part, end)) for a in range(start, end, self._part)]
         if len(ranges) == 1:
-            parts = [self._fetch(ranges[0], stop=stop)]
-        else:
+            parts.append(self._fetch(ranges[0], stop=stop))
+        elif ranges:
             with self._lock:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(
@@ -248,14 +254,14 @@ class RangedReader(io.RawIOBase):
                 pool = self._pool
             futures = [pool.submit(self._fetch, r, stop=stop) for r in ranges]
             try:
-                parts = [f.result() for f in futures]
+                parts += [f.result() for f in futures]
             except BaseException:
                 for f in futures:
                     f.cancel()
                 raise
         pieces = [piece for part in parts for piece in part.views(0, len(part))]
         data = pieces[0].obj if len(pieces) == 1 else None
-        if isinstance(data, bytes) and len(data) == end - start:
+        if isinstance(data, bytes) and len(data) == len(pieces[0]):
             return data
         return b"".join(pieces)
 
