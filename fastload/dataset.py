@@ -38,6 +38,7 @@ from fastload.io.shardcache import ShardCache
 from fastload.io.shardread import RawSample, ShardReaders
 
 _SKIPPED = object()
+DEFAULT_PREFETCH_BYTES = 64 << 20
 
 
 class _Chunk:
@@ -126,6 +127,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     :func:`fastload.core.sharding.rank_plan`); :meth:`epoch_report` says which samples it dropped or
     repeated. ``batch_size`` must equal the DataLoader's (:class:`DataLoader` sets it) for the order to be
     independent of ``num_workers`` and for exact resume.
+
+    Prefetch: ``prefetch_threads`` fetch the worker's planned reads ahead, in order, holding at most
+    ``prefetch_bytes`` not yet consumed (default: 64 MiB for ``s3://`` datasets; 0, i.e. reads in the
+    consuming thread, for local ones, where the page cache and kernel readahead already hide the disk and
+    extra threads only compete for the GIL). ``cache_dir``/``cache_limit_bytes`` keep remote shards on
+    local disk (see :class:`fastload.io.shardcache.ShardCache`).
     """
 
     def __init__(
@@ -144,7 +151,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         map: Callable[[dict[str, Any]], Any] | None = None,
         columns: Sequence[str] | None = None,
         on_error: str = "raise",
-        prefetch_bytes: int = 64 << 20,
+        prefetch_bytes: int | None = None,
         prefetch_threads: int = 8,
         prefetch_runs: int = 64,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -162,7 +169,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                 f"{batch_size=}, {prefetch_runs=} and {prefetch_threads=} must be >= 1 and "
                 f"{shuffle_buffer=} >= 0"
             )
-        if prefetch_bytes < 0:
+        if prefetch_bytes is not None and prefetch_bytes < 0:
             raise ConfigError(f"{prefetch_bytes=} must be >= 0 (0 turns prefetch off)")
         if cache_limit_bytes is not None and cache_dir is None:
             raise ConfigError("cache_limit_bytes= needs cache_dir= (the folder to keep shards in)")
@@ -175,6 +182,8 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.batch_size = batch_size
         self.decode, self.images, self.allow_pickle = decode, images, allow_pickle
         self.map, self.columns, self.on_error = map, columns, on_error
+        if prefetch_bytes is None:  # local reads are served by the page cache and kernel readahead
+            prefetch_bytes = DEFAULT_PREFETCH_BYTES if storage.is_remote(self.root) else 0
         self.prefetch_bytes, self.prefetch_threads, self.prefetch_runs = (
             prefetch_bytes,
             prefetch_threads,
@@ -374,9 +383,9 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             release=readers.release,
         )
         try:
-            for task, chunk in prefetcher:
+            for task, parse in prefetcher:
                 name = self.index.shards[task.shard].name
-                for raw in chunk:
+                for raw in parse():
                     raw["__shard__"] = name
                     out = self._finish(raw)
                     if out is not _SKIPPED or track:
