@@ -36,6 +36,7 @@ from fastload.io import storage
 from fastload.io.prefetch import Prefetcher
 from fastload.io.shardcache import ShardCache
 from fastload.io.shardread import RawSample, ShardReaders
+from fastload.io.shmbatch import MainSlots, worker_slots
 
 _SKIPPED = object()
 DEFAULT_PREFETCH_BYTES = 64 << 20
@@ -443,6 +444,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         super().__init__(dataset, batch_size=None, collate_fn=_ChunkCollate(collate), **kwargs)  # type: ignore[arg-type]
         self._delivered = 0
         self.skipped = 0
+        self._slots = MainSlots(pin_memory=bool(self.pin_memory) and torch.cuda.is_available())
 
     def __len__(self) -> int:
         dataset: ShardDataset = self.dataset  # type: ignore[assignment]
@@ -458,16 +460,23 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         total = len(dataset.plan().samples)
         start = dataset.start
         self._delivered = 0
-        for batch, size, skipped, error in super().__iter__():
-            if error is not None:
-                raise error
-            if size < self.fastload_batch_size and self.fastload_drop_last:
-                break
-            self.skipped += skipped
-            dataset.skipped += skipped
-            self._delivered = min(total - start, self._delivered + self.fastload_batch_size)
-            if batch is not None:
-                yield batch
+        slots = self._slots
+        try:
+            for batch, size, skipped, error, slot in super().__iter__():
+                if error is not None:
+                    raise error
+                if slot is not None:
+                    batch = slots.unpack(batch, slot)
+                if size < self.fastload_batch_size and self.fastload_drop_last:
+                    break
+                self.skipped += skipped
+                dataset.skipped += skipped
+                self._delivered = min(total - start, self._delivered + self.fastload_batch_size)
+                if batch is not None:
+                    yield batch
+        finally:
+            if not self.persistent_workers:  # the next epoch's workers make new slots
+                slots.close()
         dataset._set_start(0)
         self._delivered = 0
 
@@ -530,15 +539,21 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
 
 class _ChunkCollate:
-    """Collates one chunk in the worker: ``(batch, chunk size, skips, error)``; batch is None if all were
-    skipped (or an error ended the worker's share)."""
+    """Collates one chunk in the worker: ``(batch, chunk size, skips, error, slot)``; batch is None if all
+    were skipped (or an error ended the worker's share). In a DataLoader worker the batch's bytes lists and
+    small tensors travel through reusable shared memory (:mod:`fastload.io.shmbatch`); ``slot`` describes
+    where."""
 
     def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
         self.collate = collate
 
-    def __call__(self, chunk: _Chunk) -> tuple[Any, int, int, FastloadError | None]:
+    def __call__(self, chunk: _Chunk) -> tuple[Any, int, int, FastloadError | None, dict[str, Any] | None]:
         size = len(chunk.samples) + chunk.skipped
-        return (self.collate(chunk.samples) if chunk.samples else None), size, chunk.skipped, chunk.error
+        batch = self.collate(chunk.samples) if chunk.samples else None
+        slot = None
+        if batch is not None and torch.utils.data.get_worker_info() is not None:
+            batch, slot = worker_slots().pack(batch)
+        return batch, size, chunk.skipped, chunk.error, slot
 
 
 __all__ = ["INDEX_NAME", "DataLoader", "ShardDataset"]
