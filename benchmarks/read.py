@@ -542,6 +542,33 @@ def machine() -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ main
 
+# what each reader needs, and how to get it (litdata: without its torch and torchvision requirements)
+NEEDS = {
+    "webdataset": ("webdataset", "pip install webdataset"),
+    "litdata": (
+        "litdata",
+        "pip install --no-deps litdata && pip install lightning-utilities tifffile obstore",
+    ),
+    "decode-only": ("PIL", "pip install pillow"),
+}
+
+
+def missing_packages(readers: Sequence[str], only: str | None) -> str | None:
+    """A message naming what the chosen readers need and is not installed (None when all is there)."""
+    import importlib.util
+    import shutil
+
+    lines = []
+    for reader in readers:
+        module, how = NEEDS.get(reader, (None, ""))
+        if module and importlib.util.find_spec(module) is None:
+            lines.append(f"{reader} needs {module}: {how} (or leave it out with --variants)")
+    if importlib.util.find_spec("PIL") is None and "pip install pillow" not in " ".join(lines):
+        lines.append("making the JPEGs needs Pillow: pip install pillow")
+    if only != "local" and shutil.which("radosgw") is None:
+        lines.append("the S3 phase needs Ceph RGW: bash .ci/install-s3-servers (as root), or --only local")
+    return "; ".join(lines) or None
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -606,6 +633,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from read_variants import run_child
 
         return run_child(args.child)
+    missing = missing_packages(args.readers, args.only)
+    if missing:
+        print(f"read.py: {missing}", file=sys.stderr)
+        return 2
     import read_data
 
     info = machine()
