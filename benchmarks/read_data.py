@@ -50,7 +50,7 @@ def _jpeg(i: int, seed: int, grain: Any) -> bytes:
     rng = np.random.default_rng((seed, i))
     w, h = int(rng.integers(256, 513)), int(rng.integers(256, 449))
     field = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-    base = np.asarray(Image.fromarray(field).resize((w, h), Image.BICUBIC), dtype=np.float32)
+    base = np.asarray(Image.fromarray(field).resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32)
     y, x = int(rng.integers(0, GRAIN_TILE - h)), int(rng.integers(0, GRAIN_TILE - w))
     pixels = np.clip(base + GRAIN_AMPLITUDE * grain[y : y + h, x : x + w], 0, 255).astype(np.uint8)
     out = io.BytesIO()

@@ -43,9 +43,7 @@ def decode_jpeg(data: bytes | memoryview) -> Any:
     from PIL import Image
 
     image = Image.open(io.BytesIO(data))
-    if image.mode != "RGB":
-        image = image.convert("RGB")
-    pixels = np.asarray(image)
+    pixels = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
     h, w = pixels.shape[:2]
     y, x = (h - CROP) // 2, (w - CROP) // 2
     return torch.from_numpy(np.ascontiguousarray(pixels[y : y + CROP, x : x + CROP]))
