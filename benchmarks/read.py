@@ -589,7 +589,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--reps", type=int, help="timed repetitions (default 3; --quick 1)")
     add("--batch-size", type=int, default=64, help="DataLoader batch size (default 64)")
     add("--decode-samples", type=int, help="samples per decode run (default 5,000; --quick 500)")
-    add("--s3-per-file-samples", type=int, help="samples the S3 per-file Dataset reads (default 500)")
+    add("--s3-per-file-samples", type=int, help="S3 per-file samples (default 500; --quick 100)")
     add("--variants", help="comma-separated readers to run (default all): " + ",".join(LOCAL_READERS))
     add("--payloads", default="raw,decode", help="comma-separated subset of raw,decode")
     add("--modes", default="inproc,nw2", help="comma-separated subset of inproc,nw2")
@@ -613,7 +613,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.decode_samples = args.decode_samples or (500 if quick else 5_000)
     if quick:  # one run per variant, which also checks every byte (no separate verification pass)
         args.no_verify_pass, args.touch = True, True
-    args.s3_per_file_samples = args.s3_per_file_samples or (200 if quick else 500)
+    args.s3_per_file_samples = args.s3_per_file_samples or (100 if quick else 500)
     readers = args.variants.split(",") if args.variants else list(LOCAL_READERS)
     unknown = set(readers) - set(LOCAL_READERS)
     if unknown:
