@@ -205,6 +205,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cache_obj"] = None  # locks and per-process checks stay in their process
+        state.pop("_plan_cache", None)  # cheaper to recompute in the worker than to pickle
         return state
 
     def cache(self) -> ShardCache | None:
@@ -281,10 +282,20 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         return _rank_and_world(self._rank, self._world)
 
     def plan(self, epoch: int | None = None) -> RankPlan:
-        """This rank's samples for ``epoch`` (default: the current one) in canonical order."""
+        """This rank's samples for ``epoch`` (default: the current one) in canonical order (the last one
+        is kept: treat it as read-only)."""
         rank, world = self.rank_world()
         epoch = self.epoch if epoch is None else epoch
         resumed = self.resumed_from() if epoch == self.epoch else None
+        key = (rank, world, epoch, resumed)
+        cached = self.__dict__.get("_plan_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]  # type: ignore[no-any-return]
+        plan = self._make_plan(rank, world, epoch, resumed)
+        self._plan_cache = (key, plan)
+        return plan
+
+    def _make_plan(self, rank: int, world: int, epoch: int, resumed: tuple[int, int] | None) -> RankPlan:
         if resumed is not None:
             return resumed_rank_order(
                 [s.samples for s in self.index.shards],
