@@ -78,6 +78,17 @@ def plan_reads(
     return tasks
 
 
+def runs(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive ascending positions grouped as ``(first, last + 1)`` runs, in the given order."""
+    out: list[tuple[int, int]] = []
+    for p in positions:
+        if out and out[-1][1] == p:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
 def last_use(tasks: Sequence[ReadTask]) -> dict[int, int]:
     """For each shard, the number of the last task that reads it (when its reader can be closed)."""
     return {t.shard: n for n, t in enumerate(tasks)}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
-from fastload.core.readplan import ReadTask
+from fastload.core.readplan import ReadTask, runs
 from fastload.core.tar import BLOCK, TarFormatError, padded, parse_block, parse_pax
 from fastload.core.tfrecord import is_tfrecord_name
 from fastload.errors import VerifyError
@@ -25,17 +25,6 @@ if TYPE_CHECKING:
 
 RawSample = dict[str, Any]
 LOCAL_READ_BYTES = 256 << 10
-
-
-def runs(positions: Sequence[int]) -> list[tuple[int, int]]:
-    """Consecutive ascending positions grouped as ``(first, last + 1)`` runs, in the given order."""
-    out: list[tuple[int, int]] = []
-    for p in positions:
-        if out and out[-1][1] == p:
-            out[-1] = (out[-1][0], p + 1)
-        else:
-            out.append((p, p + 1))
-    return out
 
 
 def parse_tar_fragment(

@@ -27,6 +27,7 @@ import numpy as np
 
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
+from fastload.core.readplan import runs
 from fastload.core.tfrecord import (
     HEADER_BYTES,
     KEY_FEATURE,
@@ -135,16 +136,6 @@ class GzipSpool:
         self._tmp.close()
 
 
-def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for p in positions:
-        if out and out[-1][1] == p:
-            out[-1] = (out[-1][0], p + 1)
-        else:
-            out.append((p, p + 1))
-    return out
-
-
 class TFRecordSamples:
     """Samples of one indexed TFRecord shard, read as runs of consecutive records: one read per run of
     ``read(offset, size)`` (plain shards) or of the decompressed spool (gzip shards)."""
@@ -161,7 +152,7 @@ class TFRecordSamples:
 
     def read_samples(self, positions: Sequence[int]) -> Iterator[list[RawSample]]:
         """The samples at index ``positions``, in that order, one list per run of consecutive records."""
-        for first, stop in _runs(positions):
+        for first, stop in runs(positions):
             yield self.read_run(first, stop)
 
     def read_run(self, first: int, stop: int) -> list[RawSample]:
