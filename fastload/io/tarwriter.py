@@ -14,7 +14,7 @@ from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
 from fastload.core.tar import END_OF_ARCHIVE, member_header, padded
 from fastload.errors import Skip
-from fastload.io.inputs import Input, close_all, open_ahead, read_exactly, read_problem
+from fastload.io.inputs import Input, Member, close_all, open_ahead, read_exactly, read_problem
 
 DEFAULT_BUFFER_BYTES = 8 << 20
 
@@ -116,6 +116,45 @@ def write_tar_shard(
     called after each sample written. With ``open_threads`` > 0 inputs are opened (fetched, for remote
     sources) ahead by that many threads, at most ``window_bytes`` ahead.
     """
+
+    def write_sample(out: ShardOutput, key: str, members: Sequence[Member]) -> Skip | None:
+        for m in members:
+            try:
+                _copy_member(out, f"{key}.{m.field}", m.file, m.size, mtime)
+            except OSError as exc:
+                return Skip(m.item.shown, read_problem(exc))
+        return None
+
+    return write_shard(
+        name,
+        samples,
+        tmp_path,
+        write_sample,
+        trailer=END_OF_ARCHIVE,
+        buffer_bytes=buffer_bytes,
+        fsync=fsync,
+        open_threads=open_threads,
+        window_bytes=window_bytes,
+        on_sample=on_sample,
+    )
+
+
+def write_shard(
+    name: str,
+    samples: Sequence[Sample[Input]],
+    tmp_path: str,
+    write_sample: Callable[[ShardOutput, str, Sequence[Member]], Skip | None],
+    *,
+    trailer: bytes = b"",
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    fsync: bool = False,
+    open_threads: int = 0,
+    window_bytes: int = 64 << 20,
+    on_sample: Callable[[int, int], None] | None = None,
+) -> ShardResult:
+    """The shard loop every format shares: open inputs ahead, ``write_sample(out, key, members)`` each
+    sample (it returns the failed input, if any: the sample is then rolled back and reported), record
+    offsets and sizes, end with ``trailer``, CRC32C on the fly; the file is removed on any error."""
     result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=[]))
     entry = result.entry
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -124,12 +163,8 @@ def write_tar_shard(
         for sample, members, failed in open_ahead(samples, threads=open_threads, window_bytes=window_bytes):
             start, crc = out.position, out.crc
             try:
-                for m in members if failed is None else ():
-                    try:
-                        _copy_member(out, f"{sample.key}.{m.field}", m.file, m.size, mtime)
-                    except OSError as exc:
-                        failed = Skip(m.item.shown, read_problem(exc))
-                        break
+                if failed is None:
+                    failed = write_sample(out, sample.key, members)
             finally:
                 close_all(members)
             if failed is not None:
@@ -146,7 +181,8 @@ def write_tar_shard(
             result.files += len(members)
             if on_sample is not None:
                 on_sample(nbytes, len(members))
-        out.write(END_OF_ARCHIVE)
+        if trailer:
+            out.write(trailer)
         out.flush()
         if fsync:
             os.fsync(fd)

@@ -4,19 +4,16 @@ buffer, record and shard CRCs computed on the fly."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 from crc32c import crc32c
 
-from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
 from fastload.core.tfrecord import record_footer, record_header, record_size, sample_layout
 from fastload.errors import Skip
-from fastload.io.inputs import Input, Member, close_all, open_ahead, read_exactly, read_problem
-from fastload.io.tarwriter import DEFAULT_BUFFER_BYTES, ShardOutput, ShardResult
+from fastload.io.inputs import Input, Member, read_exactly, read_problem
+from fastload.io.tarwriter import DEFAULT_BUFFER_BYTES, ShardOutput, ShardResult, write_shard
 
 
 def sample_record_size(key: str, field_sizes: Sequence[tuple[str, int]]) -> int:
@@ -68,41 +65,14 @@ def write_tfrecord_shard(
     As for tar shards: a sample whose file cannot be opened, or shrinks while being read, is rolled back
     out of the shard and reported in ``skipped``; ``on_sample(payload_bytes, files)`` follows each sample.
     """
-    result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=[]))
-    entry = result.entry
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        out = ShardOutput(fd, buffer_bytes)
-        for sample, members, failed in open_ahead(samples, threads=open_threads, window_bytes=window_bytes):
-            start, crc = out.position, out.crc
-            try:
-                if failed is None:
-                    failed = _write_record(out, sample.key, members)
-            finally:
-                close_all(members)
-            if failed is not None:
-                out.rewind(start, crc)
-                result.skipped.append(
-                    Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {name}")
-                )
-                continue
-            entry.keys.append(sample.key)
-            entry.offsets.append(start)
-            entry.sizes.append(out.position - start)
-            nbytes = sum(m.size for m in members)
-            result.payload_bytes += nbytes
-            result.files += len(members)
-            if on_sample is not None:
-                on_sample(nbytes, len(members))
-        out.flush()
-        if fsync:
-            os.fsync(fd)
-        entry.bytes = out.position
-        entry.checksum = f"{out.crc:08x}"
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_path)
-        raise
-    os.close(fd)
-    return result
+    return write_shard(
+        name,
+        samples,
+        tmp_path,
+        _write_record,
+        buffer_bytes=buffer_bytes,
+        fsync=fsync,
+        open_threads=open_threads,
+        window_bytes=window_bytes,
+        on_sample=on_sample,
+    )
