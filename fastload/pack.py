@@ -146,18 +146,7 @@ def _plan(sources: Sequence[str], config: PackConfig, s3_config: S3Config | None
     if partitions is not None:
         partitions = [partitions[i] for i in order]
     fields_seen = {f for s in samples for f, _ in s.members}
-    if config.shard_format == "tar":
-        sizes = [sum(member_size(f"{s.key}.{f}", it.entry.size) for f, it in s.members) for s in samples]
-        overhead, suffix = len(END_OF_ARCHIVE), ".tar"
-    elif config.shard_format == "tfrecord":
-        from fastload.io.tfrecordwriter import sample_record_size
-
-        sizes = [sample_record_size(s.key, [(f, it.entry.size) for f, it in s.members]) for s in samples]
-        overhead, suffix = 0, ".tfrecord"
-    else:
-        sizes = [parquet_row_bytes(s.key, [it.entry.size for _, it in s.members]) for s in samples]
-        groups = config.shard_size_bytes // config.row_group_bytes + 1
-        overhead, suffix = parquet_file_overhead(len(fields_seen), groups), ".parquet"
+    sizes, overhead, suffix = shard_sizes(config, samples, len(fields_seen))
     shards = plan_shards(
         sizes,
         partitions,
@@ -197,6 +186,49 @@ def _join(root: str, relpath: str) -> str:
     return root + relpath if root.endswith("/") else os.path.join(root, relpath)
 
 
+def source_and_target(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    dst: str | os.PathLike[str],
+    *,
+    missing: str,
+) -> tuple[list[str], str]:
+    """Sources and destination as strings; a destination inside a local source is refused (its output
+    would be read as input)."""
+    srcs = (
+        [os.fspath(sources)] if isinstance(sources, (str, os.PathLike)) else [os.fspath(s) for s in sources]
+    )
+    if not srcs:
+        raise ConfigError(f"no source given; {missing}")
+    target = os.fspath(dst)
+    for src in srcs:
+        if not src.startswith("s3://") and not target.startswith("s3://"):
+            a, b = os.path.realpath(src), os.path.realpath(target)
+            if b == a or b.startswith(a.rstrip(os.sep) + os.sep):
+                raise ConfigError(
+                    f"destination {target} is inside the source {src}; what is written there would be "
+                    "read as input: choose a destination outside the source"
+                )
+    return srcs, target
+
+
+def shard_sizes(
+    config: PackConfig, samples: Sequence[Sample[Input]], n_fields: int
+) -> tuple[list[int], int, str]:
+    """Each sample's exact bytes in a shard of ``config.shard_format``, the per-shard overhead and the
+    shard name suffix: what :func:`~fastload.core.plan.plan_shards` cuts shards by."""
+    if config.shard_format == "tar":
+        sizes = [sum(member_size(f"{s.key}.{f}", it.entry.size) for f, it in s.members) for s in samples]
+        return sizes, len(END_OF_ARCHIVE), ".tar"
+    if config.shard_format == "tfrecord":
+        from fastload.io.tfrecordwriter import sample_record_size
+
+        sizes = [sample_record_size(s.key, [(f, it.entry.size) for f, it in s.members]) for s in samples]
+        return sizes, 0, ".tfrecord"
+    sizes = [parquet_row_bytes(s.key, [it.entry.size for _, it in s.members]) for s in samples]
+    groups = config.shard_size_bytes // config.row_group_bytes + 1
+    return sizes, parquet_file_overhead(n_fields, groups), ".parquet"
+
+
 def pack(
     sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     dst: str | os.PathLike[str],
@@ -228,22 +260,9 @@ def pack(
     elif ray_address is not None:
         raise ConfigError("ray_address only applies with engine='ray' (--engine ray)")
     config = replace(config or PackConfig(), **options) if options else (config or PackConfig())
-    srcs = (
-        [os.fspath(sources)] if isinstance(sources, (str, os.PathLike)) else [os.fspath(s) for s in sources]
-    )
-    if not srcs:
-        raise ConfigError("no source given; pass the folder holding the files to pack")
-    target = os.fspath(dst)
+    srcs, target = source_and_target(sources, dst, missing="pass the folder holding the files to pack")
     if any(u.startswith("s3://") for u in [*srcs, target]):
         s3_config = s3_config or S3Config.from_env()
-    for src in srcs:
-        if not src.startswith("s3://") and not target.startswith("s3://"):
-            a, b = os.path.realpath(src), os.path.realpath(target)
-            if b == a or b.startswith(a.rstrip(os.sep) + os.sep):
-                raise ConfigError(
-                    f"destination {target} is inside the source {src}; its shards would be "
-                    "packed again: choose a destination outside the source"
-                )
     began = time.monotonic()
     gc_was_enabled = gc.isenabled()
     gc.disable()  # planning makes many small objects and no cycles; collections here only cost time

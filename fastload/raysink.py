@@ -17,11 +17,11 @@ from ray.data.datasource import Datasink
 
 from fastload.config import PackConfig, S3Config
 from fastload.core.keys import KeyRuleError, Sample, split_key
-from fastload.core.plan import parquet_file_overhead, parquet_row_bytes, plan_shards
-from fastload.core.tar import END_OF_ARCHIVE, member_size
+from fastload.core.plan import plan_shards
 from fastload.errors import ConfigError
 from fastload.io.inputs import Input
 from fastload.io.listing import FileEntry
+from fastload.pack import shard_sizes
 from fastload.rayengine import _write_shard
 
 KEY = "__key__"
@@ -116,18 +116,7 @@ class ShardSink(Datasink[list[dict[str, Any]]]):
         samples = to_samples(rows, opener)
         del rows
         # Sizes as fastload.pack plans them, so shards are cut the same way.
-        if config.shard_format == "tar":
-            sizes = [sum(member_size(f"{s.key}.{f}", it.entry.size) for f, it in s.members) for s in samples]
-            overhead, suffix = len(END_OF_ARCHIVE), ".tar"
-        elif config.shard_format == "tfrecord":
-            from fastload.io.tfrecordwriter import sample_record_size
-
-            sizes = [sample_record_size(s.key, [(f, it.entry.size) for f, it in s.members]) for s in samples]
-            overhead, suffix = 0, ".tfrecord"
-        else:
-            sizes = [parquet_row_bytes(s.key, [it.entry.size for _, it in s.members]) for s in samples]
-            groups = config.shard_size_bytes // config.row_group_bytes + 1
-            overhead, suffix = parquet_file_overhead(len(self.fields), groups), ".parquet"
+        sizes, overhead, suffix = shard_sizes(config, samples, len(self.fields))
         shards = plan_shards(
             sizes,
             shard_bytes=config.shard_size_bytes,

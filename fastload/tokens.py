@@ -564,19 +564,13 @@ def pack_tokens(
         raise ConfigError(
             f"prefix={prefix!r} must be a non-empty file name part without '/', not starting with '.'"
         )
-    srcs = (
-        [os.fspath(sources)] if isinstance(sources, (str, os.PathLike)) else [os.fspath(s) for s in sources]
+    from fastload.pack import source_and_target
+
+    srcs, target = source_and_target(
+        sources, dst, missing="pass the JSONL/Parquet files (or folders) to pack"
     )
-    if not srcs:
-        raise ConfigError("no source given; pass the JSONL/Parquet files (or folders) to pack")
-    target = os.fspath(dst)
     if any(u.startswith("s3://") for u in [*srcs, target]):
         s3_config = s3_config or S3Config.from_env()
-    for src in srcs:
-        if not src.startswith("s3://") and not target.startswith("s3://"):
-            a, b = os.path.realpath(src), os.path.realpath(target)
-            if b == a or b.startswith(a.rstrip(os.sep) + os.sep):
-                raise ConfigError(f"destination {target} is inside the source {src}; choose one outside it")
     hook: Tokenizer | None = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     read_column = text_column if hook is not None else column
     inputs = _list_inputs(srcs, s3_config)
