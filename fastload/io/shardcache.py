@@ -94,37 +94,33 @@ class ShardCache:
     def get(self, url: str, entry: ShardEntry, *, stop: threading.Event | None = None) -> str:
         """A local path holding exactly the shard ``url`` described by ``entry``: filled if needed. (Another
         process may evict it at any time after this returns: to read it, use :meth:`open`.)"""
-        f = self.open(url, entry, stop=stop)
-        if f is None:
-            raise FileNotFoundError(f"{self.path_for(url, entry)} kept being evicted: raise the cache limit")
-        f.close()
+        self.open(url, entry, stop=stop).close()
         return self.path_for(url, entry)
 
-    def open(self, url: str, entry: ShardEntry, *, stop: threading.Event | None = None) -> BinaryIO | None:
+    def open(self, url: str, entry: ShardEntry, *, stop: threading.Event | None = None) -> BinaryIO:
         """The cached shard, open for reading (filled if needed, checked against the index through the same
-        handle, so an eviction by another process after it is opened does no harm). The caller closes it.
-        None if it kept being evicted before it could be opened: read the shard remotely then. ``stop``
-        abandons a fill in progress (:class:`FillStopped`)."""
+        handle; once it is open, an eviction by another process does no harm). The caller closes it.
+        ``stop`` abandons a fill in progress (:class:`FillStopped`)."""
         path = self.path_for(url, entry)
-        for _ in range(3):
-            f = self._open_usable(path, entry)
-            if f is not None:
-                with self._lock:
-                    self.hits += 1
-                return f
-            with self._flock(path):
+        f = self._open_usable(path, entry)
+        filled = False
+        if f is None:
+            with self._flock(path):  # evictions and fills of this shard wait for us
                 f = self._open_usable(path, entry, locked=True)  # another process may have filled it
                 if f is None:
                     self._fill(url, entry, path, stop)
-                    with contextlib.suppress(FileNotFoundError):
-                        f = open(path, "rb")  # noqa: SIM115 (returned to the caller)
-                elif f is not None:
-                    with self._lock:
-                        self.hits += 1
-            self._evict(keep=path)
-            if f is not None:
-                return f
-        return None
+                    f = open(path, "rb")  # noqa: SIM115 (returned to the caller)
+                    filled = True
+        if filled:
+            try:
+                self._evict(keep=path)
+            except BaseException:
+                f.close()
+                raise
+        else:
+            with self._lock:
+                self.hits += 1
+        return f
 
     # -- internals ------------------------------------------------------------------------------------
 

@@ -470,7 +470,7 @@ def test_dataloader_workers_sharing_a_cache_deliver_every_sample_once(
 
 
 @pytest.mark.usefixtures("s3_env")
-def test_a_shard_evicted_between_get_and_open_is_still_read(
+def test_a_shard_evicted_right_after_it_is_opened_is_still_read(
     remote: str, uneven: Packed, tmp_path: Path, config: fastload.S3Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sizes = shard_sizes(uneven)
@@ -478,19 +478,23 @@ def test_a_shard_evicted_between_get_and_open_is_still_read(
     cache = tmp_path / "cache"
     index = index_of(uneven)
     other = ShardCache(cache, limit_bytes=limit, config=config)  # another worker's view of the folder
-    real_get = ShardCache.get
+    real_open = ShardCache.open
+    evictions: list[str] = []
 
-    def get_then_other_worker_evicts(self: ShardCache, url: str, entry: Any) -> str:
-        path = real_get(self, url, entry)
+    def open_then_other_worker_evicts(self: ShardCache, url: str, entry: Any, **kw: Any) -> Any:
+        f = real_open(self, url, entry, **kw)
         if self is not other:
             time.sleep(0.02)  # file times are coarse: the other worker's fill is newer
             neighbour = index.shards[(index.shards.index(entry) + 1) % len(index.shards)]
-            real_get(other, f"{remote}/{neighbour.name}", neighbour)  # its fill evicts ours
-        return path
+            real_open(other, f"{remote}/{neighbour.name}", neighbour).close()  # its fill evicts ours
+            if not os.path.exists(self.path_for(url, entry)):
+                evictions.append(entry.name)
+        return f
 
-    monkeypatch.setattr(ShardCache, "get", get_then_other_worker_evicts)
+    monkeypatch.setattr(ShardCache, "open", open_then_other_worker_evicts)
     ds = dataset(remote, cache, config, cache_limit_bytes=limit, prefetch_bytes=0)
     check_samples(list(ds), uneven)
+    assert evictions, "the other worker never evicted a shard that was being read: the race was not made"
 
 
 @pytest.mark.usefixtures("s3_env")
