@@ -195,20 +195,7 @@ def check_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[st
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return (
-            "| "
-            + " | ".join(
-                str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-            )
-            + " |"
-        )
-
-    sep = "|" + "|".join("-" * (w + 1) + ("-" if i == 0 else ":") for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])
+    return str(_s3bench().markdown_table(header, rows))
 
 
 def _f(value: float | None, spec: str) -> str:
