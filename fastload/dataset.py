@@ -546,6 +546,11 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             dataset.set_epoch(epoch)
             dataset._resume_from_world(epoch, int(old_world), delivered)  # type: ignore[arg-type]
             dataset._set_start(0)
+            try:
+                dataset.plan()
+            except ValueError as exc:
+                dataset.set_epoch(epoch)  # undo: nothing half-restored
+                raise ConfigError(f"cannot resume from this checkpoint: {exc}") from None
         dataset._resume_epoch = epoch
 
 

@@ -210,12 +210,12 @@ def resumed_rank_order(
         rests.append(plan.samples[delivered:])
     longest = max((len(r) for r in rests), default=0)
     remaining = [r[i] for i in range(longest) for r in rests if i < len(r)]
-    mine = remaining[rank::world_size]
     if even in ("split", "drop"):
         per = len(remaining) // world_size
         cut = per * world_size
         dropped = remaining[cut:] if rank == world_size - 1 else []
         return RankPlan(remaining[:cut][rank::world_size], dropped=dropped)
+    mine = remaining[rank::world_size]
     if even == "pad":
         want = -(-len(remaining) // world_size)
         pool = mine or remaining[:1]

@@ -236,6 +236,9 @@ def test_a_resumed_epoch_checkpoints_and_resumes_again_on_the_same_world(uneven:
     _, dl = make_loader(uneven, batch_size=4, rank=0, world_size=1, **KW)
     with pytest.raises(ConfigError, match="already continues an epoch"):
         dl.load_state_dict(middle_states[0])
+    too_far = {**state, "delivered": len(uneven.keys)}  # more than any old rank had
+    with pytest.raises(ConfigError, match="cannot resume from this checkpoint"):
+        dl.load_state_dict(too_far)
 
 
 def label_and_key(sample: dict[str, Any]) -> tuple[int, str]:
