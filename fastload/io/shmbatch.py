@@ -37,6 +37,8 @@ class WorkerSlots:
         self.max_slots = slots
         self.pid = os.getpid()
         self.slots: list[tuple[str, mmap.mmap]] = []
+        self._sent: dict[str, int] = {}  # slot path -> number of the batch last packed into it
+        self._count = 0
 
     def pack(self, batch: Any) -> tuple[Any, dict[str, Any] | None]:
         """``(rest of the batch, description)``; the description is None when the batch went unchanged."""
@@ -80,12 +82,18 @@ class WorkerSlots:
                 layout[k] = {"tensor": (str(t.dtype).removeprefix("torch."), list(t.shape), n)}
         view.release()
         mm[0] = 1
+        self._count += 1
+        self._sent[path] = self._count
         rest = {k: v for k, v in batch.items() if k not in parts}
         return rest, {"path": path, "pid": self.pid, "layout": layout, "order": list(batch)}
 
     def _free(self, total: int) -> tuple[str, mmap.mmap] | None:
+        # The training process takes each worker's batches in order (fastload.DataLoader needs
+        # in_order=True), so a slot still busy while a slot packed after it is free again holds a batch
+        # that was discarded (an iteration abandoned with persistent workers): it is free too.
+        freed = max((self._sent.get(p, 0) for p, mm in self.slots if mm[0] == 0), default=0)
         for path, mm in self.slots:
-            if mm[0] == 0 and len(mm) >= HEADER + total:
+            if (mm[0] == 0 or self._sent.get(path, 0) < freed) and len(mm) >= HEADER + total:
                 return path, mm
         if len(self.slots) >= self.max_slots:
             return None

@@ -106,3 +106,26 @@ def test_slot_files_of_dead_processes_are_swept(tmp_path: Path) -> None:
         for p in (stale, mine):
             if p.exists():
                 p.unlink()
+
+
+def test_a_slot_whose_batch_was_discarded_is_reused() -> None:
+    """Batches are taken in order; a busy slot packed before one that was freed held a discarded batch."""
+    worker, main = WorkerSlots(slots=2), MainSlots()
+    batch = {"jpg": [b"a" * 100]}
+    try:
+        _, first = worker.pack(batch)  # its batch is discarded (an abandoned iteration): never unpacked
+        rest, second = worker.pack(batch)
+        assert first is not None and second is not None and first["path"] != second["path"]
+        assert worker.pack(batch)[1] is None  # both busy: the ordinary way
+        assert main.unpack(rest, second)["jpg"] == batch["jpg"]  # the later one taken: the first is dead
+        _, third = worker.pack(batch)
+        assert third is not None and third["path"] in (first["path"], second["path"])
+        _, fourth = worker.pack(batch)
+        assert fourth is not None and {third["path"], fourth["path"]} == {first["path"], second["path"]}
+        assert worker.pack(batch)[1] is None  # third and fourth in flight, nothing freed after them
+    finally:
+        main.close()
+        for path, mm in worker.slots:
+            mm.close()
+            if os.path.exists(path):
+                os.unlink(path)
