@@ -98,6 +98,11 @@ class S3Config:
     ``process_max_concurrency`` and lowered automatically while the store throttles (AIMD).
 
     Unset fields fall back to botocore's own chain (environment, ``~/.aws/config``, instance roles).
+
+    ``transport`` picks how the reader's GETs travel: ``"direct"`` (default) signs them with botocore's
+    SigV4 signer and the client's credentials, endpoint and region, and sends them over pooled ``http.client``
+    connections (about half the CPU per GiB); ``"botocore"`` sends them through ``get_object``, for stores
+    or setups the direct path does not handle (non-SigV4 signing, botocore plugins, region redirects).
     """
 
     endpoint_url: str | None = None
@@ -114,6 +119,7 @@ class S3Config:
     base_backoff_s: float = 0.05
     max_backoff_s: float = 4.0
     deadline_s: float = 120.0
+    transport: str = "direct"
 
     def __post_init__(self) -> None:
         if self.part_size_bytes < 1:
@@ -126,6 +132,8 @@ class S3Config:
             raise ConfigError(f"readahead_bytes={self.readahead_bytes} must be >= 0")
         if self.addressing_style not in ("auto", "path", "virtual"):
             raise ConfigError(f"addressing_style={self.addressing_style!r}; choose auto, path or virtual")
+        if self.transport not in ("direct", "botocore"):
+            raise ConfigError(f"transport={self.transport!r}; choose direct or botocore")
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
             raise ConfigError("connect_timeout_s and read_timeout_s must be > 0")
         if self.max_attempts < 1 or self.deadline_s <= 0:
@@ -144,7 +152,8 @@ class S3Config:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> S3Config:
         """Settings from the standard AWS variables (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``,
-        ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_PROFILE``) and ``FASTLOAD_S3_ADDRESSING_STYLE``; explicit
+        ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_PROFILE``), ``FASTLOAD_S3_ADDRESSING_STYLE`` and
+        ``FASTLOAD_S3_TRANSPORT``; explicit
         ``overrides`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -158,5 +167,7 @@ class S3Config:
             values["profile"] = env["AWS_PROFILE"]
         if env.get("FASTLOAD_S3_ADDRESSING_STYLE"):
             values["addressing_style"] = env["FASTLOAD_S3_ADDRESSING_STYLE"]
+        if env.get("FASTLOAD_S3_TRANSPORT"):
+            values["transport"] = env["FASTLOAD_S3_TRANSPORT"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

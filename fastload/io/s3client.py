@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import http.client
 import os
+import ssl
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import boto3
+import botocore.auth
+import botocore.awsrequest
 import botocore.config
 import botocore.exceptions
 import urllib3.exceptions
@@ -52,6 +57,9 @@ def get_client(config: S3Config) -> Any:
                 region_name=config.region,
                 config=botocore.config.Config(
                     s3={"addressing_style": config.addressing_style},
+                    # what botocore signs requests with anyway; said explicitly so that presigned URLs (used
+                    # by resolve_target to learn URL and region) are SigV4 too
+                    signature_version="s3v4",
                     connect_timeout=config.connect_timeout_s,
                     read_timeout=config.read_timeout_s,
                     retries={"total_max_attempts": 1, "mode": "standard"},
@@ -77,6 +85,8 @@ class Failure:
 
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    http.client.HTTPException,  # a malformed or missing status line (IncompleteRead is tested first)
+    ssl.SSLError,  # a TLS connection cut mid-stream (a failed certificate check is not retried)
     botocore.exceptions.ConnectionClosedError,
     botocore.exceptions.EndpointConnectionError,
     botocore.exceptions.ConnectionError,
@@ -110,6 +120,8 @@ def _is_incomplete_read(exc: BaseException) -> bool:
 
 def classify_exception(exc: BaseException) -> Failure | None:
     """The retry fault for an exception raised by botocore or while reading a body; None if not ours."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return None  # retrying cannot fix a certificate; the error says which one failed
     if isinstance(exc, botocore.exceptions.ClientError):
         meta = exc.response.get("ResponseMetadata", {})
         status = int(meta.get("HTTPStatusCode", 0) or 0)
@@ -123,6 +135,83 @@ def classify_exception(exc: BaseException) -> Failure | None:
     if isinstance(exc, _CONNECTION_ERRORS):
         return Failure(Fault.CONNECTION, None, f"connection failed ({type(exc).__name__})")
     return None
+
+
+@dataclass(frozen=True)
+class ObjectTarget:
+    """Where plain HTTP requests for one object go, as botocore resolves it (endpoint, addressing style,
+    region): ``url`` (scheme, host, path and any ``versionId`` query) and the SigV4 signing ``region``."""
+
+    url: str
+    region: str
+
+
+def resolve_target(client: Any, bucket: str, key: str, version_id: str | None = None) -> ObjectTarget:
+    """The URL and signing region botocore would use for ``GetObject`` on this object, read off a presigned
+    URL (public API: every endpoint rule, addressing style and region setting applies). Raises
+    :class:`AccessDeniedError` when no credentials are configured."""
+    params = {"Bucket": bucket, "Key": key}
+    if version_id:
+        params["VersionId"] = version_id
+    try:
+        presigned = client.generate_presigned_url("get_object", Params=params, ExpiresIn=60)
+    except botocore.exceptions.NoCredentialsError:
+        raise no_credentials_error(bucket, key) from None
+    parts = urlsplit(presigned)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    scope = dict(query).get("X-Amz-Credential", "").split("/")
+    if len(scope) != 5 or scope[3] != "s3":
+        raise ConfigError(
+            f"s3://{bucket}/{key}: the S3 client does not sign with SigV4 (s3v4); use "
+            "S3Config(transport='botocore') for this store"
+        )
+    kept = urlencode([(k, v) for k, v in query if not k.lower().startswith("x-amz-")])
+    return ObjectTarget(urlunsplit((parts.scheme, parts.netloc, parts.path, kept, "")), scope[2])
+
+
+def is_no_credentials(exc: BaseException) -> bool:
+    """Whether botocore raised ``exc`` because no credentials are configured."""
+    return isinstance(exc, botocore.exceptions.NoCredentialsError)
+
+
+def no_credentials_error(bucket: str, key: str) -> AccessDeniedError:
+    return AccessDeniedError(
+        f"s3://{bucket}/{key}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+        "or AWS_PROFILE (a profile in ~/.aws/config), or run where an instance role is available",
+        bucket=bucket,
+        key=key,
+    )
+
+
+class Signer:
+    """SigV4 headers for one plain HTTP request, with the botocore client's own credentials object (a
+    refreshable one is refreshed when botocore says it expires) and botocore's S3 signer."""
+
+    def __init__(self, client: Any) -> None:
+        # the credentials the client signs with; botocore has no public accessor for them
+        self._credentials = getattr(getattr(client, "_request_signer", None), "_credentials", None)
+
+    @property
+    def has_credentials(self) -> bool:
+        return self._credentials is not None
+
+    def headers(self, method: str, target: ObjectTarget, headers: Mapping[str, str]) -> dict[str, str]:
+        """``headers`` plus ``X-Amz-Date``, ``X-Amz-Content-SHA256``, ``Authorization`` (and the session
+        token, if any) for ``method`` on ``target``."""
+        if self._credentials is None:
+            raise RuntimeError("no credentials")  # resolve_target raised the user's error before this
+        frozen = self._credentials.get_frozen_credentials()
+        request = botocore.awsrequest.AWSRequest(method=method, url=target.url, headers=dict(headers))
+        botocore.auth.S3SigV4Auth(frozen, "s3", target.region).add_auth(request)
+        return dict(request.headers.items())
+
+
+def ca_bundle(client: Any) -> str | bool | None:
+    """The client's TLS verification setting: a CA bundle path, False (verification off) or None (the
+    system's default trust store)."""
+    session = getattr(getattr(client, "_endpoint", None), "http_session", None)
+    verify = getattr(session, "_verify", None)
+    return None if verify is True else verify
 
 
 def fail_fast_error(failure: Failure, bucket: str, key: str, what: str = "read") -> S3Error:

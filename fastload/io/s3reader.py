@@ -3,19 +3,18 @@
 Parts of ``part_size_bytes`` are fetched concurrently (up to ``max_concurrency`` per reader, and the
 process-wide AIMD gate across readers) with ``Range`` and ``If-Match``; every response is checked against
 the range contract (``core.ranges``); failures are retried per range by ``core.retry`` (resuming after the
-last good byte); a part is handed to the reader only when complete and correct.
+last good byte); a part is handed to the reader only when complete and correct. Requests travel over the
+transport ``S3Config.transport`` names (``io.s3get``); each part's body is read straight into its own buffer.
 """
 
 from __future__ import annotations
 
-import bisect
 import io
-import itertools
 import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -23,39 +22,31 @@ from fastload.config import S3Config
 from fastload.core.ranges import ByteRange, Verdict, check_response
 from fastload.core.retry import Fault
 from fastload.errors import ObjectChangedError, RangeReadError
+from fastload.io.partbuffers import Buffer, new_buffer, process_pool
 from fastload.io.retrying import BadResponse, Retrier
-from fastload.io.s3client import Failure, classify_exception, fail_fast_error, get_client
+from fastload.io.s3client import Failure, fail_fast_error, get_client
+from fastload.io.s3get import Body, BotocoreObject, ObjectIO, open_object
 from fastload.io.s3stats import STATS
 
 T = TypeVar("T")
-_CHUNK = 1 << 20
 FIRST_PART_BYTES = 1 << 20
 
 
 class _Part:
-    """A part's bytes as the chunks they arrived in (never joined: bytes are copied once, to the caller)."""
+    """A part's bytes, in the buffer its body was read into (copied once more: to the caller). ``pooled``:
+    the buffer goes back to the process's pool once the part is dropped and no view of it is left."""
 
-    __slots__ = ("chunks", "ends", "size")
+    __slots__ = ("buf", "pooled", "size")
 
-    def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks = chunks
-        self.ends = list(itertools.accumulate(len(c) for c in chunks))
-        self.size = self.ends[-1] if self.ends else 0
+    def __init__(self, buf: Buffer | bytes, size: int, *, pooled: bool = False) -> None:
+        self.buf, self.size, self.pooled = buf, size, pooled
 
     def __len__(self) -> int:
         return self.size
 
-    def views(self, offset: int, n: int) -> Iterator[memoryview]:
-        """Memoryviews covering ``[offset, offset + n)``."""
-        i = bisect.bisect_right(self.ends, offset)
-        while n > 0:
-            start = self.ends[i] - len(self.chunks[i])
-            a = offset - start
-            take = min(n, len(self.chunks[i]) - a)
-            yield memoryview(self.chunks[i])[a : a + take]
-            offset += take
-            n -= take
-            i += 1
+    def view(self, offset: int, n: int) -> memoryview:
+        """The bytes ``[offset, offset + n)``, not copied."""
+        return memoryview(self.buf)[offset : offset + n]
 
 
 class RangedReader(io.RawIOBase):
@@ -77,8 +68,10 @@ class RangedReader(io.RawIOBase):
         super().__init__()
         self.bucket, self.key = bucket, key
         self._config = config or S3Config()
+        self._own_client = client
         self._client = client if client is not None else get_client(self._config)
         self._version_id = version_id
+        self._object = self._open_object()
         self._rng, self._sleep, self._clock = rng or random.Random(), sleep, clock
         self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=sleep, clock=clock)
         self._pid = os.getpid()
@@ -89,9 +82,10 @@ class RangedReader(io.RawIOBase):
         self._lock = threading.Lock()
         self._size: int | None = None
         self._etag: str | None = None
-        self._whole: bytes | None = None
+        self._whole: memoryview | None = None
         self._parts: dict[int, Future[_Part]] = {}
         self._stops: dict[int, threading.Event] = {}
+        self._spent: list[Future[_Part]] = []  # dropped parts whose buffers may still be viewed
         self._closing = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._pos = 0
@@ -102,11 +96,18 @@ class RangedReader(io.RawIOBase):
         if pid == self._pid:
             return
         self._pid = pid
-        self._client = get_client(self._config)
+        self._client = self._own_client if self._own_client is not None else get_client(self._config)
+        self._object = self._open_object()
         self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=self._sleep, clock=self._clock)
         self._parts = {i: f for i, f in self._parts.items() if f.done() and f.exception() is None}
         self._stops = {}
         self._pool = None
+
+    def _open_object(self) -> ObjectIO:
+        """The transport for this object: ``config.transport``'s, or botocore for a client passed in."""
+        if self._own_client is not None:
+            return BotocoreObject(self._own_client, self.bucket, self.key, self._version_id)
+        return open_object(self._config, self.bucket, self.key, self._version_id)
 
     def __repr__(self) -> str:
         return f"RangedReader('s3://{self.bucket}/{self.key}')"
@@ -169,19 +170,17 @@ class RangedReader(io.RawIOBase):
         while got < len(view) and self._pos < self._size:
             if self._whole is not None:
                 n = min(len(view) - got, self._size - self._pos)
-                view[got : got + n] = memoryview(self._whole)[self._pos : self._pos + n]
+                view[got : got + n] = self._whole[self._pos : self._pos + n]
             else:
                 index = self._index_of(self._pos)
                 self._retain(index)
                 part = self._parts[index].result()
                 offset = self._pos - self._range_of(index).start
                 n = min(len(view) - got, len(part) - offset)
-                at = got
-                for piece in part.views(offset, n):
-                    view[at : at + len(piece)] = piece
-                    at += len(piece)
+                view[got : got + n] = part.view(offset, n)
             self._pos += n
             got += n
+        self._recycle(self._spent)
         return got
 
     def read(self, size: int = -1) -> bytes:
@@ -200,7 +199,7 @@ class RangedReader(io.RawIOBase):
         if size <= 0:
             return b""
         if self._whole is not None:
-            out = self._whole[self._pos : self._pos + size]
+            out = bytes(self._whole[self._pos : self._pos + size])
             self._pos += len(out)
             return out
         pieces: list[memoryview] = []
@@ -211,13 +210,13 @@ class RangedReader(io.RawIOBase):
             part = self._parts[index].result()
             offset = self._pos - self._range_of(index).start
             take = min(left, len(part) - offset)
-            pieces.extend(part.views(offset, take))
+            pieces.append(part.view(offset, take))
             self._pos += take
             left -= take
-        whole = pieces[0].obj if len(pieces) == 1 else None
-        if isinstance(whole, bytes) and len(whole) == len(pieces[0]):
-            return whole  # exactly one received chunk: no copy
-        return b"".join(pieces)
+        out = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+        del pieces
+        self._recycle(self._spent)
+        return out
 
     def fetch_range(self, start: int, end: int, *, stop: threading.Event | None = None) -> bytes:
         """Bytes ``[start, end)`` fetched now as concurrent parts: no readahead, no read position, safe to
@@ -241,7 +240,7 @@ class RangedReader(io.RawIOBase):
         assert self._size is not None
         end = min(end, self._size)
         if self._whole is not None:
-            return self._whole[start - sum(len(p) for p in parts) : end]
+            return bytes(self._whole[start - sum(len(p) for p in parts) : end])
         ranges = [ByteRange(a, min(a + self._part, end)) for a in range(start, end, self._part)]
         if len(ranges) == 1:
             parts.append(self._fetch(ranges[0], stop=stop))
@@ -259,11 +258,16 @@ class RangedReader(io.RawIOBase):
                 for f in futures:
                     f.cancel()
                 raise
-        pieces = [piece for part in parts for piece in part.views(0, len(part))]
-        data = pieces[0].obj if len(pieces) == 1 else None
-        if isinstance(data, bytes) and len(data) == len(pieces[0]):
-            return data
-        return b"".join(pieces)
+        pieces = [part.view(0, len(part)) for part in parts]
+        out = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+        del pieces
+        done: list[Future[_Part]] = []
+        for part in parts:
+            fut: Future[_Part] = Future()
+            fut.set_result(part)
+            done.append(fut)
+        self._recycle(done)
+        return out
 
     def readall(self) -> bytes:
         out = bytearray()
@@ -279,8 +283,9 @@ class RangedReader(io.RawIOBase):
             for stop in self._stops.values():
                 stop.set()
             for fut in self._parts.values():
-                fut.cancel()
+                self._drop(fut)
             self._parts.clear()
+            self._recycle(self._spent)
             self._stops.clear()
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
@@ -306,7 +311,7 @@ class RangedReader(io.RawIOBase):
         assert self._size is not None
         if self._whole is not None:  # a 200 brought the whole object: parts still queued are useless
             for i in list(self._parts):
-                self._parts.pop(i).cancel()
+                self._drop(self._parts.pop(i))
                 stop = self._stops.pop(i, None)
                 if stop is not None:
                     stop.set()
@@ -314,7 +319,7 @@ class RangedReader(io.RawIOBase):
         last = self._index_of(self._size - 1) if self._size else -1
         wanted = range(index, min(index + self._window, last + 1))
         for i in [i for i in self._parts if i not in wanted]:
-            self._parts.pop(i).cancel()
+            self._drop(self._parts.pop(i))
             stop = self._stops.pop(i, None)
             if stop is not None:
                 stop.set()  # a part already running stops retrying
@@ -336,6 +341,22 @@ class RangedReader(io.RawIOBase):
                     stop = self._stops[i] = threading.Event()
                     self._parts[i] = self._pool.submit(self._fetch, r, stop=stop)
 
+    def _drop(self, fut: Future[_Part]) -> None:
+        """Cancel a part no longer wanted; a finished one's buffer is recycled by :meth:`_recycle`."""
+        if not fut.cancel() and fut.done():
+            self._spent.append(fut)
+
+    def _recycle(self, futures: list[Future[_Part]]) -> None:
+        """Hand the buffers of finished, dropped parts to the process pool (no view of them may remain)."""
+        cap = (self._window + 1) * self._part  # the reader's own memory bound
+        pool = process_pool()
+        for fut in futures:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                part = fut.result()
+                if part.pooled:
+                    pool.give(part.buf, cap)  # type: ignore[arg-type]
+        futures.clear()
+
     def _first_read(self, pos: int) -> None:
         """The first GET: learns size and ETag from its response, keeps its bytes as a part."""
         index = self._index_of(pos)
@@ -352,21 +373,22 @@ class RangedReader(io.RawIOBase):
 
     def _head(self) -> None:
         def attempt() -> None:
-            params = self._params()
             started = self._clock()
-            resp = self._client.head_object(**params)
+            body = self._object.head(self._headers())
+            body.close()
             STATS.request_done(self._clock() - started, 0)
-            self._learn(int(resp["ContentLength"]), resp.get("ETag"))
+            if body.content_length is None:
+                raise BadResponse(Failure(Fault.BAD_RANGE, body.status, "HEAD answer without Content-Length"))
+            self._learn(int(body.content_length), body.etag)
 
         self._retrying(attempt, ByteRange(0, 1), "HEAD")
 
-    def _params(self) -> dict[str, Any]:
-        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self.key}
-        if self._version_id:
-            params["VersionId"] = self._version_id
-        elif self._etag:
-            params["IfMatch"] = self._etag
-        return params
+    def _headers(self, byte_range: ByteRange | None = None) -> dict[str, str]:
+        """Range and If-Match (once the ETag is known; a pinned version needs none)."""
+        headers = {"Range": byte_range.header()} if byte_range is not None else {}
+        if self._etag and not self._version_id:
+            headers["If-Match"] = self._etag
+        return headers
 
     def _learn(self, size: int, etag: str | None) -> None:
         with self._lock:
@@ -387,50 +409,47 @@ class RangedReader(io.RawIOBase):
             self._etag = self._etag or etag
 
     def _fetch(self, asked: ByteRange, *, first: bool = False, stop: threading.Event | None = None) -> _Part:
-        """Bytes of ``asked`` (clipped to the object on the first request), retried until complete."""
-        state: dict[str, Any] = {"chunks": [], "got": 0}
+        """Bytes of ``asked`` (clipped to the object on the first request), retried until complete; every
+        retry asks only for the bytes after the last good one, read into the same buffer."""
+        state: dict[str, Any] = {"buf": None, "got": 0}
 
         def attempt() -> _Part:
             got = state["got"]
             cur = ByteRange(asked.start + got, asked.end)
-            params = self._params()
-            params["Range"] = cur.header()
             started = self._clock()
             try:
-                resp = self._client.get_object(**params)
-            except Exception as exc:
-                failure = classify_exception(exc)
-                if first and failure is not None and failure.status == 416:
+                body = self._object.get(self._headers(cur))
+            except BadResponse as exc:
+                if first and exc.failure.status == 416:
                     raise _PastEnd() from None
                 raise
             latency = self._clock() - started
-            body = resp["Body"]
             try:
-                status = int(resp["ResponseMetadata"]["HTTPStatusCode"])
-                check = check_response(
-                    status, resp.get("ContentRange"), resp.get("ContentLength"), cur, self._size
-                )
+                status = body.status
+                check = check_response(status, body.content_range, body.content_length, cur, self._size)
                 if check.verdict is Verdict.BAD:
                     raise BadResponse(Failure(Fault.BAD_RANGE, status, check.reason))
                 assert check.total is not None
-                self._learn(check.total, resp.get("ETag"))
+                self._learn(check.total, body.etag)
                 if check.verdict is Verdict.WHOLE:
-                    whole = _read_body(body, check.total)
+                    whole = _read_whole(body, check.total)
                     STATS.request_done(latency, len(whole))
                     self._whole = whole
                     end = min(asked.end, check.total)
-                    return _Part([whole[asked.start : end]])
+                    return _Part(bytes(whole[asked.start : end]), max(0, end - asked.start))
                 end = min(asked.end, check.total)
                 want = end - asked.start
-                chunks: list[bytes] = state["chunks"]
-                read = _chunk_reader(body)
+                if state["buf"] is None:
+                    # parts of one size class share pooled buffers: a short last part uses a whole one
+                    size = self._part if self._first < want <= self._part else want
+                    state["buf"] = process_pool().take(size)
+                view = memoryview(state["buf"])
                 try:
                     while state["got"] < want:
-                        chunk = read(min(_CHUNK, want - state["got"]))
-                        if not chunk:
+                        n = body.readinto(view[state["got"] : want])
+                        if not n:
                             break
-                        chunks.append(chunk)
-                        state["got"] += len(chunk)
+                        state["got"] += n
                 finally:
                     STATS.request_done(latency, state["got"] - got)
                 if state["got"] < want:
@@ -441,9 +460,9 @@ class RangedReader(io.RawIOBase):
                             f"body ended after {state['got'] - got} of {end - cur.start} bytes",
                         )
                     )
-                if state["got"] > want or read(1):
+                if body.readinto(memoryview(bytearray(1))):
                     raise BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
-                return _Part(chunks)
+                return _Part(state["buf"], want, pooled=True)
             finally:
                 body.close()
 
@@ -477,22 +496,19 @@ class RangedReader(io.RawIOBase):
         return self._retrier.call(attempt, give_up, stop=stop or self._closing)
 
 
-def _chunk_reader(body: Any) -> Callable[[int], bytes]:
-    """A function returning the bytes that have arrived (up to n) without waiting for all n, so that a
-    stalled body loses nothing already received (urllib3's ``read1``); botocore's ``read`` otherwise."""
-    raw = getattr(body, "_raw_stream", None)
-    read1 = getattr(raw, "read1", None)
-    return read1 if callable(read1) else body.read  # type: ignore[no-any-return]
-
-
 class _PastEnd(Exception):
     """416 on the first request: the read position is at or past the end of the object."""
 
 
-def _read_body(body: Any, size: int) -> bytes:
-    data = body.read()
-    if len(data) != size:
-        raise BadResponse(
-            Failure(Fault.SHORT_BODY, 200, f"whole-object body has {len(data)} of {size} bytes")
-        )
-    return bytes(data)
+def _read_whole(body: Body, size: int) -> memoryview:
+    """A 200's whole-object body, read into one buffer."""
+    view = memoryview(new_buffer(size)) if size else memoryview(b"")
+    got = 0
+    while got < size:
+        n = body.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    if got != size:
+        raise BadResponse(Failure(Fault.SHORT_BODY, 200, f"whole-object body has {got} of {size} bytes"))
+    return view

@@ -31,7 +31,7 @@ import pytest
 from botocore.config import Config
 
 import fastload
-from fastload.io import s3client
+from fastload.io import s3client, s3get
 from fastload.testing.faultproxy import FaultProxy
 
 from .helpers import BUCKET, PART, REGION, SECRET_KEY, quiesce
@@ -144,9 +144,12 @@ def fresh_stats() -> Iterator[None]:
     and their service models alive."""
     fastload.s3_stats(reset=True)
     clients_before = set(s3client._clients)
+    transports_before = set(s3get._transports)
     yield
     for ident in set(s3client._clients) - clients_before:
         s3client._clients.pop(ident).close()
+    for ident in set(s3get._transports) - transports_before:
+        s3get._transports.pop(ident).close()
 
 
 @pytest.fixture

@@ -1,0 +1,215 @@
+"""The reader's transports (``fastload.io.s3get``): the direct ``http.client`` path (the default) and the
+botocore fallback, over moto behind the fault proxy; error parsing; connection reuse; credentials."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import fastload
+from fastload.core.retry import Fault as RetryFault
+from fastload.errors import AccessDeniedError, RangeReadError, S3NotFoundError
+from fastload.io import s3get
+from fastload.io.partbuffers import BufferPool
+from fastload.testing.faultproxy import Fault, FaultProxy, Rule
+
+from .helpers import gets, sha, timed, url
+
+
+def read_all(key: str, config: fastload.S3Config, chunk: int = 100_003) -> bytes:
+    out = bytearray()
+    with fastload.open(url(key), config=config) as f:
+        while data := f.read(chunk):
+            out += data
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "fault", "message"),
+    [
+        (
+            503,
+            b"<Error><Code>SlowDown</Code><Message>x</Message></Error>",
+            RetryFault.THROTTLE,
+            "HTTP 503 SlowDown",
+        ),
+        (
+            500,
+            b"<?xml?><Error><Code>InternalError</Code></Error>",
+            RetryFault.SERVER,
+            "HTTP 500 InternalError",
+        ),
+        (400, b"<Error><Code>RequestTimeout</Code></Error>", RetryFault.TIMEOUT, "HTTP 400 RequestTimeout"),
+        (
+            412,
+            b"<Error><Code>PreconditionFailed</Code></Error>",
+            RetryFault.CHANGED,
+            "HTTP 412 PreconditionFailed",
+        ),
+        (403, b"<Error><Code>AccessDenied</Code></Error>", RetryFault.DENIED, "HTTP 403 AccessDenied"),
+        (404, b"", RetryFault.NOT_FOUND, "HTTP 404"),
+        (400, b"not xml", RetryFault.CLIENT, "HTTP 400"),
+    ],
+)
+def test_error_status_and_code_are_classified(
+    status: int, body: bytes, fault: RetryFault, message: str
+) -> None:
+    failure = s3get.error_failure(status, body)
+    assert (failure.fault, failure.status, failure.message) == (fault, status, message)
+
+
+@pytest.mark.parametrize("transport", ["direct", "botocore"])
+def test_both_transports_read_every_object_exactly(
+    proxy: FaultProxy,
+    make_config: Callable[..., fastload.S3Config],
+    objects: dict[str, bytes],
+    transport: str,
+) -> None:
+    config = make_config(proxy, transport=transport)
+    for key, data in objects.items():
+        assert sha(timed(lambda k=key: read_all(k, config))[0]) == sha(data), key  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("transport", ["direct", "botocore"])
+def test_both_transports_ride_out_a_mix_of_faults(
+    proxy: FaultProxy,
+    make_config: Callable[..., fastload.S3Config],
+    objects: dict[str, bytes],
+    transport: str,
+) -> None:
+    """503 SlowDown, 500, reset, truncation and a stall on the same object: bytes exact, every fault
+    counted under its cause, on both transports."""
+    config = make_config(proxy, transport=transport)
+    for nth, fault in enumerate(
+        [
+            Fault.slowdown(),
+            Fault.internal_error(),
+            Fault.request_timeout(),
+            Fault.reset_mid_body(after_bytes=10_000),
+            Fault.truncate_body(after_bytes=20_000),
+            Fault.stall_mid_body(after_bytes=30_000, duration_s=20),
+        ],
+        start=2,
+    ):
+        proxy.add(Rule(fault, method="GET", key="obj-3m", nth={nth}))
+    data, elapsed = timed(lambda: read_all("obj-3m", config))
+    assert sha(data) == sha(objects["obj-3m"])
+    retries = fastload.s3_stats()["retries"]
+    assert retries.get("throttle") == 1 and retries.get("server") == 1, retries
+    # RequestTimeout and the stall (one read_timeout_s, not the fault's 20 s)
+    assert retries.get("timeout") == 2, retries
+    assert retries.get("connection", 0) + retries.get("short_body", 0) == 2, retries
+    assert elapsed < 8.0
+
+
+def test_fallback_gives_the_same_errors(
+    proxy: FaultProxy, make_config: Callable[..., fastload.S3Config]
+) -> None:
+    for transport in ("direct", "botocore"):
+        config = make_config(proxy, transport=transport)
+        with pytest.raises(S3NotFoundError, match="no-such-key"):
+            timed(lambda c=config: read_all("no-such-key", c))  # type: ignore[misc]
+    config = make_config(proxy, transport="botocore", max_attempts=2)
+    proxy.add(Rule(Fault.internal_error(), method="GET", key="small"))
+    with pytest.raises(RangeReadError, match="HTTP 500"):
+        timed(lambda: read_all("small", config))
+
+
+def test_connections_are_reused(
+    proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], objects: dict[str, bytes]
+) -> None:
+    """Many GETs over a few keep-alive connections: at most one per request in flight, across readers."""
+    config = make_config(proxy, max_concurrency=4)
+    for _ in range(3):
+        assert timed(lambda: read_all("obj-3m", config))[0] == objects["obj-3m"]
+    requests = len(gets(proxy, "obj-3m"))
+    pool = s3get.direct_transport(config).pool(proxy.endpoint_url)
+    assert requests >= 3 * 12
+    assert pool.created <= 4 + 1, (pool.created, requests)
+
+
+def test_a_connection_closed_while_idle_is_not_reused(
+    proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], objects: dict[str, bytes]
+) -> None:
+    """The store may close a keep-alive connection while it sits in the pool; the next request must not
+    fail (or be counted as a retry) because of it."""
+    config = make_config(proxy, max_concurrency=1)
+    assert timed(lambda: read_all("small", config))[0] == objects["small"]
+    pool = s3get.direct_transport(config).pool(proxy.endpoint_url)
+    idle = list(pool._idle)
+    assert idle
+    for conn in idle:  # what a server's close looks like from here: the peer end is gone
+        assert conn.sock is not None
+        conn.sock.shutdown(socket.SHUT_RD)
+    fastload.s3_stats(reset=True)
+    assert timed(lambda: read_all("small", config))[0] == objects["small"]
+    assert fastload.s3_stats()["retries_total"] == 0
+
+
+@pytest.fixture
+def no_credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    yield
+
+
+@pytest.mark.parametrize("transport", ["direct", "botocore"])
+def test_missing_credentials_say_what_to_set(
+    no_credentials: None, proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], transport: str
+) -> None:
+    config = make_config(proxy, transport=transport)
+    with pytest.raises(AccessDeniedError, match="no AWS credentials found; set AWS_ACCESS_KEY_ID") as info:
+        timed(lambda: read_all("small", config))
+    assert "small" in str(info.value)
+    assert proxy.requests() == []
+
+
+def test_no_secret_in_errors(proxy: FaultProxy, make_config: Callable[..., fastload.S3Config]) -> None:
+    from .helpers import SECRET_KEY
+
+    config = make_config(proxy, max_attempts=2)
+    proxy.add(Rule(Fault.internal_error(), method="GET", key="small"))
+    errors = []
+    for key in ("small", "no-such-key"):
+        with pytest.raises((RangeReadError, S3NotFoundError)) as info:
+            timed(lambda k=key: read_all(k, config))  # type: ignore[misc]
+        errors.append(f"{info.value!s} {info.value!r} {info.value.__cause__!r}")
+    for text in errors:
+        assert SECRET_KEY not in text and "Signature=" not in text and "Credential=" not in text, text
+
+
+def test_buffer_pool_reuses_up_to_its_cap() -> None:
+    pool = BufferPool()
+    a, b = pool.take(1 << 20), pool.take(1 << 20)
+    pool.give(a, cap_bytes=1 << 20)
+    pool.give(b, cap_bytes=1 << 20)  # over the cap: dropped
+    assert pool.idle_bytes == 1 << 20
+    assert pool.take(1 << 20) is a
+    assert pool.take(1 << 20) is not b
+
+
+def test_recycled_buffers_never_change_bytes_already_returned(
+    proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], objects: dict[str, bytes]
+) -> None:
+    """Parts' buffers go back to a process-wide pool: two readers at once, reads that span parts, and a
+    seek back must still see exactly the object's bytes."""
+    config = make_config(proxy, part_size_bytes=1 << 20, max_concurrency=2)
+    results: dict[str, bytes] = {}
+
+    def run(key: str) -> None:
+        results[key] = read_all(key, config, chunk=(1 << 20) + 12_345)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in ("obj-2m", "obj-3m")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert results == {"obj-2m": objects["obj-2m"], "obj-3m": objects["obj-3m"]}
+    with fastload.open(url("obj-3m"), config=config) as f:
+        head = f.read(2_500_000)
+        f.seek(100)
+        again = f.read(1_000_000)
+    assert head == objects["obj-3m"][:2_500_000] and again == objects["obj-3m"][100:1_000_100]
