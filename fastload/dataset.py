@@ -375,9 +375,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             yield _Chunk(chunk, skipped)
 
     def _samples(self, refs: list[tuple[int, int]], *, track: bool = False) -> Generator[Any, None, None]:
-        tasks = plan_reads(
-            refs, self.index.shards, max_task_bytes=max(1 << 20, min(16 << 20, self.prefetch_bytes // 4))
+        # without prefetch nothing is held ahead, and local shards stream sample by sample: bigger tasks
+        # only mean fewer of them
+        task_bytes = (
+            16 << 20 if self.prefetch_bytes == 0 else max(1 << 20, min(16 << 20, self.prefetch_bytes // 4))
         )
+        tasks = plan_reads(refs, self.index.shards, max_task_bytes=task_bytes)
         readers = ShardReaders(
             self.root,
             self.index.shards,
@@ -385,6 +388,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             columns=self.columns,
             config=self.s3_config,
             cache=self.cache(),
+            defer=self.prefetch_bytes == 0,
         )
         prefetcher = Prefetcher(
             tasks,
@@ -395,8 +399,14 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             release=readers.release,
         )
         try:
+            plain = not self.decode and self.map is None
             for task, parse in prefetcher:
                 name = self.index.shards[task.shard].name
+                if plain:  # nothing to decode or map: nothing can fail or be skipped
+                    for raw in parse():
+                        raw["__shard__"] = name
+                        yield raw
+                    continue
                 for raw in parse():
                     raw["__shard__"] = name
                     out = self._finish(raw)

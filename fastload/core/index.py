@@ -47,6 +47,8 @@ class ShardEntry:
     sizes: list[int] = field(default_factory=list)
     row_groups: list[tuple[int, int, int]] = field(default_factory=list)
     partition: str | None = None
+    member_fields: list[str] = field(default_factory=list)
+    member_sizes: list[list[int]] = field(default_factory=list)
 
     @property
     def samples(self) -> int:
@@ -66,6 +68,9 @@ class ShardEntry:
             out["sizes"] = self.sizes
         if self.row_groups:
             out["row_groups"] = [list(rg) for rg in self.row_groups]
+        if self.member_fields:
+            out["member_fields"] = self.member_fields
+            out["member_sizes"] = self.member_sizes
         return out
 
     @classmethod
@@ -86,6 +91,8 @@ class ShardEntry:
             sizes=[int(x) for x in raw.get("sizes", [])],
             row_groups=[(int(a), int(b), int(c)) for a, b, c in raw.get("row_groups", [])],
             partition=raw.get("partition"),
+            member_fields=[str(f) for f in raw.get("member_fields", [])],
+            member_sizes=[[int(x) for x in m] for m in raw.get("member_sizes", [])],
         )
         if int(raw["samples"]) != entry.samples:
             raise ValueError(f"shard {entry.name}: 'samples' {raw['samples']} != {entry.samples} keys")
@@ -93,7 +100,37 @@ class ShardEntry:
             raise ValueError(f"shard {entry.name}: offsets/sizes do not have one entry per sample")
         if entry.row_groups and sum(rg[2] for rg in entry.row_groups) != entry.samples:
             raise ValueError(f"shard {entry.name}: row group rows do not add up to the sample count")
+        if entry.member_fields or entry.member_sizes:
+            problem = layout_problem(entry)
+            if problem:
+                raise ValueError(f"shard {entry.name}: member layout: {problem}")
         return entry
+
+
+def plain_member_bytes(size: int) -> int:
+    """Bytes a member of ``size`` data bytes takes in a tar shard with one plain 512-byte header."""
+    return 512 + (size + 511) // 512 * 512
+
+
+def layout_problem(entry: ShardEntry) -> str | None:
+    """Why ``entry``'s member layout cannot describe its tar shard, or None when it is consistent.
+
+    The layout (``member_fields``: the fields every sample has, in member order; ``member_sizes``: each
+    sample's data sizes in that order) is written only for shards whose members all carry one plain
+    512-byte ustar header, so each sample's byte size must be the sum of its members' header + padded data.
+    Readers use it to read members' bytes without parsing every header.
+    """
+    if not entry.member_fields:
+        return "member_sizes without member_fields"
+    if len(set(entry.member_fields)) != len(entry.member_fields):
+        return "member_fields has duplicates"
+    if not entry.offsets or len(entry.member_sizes) != entry.samples:
+        return "needs offsets and one member_sizes row per sample"
+    width = len(entry.member_fields)
+    for i, (row, size) in enumerate(zip(entry.member_sizes, entry.sizes, strict=True)):
+        if len(row) != width or sum(plain_member_bytes(s) for s in row) != size or min(row) < 0:
+            return f"row {i} ({row}) does not add up to the sample's {size} bytes"
+    return None
 
 
 @dataclass

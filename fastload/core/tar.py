@@ -133,6 +133,26 @@ def parse_block(block: bytes) -> tuple[bytes, int, bytes] | None:
     return name, _parse_octal(block[124:136], "size"), block[156:157]
 
 
+def is_header_of(buf: bytes, pos: int, name: bytes, size: int) -> bool:
+    """Whether ``buf[pos:pos + 512]`` is the plain ustar header of a regular file ``name`` of ``size``
+    bytes, as :func:`member_header` writes it (octal size, no pax header).
+
+    The check readers make against an index that records each member's name and size: a few byte
+    comparisons instead of parsing the header. The checksum is not recomputed: the fields it protects
+    (name, size, type) are compared with the index directly, and data bytes have no checksum in tar.
+    """
+    return (
+        pos + BLOCK <= len(buf)
+        and buf.startswith(name, pos)
+        and (len(name) == 100 or buf[pos + len(name)] == 0)
+        and buf[pos + 124 : pos + 136] == b"%011o\0" % size
+        and buf[pos + 156] in _REGULAR
+    )
+
+
+_REGULAR = frozenset(b"0\0")
+
+
 def parse_pax(records: bytes) -> dict[str, bytes]:
     """Keyword/value pairs of a pax extended header's data."""
     out: dict[str, bytes] = {}

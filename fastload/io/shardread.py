@@ -7,14 +7,14 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
 from fastload.core.readplan import ReadTask, runs
-from fastload.core.tar import BLOCK, TarFormatError, padded, parse_block, parse_pax
+from fastload.core.tar import BLOCK, TarFormatError, is_header_of, padded, parse_block, parse_pax
 from fastload.core.tfrecord import is_tfrecord_name
 from fastload.errors import VerifyError
 from fastload.io import storage
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 RawSample = dict[str, Any]
 LOCAL_READ_BYTES = 256 << 10
+# a local sample at least this big has each member read into its own bytes; smaller ones are read together
+DIRECT_MEMBER_BYTES = 16 << 10
 
 
 def parse_tar_fragment(
@@ -146,6 +148,39 @@ def _general(data: bytes, keys: Sequence[str], *, first: int, shard: str, base: 
     return samples
 
 
+def _slice_by_layout(data: bytes, entry: ShardEntry, first: int, stop: int) -> list[RawSample] | None:
+    """Samples ``first..stop-1`` cut out of ``data`` (their bytes, from sample ``first``'s offset) using the
+    index's member layout, each member's header checked against it (:func:`is_header_of`); None at the
+    first header that does not match (the caller's general parser then names the problem)."""
+    keys, rows, fields = entry.keys, entry.member_sizes, entry.member_fields
+    base = entry.offsets[first]
+    out: list[RawSample] = []
+    for i in range(first, stop):
+        key = keys[i]
+        sample: RawSample = {"__key__": key, "__index__": i}
+        pos = entry.offsets[i] - base
+        for field_name, size in zip(fields, rows[i], strict=True):
+            if not is_header_of(data, pos, f"{key}.{field_name}".encode(), size) or pos + BLOCK + size > len(
+                data
+            ):
+                return None
+            pos += BLOCK
+            sample[field_name] = data[pos : pos + size]
+            pos += (size + BLOCK - 1) & ~(BLOCK - 1)
+        out.append(sample)
+    return out
+
+
+def _shorter(shard: str, size: int, offset: int, key: str | None = None) -> VerifyError:
+    return VerifyError(
+        f"shard is shorter than its index says (wanted {size} bytes at {offset}); "
+        "it was truncated or replaced: re-download or re-pack it",
+        shard=shard,
+        key=key,
+        offset=offset,
+    )
+
+
 class ShardReader:
     """Random access to one shard's samples (local file or S3 object); open it, read runs, close it."""
 
@@ -186,12 +221,7 @@ class ShardReader:
                     self._file.seek(offset)
                     data = self._file.read(size)
         if len(data) != size:
-            raise VerifyError(
-                f"shard is shorter than its index says (wanted {size} bytes at {offset}); "
-                "it was truncated or replaced: re-download or re-pack it",
-                shard=self.name,
-                offset=offset,
-            )
+            raise _shorter(self.name, size, offset)
         return data
 
     def read_samples(
@@ -209,14 +239,19 @@ class ShardReader:
             yield self.read_run(first, stop)
 
     def load(
-        self, positions: Sequence[int], columns: Sequence[str] | None = None
-    ) -> Callable[[], list[RawSample]]:
+        self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False
+    ) -> Callable[[], Iterable[RawSample]]:
         """Do the I/O for the samples at ``positions`` now and return a function that makes them into
         samples. For tar shards that second step (parsing, pure Python) is left to the caller's thread, so
-        prefetch threads spend their time in I/O that releases the GIL instead of competing for it."""
+        prefetch threads spend their time in I/O that releases the GIL instead of competing for it.
+        ``defer``: the caller calls the function at once, in its own thread (no prefetch), so local
+        shards with a member layout may do their I/O there too (:meth:`_direct_run`)."""
         if self.name.endswith(".parquet") or self._tfrecord is not None:
             samples = [s for chunk in self.read_samples(positions, columns) for s in chunk]
             return lambda: samples
+        if defer and self._fd is not None and self.entry is not None and self.entry.member_fields:
+            spans = runs(positions)
+            return lambda: (s for first, stop in spans for s in self._direct_run(first, stop))
         pieces = [
             self._read_piece(a, b) for first, stop in runs(positions) for a, b in self._pieces(first, stop)
         ]
@@ -255,7 +290,72 @@ class ShardReader:
     def _parse_piece(self, first: int, stop: int, offset: int, data: bytes) -> list[RawSample]:
         entry = self.entry
         assert entry is not None
-        return samples_of_run(data, entry.keys[first:stop], first=first, shard=self.name, base=offset)
+        if entry.member_fields:
+            samples = _slice_by_layout(data, entry, first, stop)
+            if samples is not None:
+                return samples
+        samples = samples_of_run(data, entry.keys[first:stop], first=first, shard=self.name, base=offset)
+        if entry.member_fields:  # well-formed, but does it hold what the index says?
+            for sample in samples:
+                i = sample["__index__"]
+                found = [(k, len(v)) for k, v in sample.items() if not k.startswith("__")]
+                if found != list(zip(entry.member_fields, entry.member_sizes[i], strict=True)):
+                    raise VerifyError(
+                        f"the shard's members of this sample ({found}) are not the fields and sizes the "
+                        "index lists; the shard was changed after packing: run `fastload verify`",
+                        shard=self.name,
+                        key=entry.keys[i],
+                        offset=entry.offsets[i],
+                    )
+        return samples
+
+    def _direct_run(self, first: int, stop: int) -> Iterator[RawSample]:
+        """Samples ``first..stop-1`` of a local tar shard whose index has the member layout, read with no
+        header parsing: each member's header is checked against the index (:func:`is_header_of`), small
+        members are cut from one read of the headers around them, and each big member's bytes are read
+        straight into its own ``bytes`` (one copy, like ``cat``); small samples are read several at a time.
+        At the first header that does not match, the rest of the run goes through the parsing reader,
+        which names the problem."""
+        entry = self.entry
+        fd = self._fd
+        assert entry is not None and fd is not None
+        keys, offsets, sizes, rows = entry.keys, entry.offsets, entry.sizes, entry.member_sizes
+        fields = entry.member_fields
+        pread = os.pread
+        run_end = offsets[stop - 1] + sizes[stop - 1]
+        buf, b0, b1 = b"", 0, 0
+        for i in range(first, stop):
+            key = keys[i]
+            sample: RawSample = {"__key__": key, "__index__": i}
+            pos = offsets[i]
+            if sizes[i] < DIRECT_MEMBER_BYTES and not (b0 <= pos and pos + sizes[i] <= b1):
+                buf = pread(fd, min(LOCAL_READ_BYTES, run_end - pos), pos)
+                b0, b1 = pos, pos + len(buf)
+            row = rows[i]
+            for k, field_name in enumerate(fields):
+                size = row[k]
+                if not (b0 <= pos and pos + BLOCK <= b1):
+                    # the headers and small members from here up to the next big member's data
+                    end = pos + BLOCK
+                    for later in row[k:]:
+                        if later >= DIRECT_MEMBER_BYTES:
+                            break
+                        end += ((later + BLOCK - 1) & ~(BLOCK - 1)) + BLOCK
+                    buf = pread(fd, min(end, run_end) - pos, pos)
+                    b0, b1 = pos, pos + len(buf)
+                if not is_header_of(buf, pos - b0, f"{key}.{field_name}".encode(), size):
+                    yield from self.read_run(i, stop)
+                    return
+                pos += BLOCK
+                if pos + size <= b1:
+                    value = buf[pos - b0 : pos - b0 + size]
+                else:
+                    value = pread(fd, size, pos)
+                    if len(value) != size:
+                        raise _shorter(self.name, size, pos, key)
+                sample[field_name] = value
+                pos += (size + BLOCK - 1) & ~(BLOCK - 1)
+            yield sample
 
     def read_rows(self, positions: Sequence[int], columns: Sequence[str] | None) -> list[RawSample]:
         """Rows of a Parquet shard (whole row groups are read, then the wanted rows picked)."""
@@ -307,18 +407,21 @@ class ShardReaders:
         columns: Sequence[str] | None = None,
         config: S3Config | None = None,
         cache: ShardCache | None = None,
+        defer: bool = False,
     ) -> None:
+        """``defer``: each fetch's result is used at once in the fetching thread (no prefetch), so local
+        reads may be done there (see :meth:`ShardReader.load`)."""
         self.root, self.shards, self.columns = root, shards, columns
-        self.config, self.cache = config, cache
+        self.config, self.cache, self.defer = config, cache, defer
         self._left = Counter(t.shard for t in tasks)
         self._open: dict[int, ShardReader] = {}
         self._opening: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
         self._closed = False
 
-    def fetch(self, task: ReadTask, stop: threading.Event | None = None) -> Callable[[], list[RawSample]]:
+    def fetch(self, task: ReadTask, stop: threading.Event | None = None) -> Callable[[], Iterable[RawSample]]:
         """Do the I/O of ``task``; the returned function gives its samples, in its order."""
-        return self._reader(task.shard, stop).load(task.positions, self.columns)
+        return self._reader(task.shard, stop).load(task.positions, self.columns, defer=self.defer)
 
     def release(self, task: ReadTask) -> None:
         with self._lock:

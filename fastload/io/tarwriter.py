@@ -12,7 +12,7 @@ from crc32c import crc32c
 
 from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
-from fastload.core.tar import END_OF_ARCHIVE, member_header, padded
+from fastload.core.tar import BLOCK, END_OF_ARCHIVE, header_size, member_header, padded
 from fastload.errors import Skip
 from fastload.io.inputs import Input, Member, close_all, open_ahead, read_exactly, read_problem
 
@@ -117,15 +117,19 @@ def write_tar_shard(
     sources) ahead by that many threads, at most ``window_bytes`` ahead.
     """
 
+    layouts: list[tuple[tuple[str, ...], list[int]] | None] = []
+
     def write_sample(out: ShardOutput, key: str, members: Sequence[Member]) -> Skip | None:
         for m in members:
             try:
                 _copy_member(out, f"{key}.{m.field}", m.file, m.size, mtime)
             except OSError as exc:
                 return Skip(m.item.shown, read_problem(exc))
+        plain = all(header_size(f"{key}.{m.field}", m.size) == BLOCK for m in members)
+        layouts.append((tuple(m.field for m in members), [m.size for m in members]) if plain else None)
         return None
 
-    return write_shard(
+    result = write_shard(
         name,
         samples,
         tmp_path,
@@ -137,6 +141,20 @@ def write_tar_shard(
         window_bytes=window_bytes,
         on_sample=on_sample,
     )
+    _set_layout(result.entry, layouts)
+    return result
+
+
+def _set_layout(entry: ShardEntry, layouts: Sequence[tuple[tuple[str, ...], list[int]] | None]) -> None:
+    """Record the shard's member layout in its index entry when every sample has the same fields in the
+    same order, each member with one plain header (see :func:`fastload.core.index.layout_problem`)."""
+    if not layouts or len(layouts) != entry.samples:
+        return
+    first = layouts[0]
+    if first is None or not first[0] or any(lay is None or lay[0] != first[0] for lay in layouts):
+        return
+    entry.member_fields = list(first[0])
+    entry.member_sizes = [lay[1] for lay in layouts if lay is not None]
 
 
 def write_shard(
