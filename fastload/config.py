@@ -94,8 +94,16 @@ class S3Config:
 
     Memory bound of one reader: ``readahead_bytes + part_size_bytes`` (parts fetched ahead, plus the part
     being consumed), where ``readahead_bytes`` defaults to ``part_size_bytes x max_concurrency``
-    (128 MiB with the defaults). Requests in flight across all readers of a process are capped by
-    ``process_max_concurrency`` and lowered automatically while the store throttles (AIMD).
+    (4 MiB x 32 = 128 MiB with the defaults). A process also keeps the buffers of parts its readers have
+    finished with for reuse (a fresh buffer costs a page fault per 4 KiB), at most ``readahead_bytes +
+    part_size_bytes`` of them, so a process reading one object at a time holds at most twice that bound.
+    Requests in flight across all readers of a process are capped by ``process_max_concurrency`` and lowered
+    automatically while the store throttles (AIMD). Uploads use the same fields: parts of
+    ``max(5 MiB, part_size_bytes)``, up to ``max_concurrency`` of them at once.
+
+    The defaults favour many connections over big parts: per-connection bandwidth is capped (S3: about
+    50-90 MB/s) and every GET pays a first-byte latency, so 32 connections of 4 MiB parts outrun 16 of 8 MiB
+    for the same memory (``benchmarks/RESULTS.md``, "S3 reads").
 
     Unset fields fall back to botocore's own chain (environment, ``~/.aws/config``, instance roles).
 
@@ -109,8 +117,8 @@ class S3Config:
     region: str | None = None
     profile: str | None = None
     addressing_style: str = "auto"
-    part_size_bytes: int = 8 << 20
-    max_concurrency: int = 16
+    part_size_bytes: int = 4 << 20
+    max_concurrency: int = 32
     readahead_bytes: int | None = None
     process_max_concurrency: int = 64
     connect_timeout_s: float = 5.0

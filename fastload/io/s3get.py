@@ -19,6 +19,7 @@ reaches a message.
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import os
 import re
@@ -197,10 +198,10 @@ class DirectTransport:
         self._config, self._client = config, client
         self._signer = Signer(client)
         verify = ca_bundle(client)
-        if verify is False:
-            context = ssl._create_unverified_context()
-        else:
-            context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        if verify is False:  # the client was told not to verify (botocore's verify=False)
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
         self._context = context
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._lock = threading.Lock()
@@ -345,6 +346,13 @@ def direct_transport(config: S3Config) -> DirectTransport:
             if transport is None:
                 transport = _transports[ident] = DirectTransport(config, get_client(config))
     return transport
+
+
+@atexit.register
+def _close_idle_connections() -> None:
+    """Close pooled connections at exit (instead of leaving them to the garbage collector)."""
+    for transport in list(_transports.values()):
+        transport.close()
 
 
 def open_object(config: S3Config, bucket: str, key: str, version_id: str | None = None) -> ObjectIO:

@@ -1,11 +1,20 @@
 """The reader's transports (``fastload.io.s3get``): the direct ``http.client`` path (the default) and the
-botocore fallback, over moto behind the fault proxy; error parsing; connection reuse; credentials."""
+botocore fallback, over moto behind the fault proxy; error parsing; connection reuse; HTTPS (a TLS front on
+moto with a throwaway certificate); credentials; the recycling of part buffers."""
 
 from __future__ import annotations
 
+import contextlib
+import select
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -213,3 +222,102 @@ def test_recycled_buffers_never_change_bytes_already_returned(
         f.seek(100)
         again = f.read(1_000_000)
     assert head == objects["obj-3m"][:2_500_000] and again == objects["obj-3m"][100:1_000_100]
+
+
+class TlsFront:
+    """A TLS-terminating forwarder to a plain-HTTP upstream (one thread per connection, no faults)."""
+
+    def __init__(self, upstream_port: int, certfile: str, keyfile: str) -> None:
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(certfile, keyfile)
+        self._upstream_port = upstream_port
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.2)
+        self.port = self._server.getsockname()[1]
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            conn.settimeout(5)
+            with (
+                self._context.wrap_socket(conn, server_side=True) as tls,
+                socket.create_connection(("127.0.0.1", self._upstream_port)) as up,
+            ):
+                while not self._stop.is_set():
+                    ready, _, _ = select.select([tls, up], [], [], 0.2)
+                    if tls in ready or tls.pending():
+                        data = tls.recv(1 << 16)
+                        if not data:
+                            return
+                        up.sendall(data)
+                    if up in ready:
+                        data = up.recv(1 << 16)
+                        if not data:
+                            return
+                        tls.sendall(data)
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5)
+        self._server.close()
+
+
+@pytest.fixture
+def tls_front(tmp_path: Path, moto_url: str) -> Iterator[tuple[str, str]]:
+    """``(https endpoint in front of moto, path of the CA file that verifies it)``."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    files = ["-keyout", str(key), "-out", str(cert)]
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", *subject, *files],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    front = TlsFront(urlsplit(moto_url).port or 80, str(cert), str(key))
+    yield f"https://127.0.0.1:{front.port}", str(cert)
+    front.close()
+
+
+def test_https_with_the_ca_bundle_botocore_uses(
+    tls_front: tuple[str, str],
+    make_config: Callable[..., fastload.S3Config],
+    proxy: FaultProxy,
+    objects: dict[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    endpoint, ca_file = tls_front
+    monkeypatch.setenv("AWS_CA_BUNDLE", ca_file)
+    config = replace(make_config(proxy), endpoint_url=endpoint)
+    assert timed(lambda: read_all("obj-1m", config))[0] == objects["obj-1m"]
+
+
+def test_https_certificate_failure_is_not_retried(
+    tls_front: tuple[str, str],
+    make_config: Callable[..., fastload.S3Config],
+    proxy: FaultProxy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    endpoint, _ = tls_front
+    monkeypatch.delenv(
+        "AWS_CA_BUNDLE", raising=False
+    )  # the system store does not trust the test's certificate
+    config = replace(make_config(proxy), endpoint_url=endpoint)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        timed(lambda: read_all("obj-1m", config), timeout_s=5)
+    assert fastload.s3_stats()["retries_total"] == 0
