@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import builtins
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,27 @@ def layout_problem(entry: ShardEntry) -> str | None:
         if len(row) != width or sum(plain_member_bytes(s) for s in row) != size or min(row) < 0:
             return f"row {i} ({row}) does not add up to the sample's {size} bytes"
     return None
+
+
+def set_layout(entry: ShardEntry, layouts: Sequence[tuple[Sequence[str], list[int]] | None]) -> None:
+    """Record a tar shard's member layout in ``entry`` from each sample's ``(fields, data sizes)`` (None
+    for a sample with a member that is not one plain 512-byte header + data), when every sample has the
+    same fields in the same order and the layout adds up (:func:`layout_problem`); otherwise leave none."""
+    entry.member_fields, entry.member_sizes = [], []
+    if not layouts or len(layouts) != entry.samples:
+        return
+    first = layouts[0]
+    if first is None or not first[0]:
+        return
+    fields = list(first[0])
+    rows: list[list[int]] = []
+    for lay in layouts:
+        if lay is None or list(lay[0]) != fields:
+            return
+        rows.append(lay[1])
+    entry.member_fields, entry.member_sizes = fields, rows
+    if layout_problem(entry) is not None:
+        entry.member_fields, entry.member_sizes = [], []
 
 
 @dataclass

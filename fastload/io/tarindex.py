@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from fastload.config import S3Config
-from fastload.core.index import DatasetIndex, ShardEntry
+from fastload.core.index import DatasetIndex, ShardEntry, set_layout
 from fastload.core.keys import KeyRuleError, split_key
-from fastload.core.tar import TarFormatError
+from fastload.core.tar import BLOCK, TarFormatError
 from fastload.errors import ConfigError, VerifyError
 from fastload.io import storage
 from fastload.io.tarread import ChecksumReader, iter_members
@@ -28,6 +28,7 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
     sizes: list[int] = []
     fields: set[str] = set()
     seen: set[str] = set()
+    layouts: list[tuple[list[str], list[int]] | None] = []  # see core.index.set_layout
     with storage.open_read(url, config=config) as f:
         reader = ChecksumReader(f)
         try:
@@ -44,8 +45,15 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
                         offset=member.header_offset,
                     ) from None
                 fields.add(field_name)
+                plain = member.data_offset - member.header_offset == BLOCK and member.typeflag != "7"
                 if keys and keys[-1] == key:
                     sizes[-1] = member.end - offsets[-1]
+                    last = layouts[-1]
+                    if last is not None and plain:
+                        last[0].append(field_name)
+                        last[1].append(member.size)
+                    else:
+                        layouts[-1] = None
                     continue
                 if key in seen:
                     raise VerifyError(
@@ -59,6 +67,7 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
                 keys.append(key)
                 offsets.append(member.header_offset)
                 sizes.append(member.end - member.header_offset)
+                layouts.append(([field_name], [member.size]) if plain else None)
             reader.drain()
         except TarFormatError as exc:
             raise VerifyError(
@@ -67,6 +76,7 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
     entry = ShardEntry(
         name=name, bytes=reader.pos, checksum=f"{reader.crc:08x}", keys=keys, offsets=offsets, sizes=sizes
     )
+    set_layout(entry, layouts)
     return entry, fields
 
 

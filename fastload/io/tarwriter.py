@@ -10,7 +10,7 @@ from typing import BinaryIO
 
 from crc32c import crc32c
 
-from fastload.core.index import ShardEntry
+from fastload.core.index import ShardEntry, set_layout
 from fastload.core.keys import Sample
 from fastload.core.tar import BLOCK, END_OF_ARCHIVE, header_size, member_header, padded
 from fastload.errors import Skip
@@ -141,20 +141,8 @@ def write_tar_shard(
         window_bytes=window_bytes,
         on_sample=on_sample,
     )
-    _set_layout(result.entry, layouts)
+    set_layout(result.entry, layouts)
     return result
-
-
-def _set_layout(entry: ShardEntry, layouts: Sequence[tuple[tuple[str, ...], list[int]] | None]) -> None:
-    """Record the shard's member layout in its index entry when every sample has the same fields in the
-    same order, each member with one plain header (see :func:`fastload.core.index.layout_problem`)."""
-    if not layouts or len(layouts) != entry.samples:
-        return
-    first = layouts[0]
-    if first is None or not first[0] or any(lay is None or lay[0] != first[0] for lay in layouts):
-        return
-    entry.member_fields = list(first[0])
-    entry.member_sizes = [lay[1] for lay in layouts if lay is not None]
 
 
 def write_shard(

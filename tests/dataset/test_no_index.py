@@ -141,3 +141,52 @@ def test_tfrecord_shards_without_index_are_indexed_in_memory_too(tmp_path: Path)
     (dst / "extra.tar").write_bytes(b"")
     with pytest.raises(ConfigError, match="both tar and TFRecord"):
         fastload.ShardDataset(dst)
+
+
+def test_foreign_tars_get_a_member_layout_where_their_headers_are_plain(
+    foreign: tuple[Path, dict], tmp_path: Path
+) -> None:
+    root, data = foreign
+    with pytest.warns(UserWarning, match=NO_INDEX):
+        ds = fastload.ShardDataset(root, decode=False)
+    assert all(not s.member_fields for s in ds.index.shards)  # webdataset writes a pax header per member
+    (tmp_path / "plain.tar").write_bytes(ustar_tar(data))
+    with pytest.warns(UserWarning, match=NO_INDEX):
+        ds = fastload.ShardDataset(tmp_path / "plain.tar", decode=False)
+    assert ds.index.shards[0].member_fields == ["bin", "cls"]
+    assert {s["__key__"]: as_source(s) for s in ds} == data
+
+
+def ustar_tar(data: dict[str, dict[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, fields in data.items():
+            for field, value in fields.items():
+                info = tarfile.TarInfo(f"{key}.{field}")
+                info.size = len(value)
+                tar.addfile(info, io.BytesIO(value))
+    return buf.getvalue()
+
+
+def test_headers_formatted_differently_from_fastloads_still_read_right(tmp_path: Path) -> None:
+    """A writer that ends the size field with a space (legal; some tar implementations do) makes every
+    header differ from what the layout check expects: the reader falls back to parsing, same bytes."""
+    data = samples(12)
+    raw = bytearray(ustar_tar(data))
+    pos = 0
+    while raw[pos : pos + 512].strip(b"\0"):
+        header = raw[pos : pos + 512]
+        size = int(header[124:135], 8)
+        header[124:136] = b"%011o " % size
+        header[148:156] = b" " * 8
+        header[148:156] = b"%06o\0 " % sum(header)
+        raw[pos : pos + 512] = header
+        pos += 512 + (size + 511) // 512 * 512
+    (tmp_path / "odd.tar").write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match=NO_INDEX):
+        ds = fastload.ShardDataset(tmp_path / "odd.tar", decode=False)
+    assert ds.index.shards[0].member_fields == ["bin", "cls"]
+    for options in ({"prefetch_bytes": 0}, {"prefetch_bytes": 1 << 20}):
+        with pytest.warns(UserWarning, match=NO_INDEX):
+            got = fastload.ShardDataset(tmp_path / "odd.tar", decode=False, **options)
+        assert {s["__key__"]: as_source(s) for s in got} == data
