@@ -27,6 +27,7 @@ import select
 import socket
 import ssl
 import threading
+import urllib.request
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -205,6 +206,16 @@ class DirectTransport:
         self._context = context
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._lock = threading.Lock()
+        self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY, as botocore reads them
+
+    def proxied(self, url: str) -> bool:
+        """Whether botocore would send requests for ``url`` through an HTTP proxy (not spoken here)."""
+        parts = urlsplit(url)
+        return parts.scheme in self._proxies and not urllib.request.proxy_bypass(parts.hostname or "")
+
+    @property
+    def client(self) -> Any:
+        return self._client
 
     def target(self, bucket: str, key: str, version_id: str | None) -> ObjectTarget:
         if not self._signer.has_credentials:
@@ -313,23 +324,34 @@ class BotocoreObject:
 
 
 class DirectObject:
-    """The direct transport on one object; its URL and region are resolved on the first request."""
+    """The direct transport on one object; its URL and region are resolved on the first request. Behind an
+    HTTP proxy (``HTTPS_PROXY``/``HTTP_PROXY`` for the endpoint) requests go through botocore instead."""
 
     def __init__(self, transport: DirectTransport, bucket: str, key: str, version_id: str | None) -> None:
         self._transport = transport
         self._where = (bucket, key, version_id)
         self._target: ObjectTarget | None = None
+        self._fallback: BotocoreObject | None = None
 
     def _resolved(self) -> ObjectTarget:
         if self._target is None:  # two threads may both resolve: same answer, no harm
-            self._target = self._transport.target(*self._where)
+            target = self._transport.target(*self._where)
+            if self._transport.proxied(target.url):
+                self._fallback = BotocoreObject(self._transport.client, *self._where)
+            self._target = target
         return self._target
 
     def get(self, headers: dict[str, str]) -> Body:
-        return self._transport.request("GET", self._resolved(), headers)
+        target = self._resolved()
+        if self._fallback is not None:
+            return self._fallback.get(headers)
+        return self._transport.request("GET", target, headers)
 
     def head(self, headers: dict[str, str]) -> Body:
-        return self._transport.request("HEAD", self._resolved(), headers)
+        target = self._resolved()
+        if self._fallback is not None:
+            return self._fallback.head(headers)
+        return self._transport.request("HEAD", target, headers)
 
 
 _lock = threading.Lock()

@@ -321,3 +321,22 @@ def test_https_certificate_failure_is_not_retried(
     with pytest.raises(ssl.SSLCertVerificationError):
         timed(lambda: read_all("obj-1m", config), timeout_s=5)
     assert fastload.s3_stats()["retries_total"] == 0
+
+
+def test_an_http_proxy_in_the_environment_sends_requests_through_botocore(
+    proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The direct transport does not speak to HTTP proxies; botocore does, so an object whose endpoint
+    botocore would reach through one is read through botocore."""
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    proxied = s3get.open_object(make_config(proxy), "fastload-s3reader", "small")
+    assert isinstance(proxied, s3get.DirectObject)
+    proxied._resolved()
+    assert isinstance(proxied._fallback, s3get.BotocoreObject)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    direct = s3get.open_object(make_config(proxy), "fastload-s3reader", "small")
+    assert isinstance(direct, s3get.DirectObject)
+    direct._resolved()
+    assert direct._fallback is None
