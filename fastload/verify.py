@@ -203,6 +203,13 @@ def _check_tar_samples(reader: ChecksumReader, shard: ShardEntry) -> list[Verify
                         f"{shard.offsets[i]}+{shard.sizes[i]}"
                     )
                 )
+            if shard.member_fields:
+                found = [(m.name[len(key) + 1 :], m.size) for m in members]
+                listed = list(zip(shard.member_fields, shard.member_sizes[i], strict=True))
+                if found != listed:
+                    problems.append(
+                        problem(f"members (field, size) are {found}, the index's layout says {listed}")
+                    )
             i += 1
     except TarFormatError as exc:
         problems.append(

@@ -170,3 +170,27 @@ def test_packed_shards_lint_clean_without_their_index(rich_tree, tmp_path):
     fastload.pack(str(rich_tree.root), dst, shard_size_bytes=16 << 10, progress=False)
     report = fastload.verify(shard_paths(dst)[0])
     assert report.ok and not report.indexed
+
+
+def test_verify_catches_a_member_resized_within_its_blocks(packed):
+    """A header edited to a smaller size (checksum fixed, same 512-byte blocks): the tar is well formed
+    and the sample's span is unchanged, but the member no longer matches the index's layout."""
+    index = read_index(packed)
+    shard = next(s for s in index["shards"] if s.get("member_fields"))
+    row = max(range(shard["samples"]), key=lambda i: max(shard["member_sizes"][i]))
+    k = max(range(len(shard["member_fields"])), key=lambda j: shard["member_sizes"][row][j])
+    size = shard["member_sizes"][row][k]
+    assert size % 512 != 1, "the edit must stay within the member's last block"
+    header_at = shard["offsets"][row] + sum(
+        512 + (n + 511) // 512 * 512 for n in shard["member_sizes"][row][:k]
+    )
+    path = packed / shard["name"]
+    data = bytearray(path.read_bytes())
+    header = data[header_at : header_at + 512]
+    assert int(header[124:135], 8) == size
+    header[124:136] = b"%011o\0" % (size - 1)
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    data[header_at : header_at + 512] = header
+    path.write_bytes(bytes(data))
+    _verify_fails(packed, shard["name"], "the index's layout says")
