@@ -96,6 +96,12 @@ def record_crc(payload: bytes | bytearray | memoryview) -> int:
     return crc32c(payload, gil_release_mode=1 if len(payload) >= _GIL_RELEASE_BYTES else 0)
 
 
+def crc_update(data: bytes | bytearray | memoryview, crc: int) -> int:
+    """The CRC32C of the bytes already covered by ``crc`` followed by ``data`` (a payload's CRC computed
+    piece by piece), with :func:`record_crc`'s GIL policy."""
+    return crc32c(data, crc, gil_release_mode=1 if len(data) >= _GIL_RELEASE_BYTES else 0)
+
+
 def record_header(length: int) -> bytes:
     """The 12 bytes before a payload of ``length`` bytes."""
     head = _LENGTH.pack(length)
@@ -114,6 +120,22 @@ def frame(payload: bytes | bytearray | memoryview) -> bytes:
 
 def record_size(payload_length: int) -> int:
     return OVERHEAD_BYTES + payload_length
+
+
+def header_length(buf: bytes, pos: int = 0) -> int | None:
+    """The payload length in the record header at ``buf[pos:pos + 12]``; None if its CRC does not match
+    or ``buf`` cuts it off (:func:`parse_header` says which, as an error)."""
+    if pos + HEADER_BYTES > len(buf):
+        return None
+    head = buf[pos : pos + 8]
+    if _CRC.unpack_from(buf, pos + 8)[0] != masked_crc(head):
+        return None
+    return int(_LENGTH.unpack(head)[0])
+
+
+def footer_matches(buf: bytes, pos: int, payload_crc: int) -> bool:
+    """True if ``buf[pos:pos + 4]`` is the footer of a payload whose CRC32C is ``payload_crc``."""
+    return pos + FOOTER_BYTES <= len(buf) and _CRC.unpack_from(buf, pos)[0] == masked_crc(b"", payload_crc)
 
 
 def parse_header(header: bytes | memoryview, *, shard: str, record: int, offset: int) -> int:
@@ -343,6 +365,124 @@ def decode_example(payload: bytes | memoryview) -> dict[str, FeatureValue]:
     """A serialised ``tf.train.Example`` as ``{feature name: value}`` (bytes lists as ``list[bytes]``,
     int64 lists as ``array('q')``, float lists as ``array('f')``)."""
     return {name: _feature(payload, a, b) for name, a, b in iter_features(payload)}
+
+
+# -- the common shape, fast ---------------------------------------------------------------------------------
+
+
+def _long_length(buf: bytes, pos: int) -> tuple[int, int]:
+    """A length varint of two or more bytes at ``buf[pos]`` (``buf[pos] >= 0x80``): ``(value, position
+    after it)``; at most 5 bytes (a larger length cannot fit in a record here), else ExampleFormatError."""
+    value = buf[pos] & 0x7F
+    b = buf[pos + 1]
+    if b < 0x80:
+        return value | b << 7, pos + 2
+    value |= (b & 0x7F) << 7
+    b = buf[pos + 2]
+    if b < 0x80:
+        return value | b << 14, pos + 3
+    value |= (b & 0x7F) << 14
+    b = buf[pos + 3]
+    if b < 0x80:
+        return value | b << 21, pos + 4
+    value |= (b & 0x7F) << 21
+    b = buf[pos + 4]
+    if b < 0x80:
+        return value | b << 28, pos + 5
+    raise ExampleFormatError("a length varint is longer than 5 bytes")
+
+
+def simple_entry(buf: bytes, pos: int, end: int) -> tuple[str, int, int] | None:
+    """The ``Features`` map entry at ``buf[pos]`` if it has the common shape (a name, then a ``Feature``
+    holding a ``BytesList`` of exactly one value, each written once, in that order, nothing else) and ends
+    at or before ``end``: ``(name, value start, value end)``, the value ending the entry. None for any
+    other entry, for malformed bytes, and for an entry whose head (everything before its value) ``buf``
+    cuts off; the value itself may run past the end of ``buf``.
+
+    (Unrolled, one-byte lengths inline: this runs for every feature of every record read.)"""
+    try:
+        if buf[pos] != 0x0A:
+            return None
+        size = buf[pos + 1]
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _long_length(buf, pos + 1)
+        stop = pos + size
+        if stop > end or buf[pos] != 0x0A:  # the entry's key: the name
+            return None
+        size = buf[pos + 1]
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _long_length(buf, pos + 1)
+        raw = buf[pos : pos + size]
+        pos += size
+        # the entry's value (a Feature), its BytesList and its one bytes value each end where the entry does
+        if buf[pos] != 0x12:
+            return None
+        size = buf[pos + 1]
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _long_length(buf, pos + 1)
+        if pos + size != stop or buf[pos] != 0x0A:
+            return None
+        size = buf[pos + 1]
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _long_length(buf, pos + 1)
+        if pos + size != stop or buf[pos] != 0x0A:
+            return None
+        size = buf[pos + 1]
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _long_length(buf, pos + 1)
+        if pos + size != stop:
+            return None
+        name = str(raw, "utf-8")
+    except (IndexError, ExampleFormatError, UnicodeDecodeError):
+        return None
+    return name, pos, stop
+
+
+def example_start(buf: bytes, pos: int, end: int) -> int | None:
+    """Where the first ``Features`` entry of the Example at ``buf[pos:end]`` starts, if the Example has the
+    common shape's outer framing (one ``features`` field, the whole payload); else None."""
+    try:
+        if buf[pos] != 0x0A:
+            return None
+        size = buf[pos + 1]
+        if size < 0x80:
+            pos += 2
+        else:
+            size, pos = _long_length(buf, pos + 1)
+    except (IndexError, ExampleFormatError):
+        return None
+    return pos if pos + size == end else None
+
+
+def simple_example(buf: bytes, start: int, end: int) -> dict[str, bytes] | None:
+    """:func:`decode_example` of ``buf[start:end]`` for the common shape, fast: every feature a single
+    bytes value (as fastload's writer and most image datasets make them), written canonically; returns
+    ``{name: value}``. None for anything else (other kinds, 0 or 2+ values, unknown fields, another
+    field order, a SequenceExample, malformed bytes): :func:`decode_example` then decodes it or says what
+    is wrong. Where it returns a dict, ``decode_example`` gives the same with each value in a list."""
+    if start == end:
+        return {}
+    pos = example_start(buf, start, end)
+    if pos is None:
+        return None
+    out: dict[str, bytes] = {}
+    while pos < end:
+        entry = simple_entry(buf, pos, end)
+        if entry is None:
+            return None
+        name, a, pos = entry
+        out[name] = buf[a:pos]
+    return out
 
 
 def example_key(payload: bytes | memoryview) -> tuple[str | None, list[str]]:
