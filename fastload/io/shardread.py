@@ -245,7 +245,12 @@ class ShardReader:
         samples. For tar shards that second step (parsing, pure Python) is left to the caller's thread, so
         prefetch threads spend their time in I/O that releases the GIL instead of competing for it.
         ``defer``: the caller calls the function at once, in its own thread (no prefetch), so local
-        shards with a member layout may do their I/O there too (:meth:`_direct_run`)."""
+        shards with a member layout may do their I/O there too (:meth:`_direct_run`), and so may plain
+        local TFRecord shards (:meth:`TFRecordSamples.direct_run`)."""
+        tfr, fd = self._tfrecord, self._fd
+        if defer and tfr is not None and fd is not None and tfr.direct:
+            spans = runs(positions)
+            return lambda: (s for first, stop in spans for s in tfr.direct_run(fd, first, stop))
         if self.name.endswith(".parquet") or self._tfrecord is not None:
             samples = [s for chunk in self.read_samples(positions, columns) for s in chunk]
             return lambda: samples

@@ -29,20 +29,28 @@ from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.readplan import runs
 from fastload.core.tfrecord import (
+    FOOTER_BYTES,
     HEADER_BYTES,
     KEY_FEATURE,
+    OVERHEAD_BYTES,
     ExampleFormatError,
     FeatureValue,
     check_footer,
+    crc_update,
     decode_example,
     derived_key,
     example_key,
+    example_start,
+    footer_matches,
+    header_length,
     is_gzip_name,
     iter_records,
     key_value,
     parse_header,
     record_crc,
     record_size,
+    simple_entry,
+    simple_example,
     truncated,
 )
 from fastload.errors import VerifyError
@@ -51,6 +59,12 @@ from fastload.io.tarread import ChecksumReader
 
 RawSample = dict[str, Any]
 _SPOOL_CHUNK = 4 << 20
+# direct reads (local, no prefetch): a record at least this big has each value read into its own bytes after
+# a read of its head; smaller records are read several at a time, up to SMALL_READ_BYTES (as tar members)
+DIRECT_RECORD_BYTES = 16 << 10
+SMALL_READ_BYTES = 256 << 10
+HEAD_READ_BYTES = 1 << 10
+_HEAD_MIN_BYTES = HEADER_BYTES + 16  # a record header and an Example's start
 GZIP_ERRORS = (OSError, EOFError, zlib.error)
 
 
@@ -81,6 +95,24 @@ def to_sample(payload: bytes | memoryview, *, shard: str, record: int, offset: i
     sample: RawSample = {"__key__": key}
     for name, value in features.items():
         sample[name] = _value(value)
+    return sample
+
+
+def fast_sample(buf: bytes, start: int, end: int, *, shard: str, record: int) -> RawSample | None:
+    """:func:`to_sample` of the payload ``buf[start:end]`` when its Example has the common shape
+    (:func:`~fastload.core.tfrecord.simple_example`); None otherwise (``to_sample`` then reads it)."""
+    features = simple_example(buf, start, end)
+    if features is None:
+        return None
+    raw_key = features.pop(KEY_FEATURE, None)
+    if raw_key is None:
+        sample: RawSample = {"__key__": derived_key(shard, record)}
+    else:
+        try:
+            sample = {"__key__": str(raw_key, "utf-8")}
+        except UnicodeDecodeError:
+            return None
+    sample.update(features)
     return sample
 
 
@@ -145,6 +177,7 @@ class TFRecordSamples:
         self.name = entry.name
         self._spool = GzipSpool(file, entry.name) if is_gzip_name(entry.name) else None
         self._read = self._spool.read if self._spool is not None else read
+        self._direct = True
 
     def close(self) -> None:
         if self._spool is not None:
@@ -172,10 +205,16 @@ class TFRecordSamples:
                 self._find_short_record(first, stop)
             raise
 
-        samples = [
-            to_sample(payload, shard=self.name, record=first + i, offset=at)
-            for i, (at, payload) in enumerate(iter_records(data, shard=self.name, first=first, base=offset))
-        ]
+        if type(data) is not bytes:
+            data = bytes(data)
+        samples: list[RawSample] = []
+        for at, payload in iter_records(data, shard=self.name, first=first, base=offset):
+            record = first + len(samples)
+            start = at - offset + HEADER_BYTES
+            sample = fast_sample(data, start, start + len(payload), shard=self.name, record=record)
+            if sample is None:
+                sample = to_sample(payload, shard=self.name, record=record, offset=at)
+            samples.append(sample)
         keys = entry.keys[first:stop]
         got = [s["__key__"] for s in samples]
         if got != keys:
@@ -191,6 +230,125 @@ class TFRecordSamples:
         for i, s in enumerate(samples):
             s["__index__"] = first + i
         return samples
+
+    @property
+    def direct(self) -> bool:
+        """Whether :meth:`direct_run` may read this shard (a plain one whose records have, so far, all had
+        the common shape)."""
+        return self._spool is None and self._direct
+
+    def direct_run(self, fd: int, first: int, stop: int) -> Iterator[RawSample]:
+        """Records ``first..stop-1`` of a plain local shard (open as ``fd``), one by one, each value read
+        once: a record of at least ``DIRECT_RECORD_BYTES`` as a small read of its head (which also holds the
+        end of the record before), then each value that the head does not hold read straight into its own
+        ``bytes`` (the payload's CRC is computed over the pieces in turn); smaller records several at a
+        time. Both CRCs and each key are checked as :meth:`read_run` does; at the first record that is
+        damaged, that is not where the index says, or whose Example does not have the common shape, the
+        rest of the run goes through :meth:`read_run`, which reads it or names the problem (and this shard
+        is read that way from then on)."""
+        entry = self.entry
+        if not entry.offsets or stop > len(entry.offsets):
+            yield from self.read_run(first, stop)  # (which raises)
+            return
+        offsets, sizes = entry.offsets, entry.sizes
+        run_end = offsets[stop - 1] + sizes[stop - 1]
+        buf, b0 = b"", 0  # buf holds the shard's bytes [b0, b0 + len(buf))
+        for i in range(first, stop):
+            at, size = offsets[i], sizes[i]
+            if size >= DIRECT_RECORD_BYTES:
+                sample, buf, b0 = self._big_record(fd, i, buf, b0, run_end)
+            else:
+                if not (b0 <= at and at + size <= b0 + len(buf)):
+                    j, limit = i + 1, at + SMALL_READ_BYTES
+                    while j < stop and sizes[j] < DIRECT_RECORD_BYTES and offsets[j] + sizes[j] <= limit:
+                        j += 1
+                    end = min(offsets[j - 1] + sizes[j - 1] + HEAD_READ_BYTES, run_end)
+                    buf, b0 = os.pread(fd, end - at, at), at
+                sample = self._small_record(buf, at - b0, i) if at + size <= b0 + len(buf) else None
+            if sample is None:
+                self._direct = False
+                yield from self.read_run(i, stop)
+                return
+            yield sample
+
+    def _small_record(self, buf: bytes, pos: int, i: int) -> RawSample | None:
+        """Record ``i``, whole in ``buf`` at ``pos``, as a sample; None if anything is not as expected."""
+        size = self.entry.sizes[i]
+        length = header_length(buf, pos)
+        if length is None or length + OVERHEAD_BYTES != size:
+            return None
+        start = pos + HEADER_BYTES
+        end = start + length
+        if not footer_matches(buf, end, record_crc(memoryview(buf)[start:end])):
+            return None
+        sample = fast_sample(buf, start, end, shard=self.name, record=i)
+        if sample is None or sample["__key__"] != self.entry.keys[i]:
+            return None
+        sample["__index__"] = i
+        return sample
+
+    def _big_record(
+        self, fd: int, i: int, buf: bytes, b0: int, run_end: int
+    ) -> tuple[RawSample | None, bytes, int]:
+        """Record ``i`` read piece by piece, ``buf`` holding the shard's bytes ``[b0, b0 + len(buf))`` (read
+        on from a position when what is needed there is not in it); the sample (None if anything is not as
+        expected) and the buffer after it. Positions are the shard's; the payload's CRC covers
+        ``[start, crc_at)``."""
+        at, size = self.entry.offsets[i], self.entry.sizes[i]
+        pread = os.pread
+        if not (b0 <= at and at + _HEAD_MIN_BYTES <= b0 + len(buf)):  # (entries cut off are read on below)
+            buf, b0 = pread(fd, min(HEAD_READ_BYTES, run_end - at), at), at
+        length = header_length(buf, at - b0)
+        if length is None or length + OVERHEAD_BYTES != size:
+            return None, buf, b0
+        start = at + HEADER_BYTES
+        end = start + length
+        pos = example_start(buf, start - b0, end - b0)
+        if pos is None:
+            return None, buf, b0
+        pos += b0
+        crc, crc_at = 0, start
+        key: str | None = None
+        sample: RawSample = {"__key__": None}
+        while pos < end:
+            found = simple_entry(buf, pos - b0, end - b0)
+            if found is None and b0 + len(buf) < run_end:  # perhaps the entry's head is cut off: read on
+                crc = crc_update(memoryview(buf)[crc_at - b0 : pos - b0], crc)
+                buf, b0, crc_at = pread(fd, min(HEAD_READ_BYTES, run_end - pos), pos), pos, pos
+                found = simple_entry(buf, 0, end - pos)
+            if found is None:
+                return None, buf, b0
+            name, a, b = found
+            a, b = a + b0, b + b0
+            if b <= b0 + len(buf):
+                value = buf[a - b0 : b - b0]
+            else:
+                crc = crc_update(memoryview(buf)[crc_at - b0 : a - b0], crc)
+                value = pread(fd, b - a, a)
+                if len(value) != b - a:
+                    return None, buf, b0
+                crc = crc_update(value, crc)
+                buf, b0, crc_at = b"", b, b
+            if name == KEY_FEATURE:
+                try:
+                    key = str(value, "utf-8")
+                except UnicodeDecodeError:
+                    return None, buf, b0
+            else:
+                sample[name] = value
+            pos = b
+        crc = crc_update(memoryview(buf)[crc_at - b0 : end - b0], crc)
+        if end + FOOTER_BYTES > b0 + len(buf):  # the footer and the next record's head
+            buf, b0 = pread(fd, min(HEAD_READ_BYTES, run_end - end), end), end
+        if not footer_matches(buf, end - b0, crc):
+            return None, buf, b0
+        if key is None:
+            key = derived_key(self.name, i)
+        if key != self.entry.keys[i]:
+            return None, buf, b0
+        sample["__key__"] = key
+        sample["__index__"] = i
+        return sample, buf, b0
 
     def _find_short_record(self, first: int, stop: int) -> None:
         """After a run's read came up short: raise for the first of its records the shard cuts off."""
