@@ -184,7 +184,10 @@ class _DirectBody:
 
     def close(self) -> None:
         resp, conn = self._resp, self._conn
-        reusable = self._left == 0 and not resp.will_close
+        # read to its end: by our count (Content-Length bodies read off fp), or http.client's (it closes a
+        # response whose body it has delivered completely)
+        finished = self._left == 0 if self._left is not None else resp.isclosed()
+        reusable = finished and not resp.will_close
         resp.close()
         if reusable:
             self._pool.give_back(conn)
@@ -259,7 +262,7 @@ class DirectTransport:
                 data = resp.read(_ERROR_BODY_BYTES) if method != "HEAD" else b""
             except (OSError, http.client.HTTPException):
                 data = b""
-            body._left = None if resp.length else 0
+            body._left = None  # read by http.client: finished once it has closed the response
             body.close()
             raise BadResponse(error_failure(resp.status, data))
         return body
