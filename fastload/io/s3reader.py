@@ -245,12 +245,7 @@ class RangedReader(io.RawIOBase):
         if len(ranges) == 1:
             parts.append(self._fetch(ranges[0], stop=stop))
         elif ranges:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(
-                        max_workers=self._config.max_concurrency, thread_name_prefix="fastload-s3"
-                    )
-                pool = self._pool
+            pool = self._ensure_pool()
             futures = [pool.submit(self._fetch, r, stop=stop) for r in ranges]
             try:
                 parts += [f.result() for f in futures]
@@ -324,9 +319,7 @@ class RangedReader(io.RawIOBase):
             if stop is not None:
                 stop.set()  # a part already running stops retrying
         if self._pool is None and len(wanted) > 1:
-            self._pool = ThreadPoolExecutor(
-                max_workers=self._config.max_concurrency, thread_name_prefix="fastload-s3"
-            )
+            self._ensure_pool()
         for i in wanted:
             if i not in self._parts:
                 r = self._range_of(i)
@@ -358,18 +351,42 @@ class RangedReader(io.RawIOBase):
         futures.clear()
 
     def _first_read(self, pos: int) -> None:
-        """The first GET: learns size and ETag from its response, keeps its bytes as a part."""
+        """The first GET: learns size and ETag from its response, keeps its bytes as a part. With a window
+        of several parts it runs on the pool and returns once its response head has given size and ETag, so
+        the other parts start while its body still streams (a 200 with the whole object is awaited)."""
         index = self._index_of(pos)
         asked = self._range_of(index, clip=False)
+        if self._window > 1:
+            sized = threading.Event()
+            fut = self._ensure_pool().submit(self._fetch, asked, first=True, sized=sized)
+            fut.add_done_callback(lambda _: sized.set())  # a failure or a whole-object 200 wakes us too
+            sized.wait()
+            if fut.done():
+                try:
+                    fut.result()
+                except _PastEnd:
+                    self._head()
+                    return
+            if self._whole is None:
+                self._parts[index] = fut
+            return
         try:
             data = self._fetch(asked, first=True)
         except _PastEnd:
             self._head()
             return
         if self._whole is None:
-            fut: Future[_Part] = Future()
-            fut.set_result(data)
-            self._parts[index] = fut
+            done: Future[_Part] = Future()
+            done.set_result(data)
+            self._parts[index] = done
+
+    def _ensure_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self._config.max_concurrency, thread_name_prefix="fastload-s3"
+                )
+            return self._pool
 
     def _head(self) -> None:
         def attempt() -> None:
@@ -408,9 +425,17 @@ class RangedReader(io.RawIOBase):
             self._size = size
             self._etag = self._etag or etag
 
-    def _fetch(self, asked: ByteRange, *, first: bool = False, stop: threading.Event | None = None) -> _Part:
+    def _fetch(
+        self,
+        asked: ByteRange,
+        *,
+        first: bool = False,
+        stop: threading.Event | None = None,
+        sized: threading.Event | None = None,
+    ) -> _Part:
         """Bytes of ``asked`` (clipped to the object on the first request), retried until complete; every
-        retry asks only for the bytes after the last good one, read into the same buffer."""
+        retry asks only for the bytes after the last good one, read into the same buffer. ``sized`` is set
+        once a ranged answer has given the object's size and ETag (before its body is read)."""
         state: dict[str, Any] = {"buf": None, "got": 0}
 
         def attempt() -> _Part:
@@ -439,6 +464,8 @@ class RangedReader(io.RawIOBase):
                     return _Part(bytes(whole[asked.start : end]), max(0, end - asked.start))
                 end = min(asked.end, check.total)
                 want = end - asked.start
+                if sized is not None:
+                    sized.set()
                 if state["buf"] is None:
                     # parts of one size class share pooled buffers: a short last part uses a whole one
                     size = self._part if self._first < want <= self._part else want
