@@ -126,6 +126,7 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         "AWS_ENDPOINT_URL",
         "AWS_ENDPOINT_URL_S3",
         "FASTLOAD_S3_ADDRESSING_STYLE",
+        "FASTLOAD_S3_TRANSPORT",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)

@@ -20,7 +20,7 @@ import pytest
 
 import fastload
 from fastload.core.retry import Fault as RetryFault
-from fastload.errors import AccessDeniedError, RangeReadError, S3NotFoundError
+from fastload.errors import AccessDeniedError, ConfigError, RangeReadError, S3NotFoundError
 from fastload.io import s3get
 from fastload.io.partbuffers import BufferPool
 from fastload.testing.faultproxy import Fault, FaultProxy, Rule
@@ -340,3 +340,10 @@ def test_an_http_proxy_in_the_environment_sends_requests_through_botocore(
     assert isinstance(direct, s3get.DirectObject)
     direct._resolved()
     assert direct._fallback is None
+
+
+def test_transport_setting() -> None:
+    assert fastload.S3Config().transport == "direct"
+    assert fastload.S3Config.from_env({"FASTLOAD_S3_TRANSPORT": "botocore"}).transport == "botocore"
+    with pytest.raises(ConfigError, match="transport='urllib3'; choose direct or botocore"):
+        fastload.S3Config(transport="urllib3")
