@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import fastload
-from fastload.io import s3client
+from fastload.io import s3client, s3get
 from fastload.testing.faultproxy import FaultProxy
 
 from .helpers import PART, sha, url
@@ -77,17 +77,21 @@ def test_child_opens_and_reads_with_a_client_of_its_own(
     try:
         assert parent.read(PART + 1) == data[: PART + 1]  # client, pool and connections exist
         parent_client = parent._client  # type: ignore[attr-defined]
+        parent_transport = s3get.direct_transport(config)
 
         def child() -> dict[str, Any]:
             with fastload.open(url(KEY), config=config) as f:
                 got = f.read()
                 client = f._client  # type: ignore[attr-defined]
+            transport = s3get.direct_transport(config)
             return {
                 "pid": os.getpid(),
                 "sha": sha(got),
                 "pids": sorted({pid for pid, _ in s3client._clients}),
                 "own_client": client is s3client._clients.get((os.getpid(), config)),
                 "parents_client": client is parent_client,
+                "parents_transport": transport is parent_transport,
+                "connections": transport.pool(config.endpoint_url or "").created,
             }
 
         result = in_child(child)
@@ -96,6 +100,7 @@ def test_child_opens_and_reads_with_a_client_of_its_own(
         assert result["pid"] != os.getpid()
         assert result["pids"] == sorted({os.getpid(), result["pid"]})
         assert result["own_client"] and not result["parents_client"]
+        assert not result["parents_transport"] and result["connections"] >= 1  # connections of its own
         assert parent.read() == data[PART + 1 :]  # the parent's reader still works
     finally:
         parent.close()
@@ -119,6 +124,7 @@ def test_reader_opened_in_the_parent_keeps_working_in_the_child(
             return {
                 "sha": sha(head + rest),
                 "own_client": f._client is s3client._clients.get((os.getpid(), config)),  # type: ignore[attr-defined]
+                "own_transport": f._object._transport is s3get.direct_transport(config),  # type: ignore[attr-defined]
             }
 
         result = in_child(child, SHORT_TIMEOUT_S)
@@ -126,5 +132,6 @@ def test_reader_opened_in_the_parent_keeps_working_in_the_child(
         assert "error" not in result, result
         assert result["sha"] == sha(data)
         assert result["own_client"], "the child used the parent's client"
+        assert result["own_transport"], "the child used the parent's connections"
     finally:
         f.close()
