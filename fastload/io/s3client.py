@@ -1,5 +1,6 @@
-"""The only place that imports boto3/botocore: clients (one per process and config, fork-safe) and the
-translation of botocore's exceptions into retry faults and fastload errors."""
+"""The only place that imports boto3/botocore: clients (one per process and config, fork-safe), the
+translation of botocore's exceptions into retry faults and fastload errors, and what the reader's direct
+transport (``io.s3get``) borrows from a client: object URL and signing region, SigV4 headers, TLS setting."""
 
 from __future__ import annotations
 
