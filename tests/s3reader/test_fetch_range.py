@@ -134,8 +134,11 @@ def test_faults_are_retried_and_bytes_are_exact(
         check_ranges(reader, data, ranges, 4)
     injected = proxy.stats().injected.get(fault.kind, 0)
     assert injected == (schedule.get("times") or len(schedule["nth"]))
+    # a range past the end is answered 416; a fault cutting that short error body changes nothing (the
+    # status says it all), so it is not retried. Which request lands there depends on thread timing.
+    past_end = sum(1 for r in gets(proxy, KEY) if r.fault == fault.kind and r.status == 416)
     stats = fastload.s3_stats()
-    assert stats["retries_total"] == injected
+    assert stats["retries_total"] == injected - past_end
     assert stats["failures"] == 0
 
 
