@@ -32,6 +32,7 @@ from fastload.core.sharding import (
 )
 from fastload.decode import decode_sample
 from fastload.errors import ConfigError, FastloadError, NotFoundError
+from fastload.gcpause import gc_paused
 from fastload.io import storage
 from fastload.io.prefetch import Prefetcher
 from fastload.io.shardcache import ShardCache
@@ -175,7 +176,8 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if cache_limit_bytes is not None and cache_dir is None:
             raise ConfigError("cache_limit_bytes= needs cache_dir= (the folder to keep shards in)")
         self.s3_config = s3_config
-        self.root, self.index = open_index(source, s3_config=s3_config)
+        with gc_paused():  # a big index is many small objects
+            self.root, self.index = open_index(source, s3_config=s3_config)
         if columns is not None and self.index.shard_format != "parquet":
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
         self.seed, self.shuffle_buffer, self.even = seed, shuffle_buffer, even
@@ -341,11 +343,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        plan = self.plan()
-        positions = worker_positions(
-            len(plan.samples), worker=worker, workers=workers, chunk=self.batch_size, start=self.start
-        )
-        refs = [plan.samples[p] for p in positions]
+        with gc_paused():  # tens of thousands of small tuples, no cycles (see fastload.gcpause)
+            plan = self.plan()
+            positions = worker_positions(
+                len(plan.samples), worker=worker, workers=workers, chunk=self.batch_size, start=self.start
+            )
+            refs = [plan.samples[p] for p in positions]
         if not self._emit_chunks:
             yield from self._samples(refs)
             return
@@ -380,7 +383,8 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         task_bytes = (
             16 << 20 if self.prefetch_bytes == 0 else max(1 << 20, min(16 << 20, self.prefetch_bytes // 4))
         )
-        tasks = plan_reads(refs, self.index.shards, max_task_bytes=task_bytes)
+        with gc_paused():
+            tasks = plan_reads(refs, self.index.shards, max_task_bytes=task_bytes)
         readers = ShardReaders(
             self.root,
             self.index.shards,

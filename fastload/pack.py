@@ -7,7 +7,6 @@ in parallel to temporary names, publish each by rename, journal it -> write ``in
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ from fastload.core.keys import KeyRuleError, Sample, group_samples, partition_va
 from fastload.core.plan import ShardPlan, parquet_file_overhead, parquet_row_bytes, plan_shards, sample_order
 from fastload.core.tar import END_OF_ARCHIVE, member_size
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
+from fastload.gcpause import gc_paused
 from fastload.io.dest import Destination, destination
 from fastload.io.inputs import Input
 from fastload.io.journal import STATE_DIR, PackJournal
@@ -264,13 +264,8 @@ def pack(
     if any(u.startswith("s3://") for u in [*srcs, target]):
         s3_config = s3_config or S3Config.from_env()
     began = time.monotonic()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # planning makes many small objects and no cycles; collections here only cost time
-    try:
+    with gc_paused():  # planning makes many small objects and no cycles; collections here only cost time
         plan = _plan(srcs, config, s3_config)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     if plan.skipped and not config.allow_skip:
         raise SkippedInputError(plan.skipped, written=False)
 
