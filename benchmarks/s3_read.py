@@ -592,18 +592,43 @@ def prepare_per_object(spec: dict[str, Any]) -> Callable[[], Tally]:
     return run
 
 
+class _Delivered:
+    """What a packed reader delivered of the small objects: each checked (size, SHA-256 when verifying),
+    and at the end every object exactly once."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.expected = {key: (size, sha) for key, size, sha in spec["objects"]}
+        self.prefix = spec["small_prefix"]
+        self.check = _Check(spec["verify"])
+        self.tally, self.seen = Tally(), set[str]()
+
+    def add(self, name: str, data: bytes) -> None:
+        key = self.prefix + name
+        size, sha = self.expected[key]
+        hasher = self.check.start()
+        if hasher is not None:
+            hasher.update(data)
+        self.check.finish(key, len(data), hasher, size, sha)
+        self.seen.add(key)
+        self.tally.bytes += len(data)
+        self.tally.objects += 1
+
+    def done(self, what: str) -> Tally:
+        if len(self.seen) != len(self.expected) or self.tally.objects != len(self.expected):
+            held, distinct = self.tally.objects, len(self.seen)
+            raise RuntimeError(f"{what} held {held} samples ({distinct} distinct) of {len(self.expected)}")
+        return self.tally
+
+
 def prepare_packed(spec: dict[str, Any]) -> Callable[[], Tally]:
     import fastload
 
     config = fastload.S3Config(endpoint_url=spec["endpoint_url"], region=REGION, addressing_style="path")
     with fastload.open(f"s3://{BUCKET}/{spec['shards'][0]}", config=config) as f:
         f.size  # type: ignore[attr-defined]  # noqa: B018
-    expected = {key: (size, sha) for key, size, sha in spec["objects"]}
-    prefix = spec["small_prefix"]
-    check = _Check(spec["verify"])
 
     def run() -> Tally:
-        tally, seen = Tally(), set()
+        delivered = _Delivered(spec)
         for shard in spec["shards"]:
             with (
                 fastload.open(f"s3://{BUCKET}/{shard}", config=config) as f,
@@ -614,21 +639,8 @@ def prepare_packed(spec: dict[str, Any]) -> Callable[[], Tally]:
                         continue
                     handle = archive.extractfile(member)
                     assert handle is not None
-                    data = handle.read()
-                    key = prefix + member.name
-                    size, sha = expected[key]
-                    hasher = check.start()
-                    if hasher is not None:
-                        hasher.update(data)
-                    check.finish(key, len(data), hasher, size, sha)
-                    seen.add(key)
-                    tally.bytes += len(data)
-                    tally.objects += 1
-        if len(seen) != len(expected) or tally.objects != len(expected):
-            raise RuntimeError(
-                f"packed shards held {tally.objects} samples ({len(seen)} distinct) of {len(expected)}"
-            )
-        return tally
+                    delivered.add(member.name, handle.read())
+        return delivered.done("packed shards")
 
     return run
 
@@ -639,30 +651,14 @@ def prepare_packed_dataset(spec: dict[str, Any]) -> Callable[[], Tally]:
     config = fastload.S3Config(endpoint_url=spec["endpoint_url"], region=REGION, addressing_style="path")
     source = f"s3://{BUCKET}/{spec['shards'][0].rsplit('/', 1)[0]}"
     dataset = fastload.ShardDataset(source, decode=False, s3_config=config)  # index.json read here
-    expected = {key: (size, sha) for key, size, sha in spec["objects"]}
-    prefix = spec["small_prefix"]
-    check = _Check(spec["verify"])
 
     def run() -> Tally:
-        tally, seen = Tally(), set()
+        delivered = _Delivered(spec)
         for sample in dataset:
             for field, data in sample.items():
-                if field.startswith("__"):
-                    continue
-                key = f"{prefix}{sample['__key__']}.{field}"
-                size, sha = expected[key]
-                hasher = check.start()
-                if hasher is not None:
-                    hasher.update(data)
-                check.finish(key, len(data), hasher, size, sha)
-                seen.add(key)
-                tally.bytes += len(data)
-                tally.objects += 1
-        if len(seen) != len(expected) or tally.objects != len(expected):
-            raise RuntimeError(
-                f"the dataset held {tally.objects} samples ({len(seen)} distinct) of {len(expected)}"
-            )
-        return tally
+                if not field.startswith("__"):
+                    delivered.add(f"{sample['__key__']}.{field}", data)
+        return delivered.done("the dataset")
 
     return run
 

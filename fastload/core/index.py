@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastload.core.tar import BLOCK, padded
 from fastload.errors import IndexFormatError
 
 INDEX_NAME = "index.json"
@@ -110,7 +111,7 @@ class ShardEntry:
 
 def plain_member_bytes(size: int) -> int:
     """Bytes a member of ``size`` data bytes takes in a tar shard with one plain 512-byte header."""
-    return 512 + (size + 511) // 512 * 512
+    return BLOCK + padded(size)
 
 
 def layout_problem(entry: ShardEntry) -> str | None:

@@ -392,6 +392,9 @@ def _long_length(buf: bytes, pos: int) -> tuple[int, int]:
     raise ExampleFormatError("a length varint is longer than 5 bytes")
 
 
+_VALUE_TAGS = (0x12, 0x0A, 0x0A)  # map entry value (a Feature), Feature.bytes_list, BytesList.value
+
+
 def simple_entry(buf: bytes, pos: int, end: int) -> tuple[str, int, int] | None:
     """The ``Features`` map entry at ``buf[pos]`` if it has the common shape (a name, then a ``Feature``
     holding a ``BytesList`` of exactly one value, each written once, in that order, nothing else) and ends
@@ -418,30 +421,18 @@ def simple_entry(buf: bytes, pos: int, end: int) -> tuple[str, int, int] | None:
             size, pos = _long_length(buf, pos + 1)
         raw = buf[pos : pos + size]
         pos += size
-        # the entry's value (a Feature), its BytesList and its one bytes value each end where the entry does
-        if buf[pos] != 0x12:
-            return None
-        size = buf[pos + 1]
-        if size < 0x80:
-            pos += 2
-        else:
-            size, pos = _long_length(buf, pos + 1)
-        if pos + size != stop or buf[pos] != 0x0A:
-            return None
-        size = buf[pos + 1]
-        if size < 0x80:
-            pos += 2
-        else:
-            size, pos = _long_length(buf, pos + 1)
-        if pos + size != stop or buf[pos] != 0x0A:
-            return None
-        size = buf[pos + 1]
-        if size < 0x80:
-            pos += 2
-        else:
-            size, pos = _long_length(buf, pos + 1)
-        if pos + size != stop:
-            return None
+        # the entry's value (a Feature), its BytesList and its one bytes value: each a field with this tag
+        # that ends where the entry does
+        for tag in _VALUE_TAGS:
+            if buf[pos] != tag:
+                return None
+            size = buf[pos + 1]
+            if size < 0x80:
+                pos += 2
+            else:
+                size, pos = _long_length(buf, pos + 1)
+            if pos + size != stop:
+                return None
         name = str(raw, "utf-8")
     except (IndexError, ExampleFormatError, UnicodeDecodeError):
         return None

@@ -12,7 +12,7 @@ from crc32c import crc32c
 
 from fastload.core.index import ShardEntry, set_layout
 from fastload.core.keys import Sample
-from fastload.core.tar import BLOCK, END_OF_ARCHIVE, header_size, member_header, padded
+from fastload.core.tar import BLOCK, END_OF_ARCHIVE, member_header, padded
 from fastload.errors import Skip
 from fastload.io.inputs import Input, Member, close_all, open_ahead, read_exactly, read_problem
 
@@ -79,7 +79,8 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[n:]
 
 
-def _copy_member(out: ShardOutput, name: str, f: BinaryIO, size: int, mtime: int) -> None:
+def _copy_member(out: ShardOutput, name: str, f: BinaryIO, size: int, mtime: int) -> bool:
+    """Write one member; whether its header was one plain block (no pax header before it)."""
     header = member_header(name, size, mtime=mtime)
     total = len(header) + padded(size)
     if total <= len(out.buf):
@@ -87,7 +88,7 @@ def _copy_member(out: ShardOutput, name: str, f: BinaryIO, size: int, mtime: int
         room[: len(header)] = header
         read_exactly(f, room[len(header) : len(header) + size])
         room[len(header) + size :] = bytes(total - len(header) - size)
-        return
+        return len(header) == BLOCK
     out.write(header)
     left = size
     while left:
@@ -95,6 +96,7 @@ def _copy_member(out: ShardOutput, name: str, f: BinaryIO, size: int, mtime: int
         read_exactly(f, out.reserve(chunk))
         left -= chunk
     out.write(bytes(padded(size) - size))
+    return len(header) == BLOCK
 
 
 def write_tar_shard(
@@ -120,12 +122,12 @@ def write_tar_shard(
     layouts: list[tuple[tuple[str, ...], list[int]] | None] = []
 
     def write_sample(out: ShardOutput, key: str, members: Sequence[Member]) -> Skip | None:
+        plain = True
         for m in members:
             try:
-                _copy_member(out, f"{key}.{m.field}", m.file, m.size, mtime)
+                plain &= _copy_member(out, f"{key}.{m.field}", m.file, m.size, mtime)
             except OSError as exc:
                 return Skip(m.item.shown, read_problem(exc))
-        plain = all(header_size(f"{key}.{m.field}", m.size) == BLOCK for m in members)
         layouts.append((tuple(m.field for m in members), [m.size for m in members]) if plain else None)
         return None
 
