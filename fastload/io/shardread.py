@@ -17,7 +17,7 @@ from fastload.core.readplan import ReadTask, runs
 from fastload.core.tar import BLOCK, TarFormatError, is_header_of, padded, parse_block, parse_pax
 from fastload.core.tfrecord import is_tfrecord_name
 from fastload.errors import VerifyError
-from fastload.io import storage
+from fastload.io import native, storage
 from fastload.io.tfrecordread import TFRecordSamples
 
 if TYPE_CHECKING:
@@ -27,6 +27,8 @@ RawSample = dict[str, Any]
 LOCAL_READ_BYTES = 256 << 10
 # a local sample at least this big has each member read into its own bytes; smaller ones are read together
 DIRECT_MEMBER_BYTES = 16 << 10
+# the C reader's batches: one preadv of about this many bytes, then their samples one by one
+NATIVE_BATCH_BYTES = 1 << 20
 
 
 def parse_tar_fragment(
@@ -324,6 +326,27 @@ class ShardReader:
         entry = self.entry
         fd = self._fd
         assert entry is not None and fd is not None
+        layout_run = native.layout_run
+        if layout_run is not None:  # the same, in C (fastload/_native.c), a batch of samples per call
+            dots = [b"." + f.encode() for f in entry.member_fields]
+            i = first
+            while i < stop:
+                samples, i, whole = layout_run(
+                    fd,
+                    entry.offsets,
+                    entry.keys,
+                    entry.member_sizes,
+                    entry.member_fields,
+                    dots,
+                    i,
+                    stop,
+                    NATIVE_BATCH_BYTES,
+                )
+                yield from samples
+                if not whole:
+                    yield from self.read_run(i, stop)
+                    return
+            return
         keys, offsets, sizes, rows = entry.keys, entry.offsets, entry.sizes, entry.member_sizes
         fields = entry.member_fields
         pread = os.pread

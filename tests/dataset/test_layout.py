@@ -16,6 +16,7 @@ import pytest
 import fastload
 from fastload.core.index import ShardEntry, layout_problem, plain_member_bytes
 from fastload.errors import IndexFormatError, VerifyError
+from fastload.io import native
 
 from .helpers import Packed, pack_files, samples_of
 
@@ -27,6 +28,16 @@ READS = [
     pytest.param({"prefetch_bytes": 0}, True, id="stripped-direct"),
     pytest.param({"prefetch_bytes": 1 << 20}, True, id="stripped-prefetched"),
 ]
+
+
+@pytest.fixture(params=["C", "Python"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which reader the direct (no prefetch) path uses: the C one (fastload/_native.c) or the Python one."""
+    if request.param == "C" and native.layout_run is None:
+        pytest.skip("fastload._native is not built here (no C compiler at install time)")
+    if request.param == "Python":
+        monkeypatch.setattr(native, "layout_run", None)
+    return str(request.param)
 
 
 def mixed_files(n: int = 60, seed: int = 3) -> dict[str, bytes]:
@@ -76,7 +87,7 @@ def test_pack_records_each_samples_fields_and_sizes(mixed: Packed) -> None:
 
 @pytest.mark.parametrize(("options", "stripped"), READS)
 def test_reads_give_the_source_bytes_with_or_without_the_layout(
-    mixed: Packed, tmp_path: Path, options: dict[str, Any], stripped: bool
+    mixed: Packed, tmp_path: Path, options: dict[str, Any], stripped: bool, reader: str
 ) -> None:
     packed = strip_layout(mixed, tmp_path / "ds") if stripped else mixed
     got = read_all(packed.root, **options)
@@ -85,7 +96,7 @@ def test_reads_give_the_source_bytes_with_or_without_the_layout(
 
 
 @pytest.mark.parametrize("options", [{"prefetch_bytes": 0}, {"prefetch_bytes": 1 << 20}], ids=str)
-def test_shuffled_reads_give_the_source_bytes(mixed: Packed, options: dict[str, Any]) -> None:
+def test_shuffled_reads_give_the_source_bytes(mixed: Packed, options: dict[str, Any], reader: str) -> None:
     assert read_all(mixed.root, seed=7, **options) == mixed.samples
 
 
@@ -137,7 +148,7 @@ def tamper(packed: Packed, dest: Path, how: str) -> tuple[str, str]:
     ],
 )
 def test_a_damaged_big_sample_raises_whichever_reader(
-    mixed: Packed, tmp_path: Path, options: dict[str, Any], how: str, says: str
+    mixed: Packed, tmp_path: Path, options: dict[str, Any], how: str, says: str, reader: str
 ) -> None:
     name, key = tamper(mixed, tmp_path / "ds", how)
     delivered: dict[str, dict[str, Any]] = {}
@@ -171,3 +182,23 @@ def test_layout_problem_names_what_is_wrong() -> None:
     assert "one member_sizes row per sample" in (layout_problem(entry) or "")
     entry.member_fields, entry.member_sizes = ["x", "x"], [[10, 20], [10, 600]]
     assert "duplicates" in (layout_problem(entry) or "")
+
+
+def test_the_direct_path_reads_through_the_c_reader_when_built(
+    mixed: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if native.layout_run is None:
+        pytest.skip("fastload._native is not built here (no C compiler at install time)")
+    calls: list[tuple[int, int]] = []
+    real = native.layout_run
+
+    def counting(*args: Any) -> Any:
+        calls.append((args[6], args[7]))
+        return real(*args)
+
+    monkeypatch.setattr(native, "layout_run", counting)
+    assert read_all(mixed.root, prefetch_bytes=0) == mixed.samples
+    assert native.in_use() == "C"
+    shards = mixed.index["shards"]
+    assert len(calls) >= len(shards)
+    assert {a for a, _ in calls} >= {0}

@@ -1,0 +1,33 @@
+"""The optional C reader (``fastload._native``, built from ``fastload/_native.c`` at install time when a C
+compiler is available): which one this process uses.
+
+``FASTLOAD_NATIVE=0`` in the environment turns it off (the Python reader is then used everywhere; both give
+the same samples and the same errors)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+LayoutRun = Callable[..., tuple[list[dict[str, Any]], int, bool]]
+
+
+def _load() -> LayoutRun | None:
+    if os.environ.get("FASTLOAD_NATIVE", "1") == "0":
+        return None
+    try:
+        from fastload import _native
+    except ImportError:  # not built (no C compiler at install time): the Python reader is used
+        return None
+    run: LayoutRun = _native.layout_run
+    return run
+
+
+# fastload._native.layout_run: see fastload/_native.c
+layout_run: LayoutRun | None = _load()
+
+
+def in_use() -> str:
+    """``"C"`` or ``"Python"``: which reader reads local tar shards with a member layout."""
+    return "C" if layout_run is not None else "Python"
