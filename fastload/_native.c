@@ -1,13 +1,14 @@
-/* fastload._native: the per-sample loop of local tar reads with a member layout, in C.
+/* fastload._native: the per-sample loops of local shard reads, in C.
  *
- * Optional: fastload works without it (fastload/io/native.py falls back to the Python reader).
- * One function, layout_run(), reads consecutive samples of a local tar shard whose index records each
- * sample's fields and member sizes.  One preadv() per batch puts every member's data straight into its own
- * new bytes object (one copy, like cat) and the 512-byte headers and padding into scratch space; each
- * header is then compared with what the index says (name, octal size field, regular-file type), as
- * fastload.core.tar.is_header_of does.  It never raises for the shard's content: at the first header that
- * does not match, or a short read, it stops and returns how far it got, and the caller hands the rest to
- * the parsing reader, which names the problem.
+ * Optional: fastload works without it (fastload/io/native.py falls back to the Python readers).
+ * layout_run() reads consecutive samples of a local tar shard whose index records each sample's fields
+ * and member sizes.  One preadv() per batch puts every member's data straight into its own new bytes
+ * object (one copy, like cat) and the 512-byte headers and padding into scratch space; each header is then
+ * compared with what the index says (name, octal size field, regular-file type), as
+ * fastload.core.tar.is_header_of does.  tfrecord_run() reads consecutive records of a plain TFRecord
+ * shard, each value straight into its own bytes, both CRCs checked (see below).  Neither raises for the
+ * shard's content: at the first sample that does not match, or a short read, they stop and return how far
+ * they got, and the caller hands the rest to the Python reader, which names the problem.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -16,6 +17,8 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -215,20 +218,516 @@ done:
     return result;
 }
 
+
+/* ---- CRC32C (TFRecord's checksum) ------------------------------------------------------------------------
+ * The crc32c package's function: crc32c(data, crc) continues the CRC32C `crc` over data.  On x86-64 with
+ * SSE4.2, three interleaved streams of the crc32 instruction combined by shift tables (Mark Adler's method,
+ * ~8 bytes a cycle); elsewhere a byte-wise table. */
+#define CRC_POLY 0x82F63B78u
+#define CRC_LONG 8192
+#define CRC_SHORT 256
+
+static uint32_t crc_table[256];
+static uint32_t crc_long[4][256];  /* appends CRC_LONG zero bytes to a CRC register */
+static uint32_t crc_short[4][256]; /* appends CRC_SHORT zero bytes */
+static int crc_hardware;
+
+static uint32_t crc32c_portable(uint32_t crc, const unsigned char *p, size_t n) {
+    crc = ~crc;
+    while (n--) crc = crc_table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* GF(2) 32x32 matrices (one column a word) for the zeros operators */
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
+    uint32_t sum = 0;
+    for (; vec; vec >>= 1, mat++)
+        if (vec & 1) sum ^= *mat;
+    return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *mat) {
+    for (int n = 0; n < 32; n++) square[n] = gf2_times(mat, mat[n]);
+}
+
+/* tables applying `len` (a power of two) zero bytes to a CRC register, a byte of it at a time */
+static void crc_zeros_tables(uint32_t zeros[4][256], size_t len) {
+    uint32_t odd[32], even[32];
+    odd[0] = CRC_POLY; /* one zero bit */
+    for (int n = 1; n < 32; n++) odd[n] = 1u << (n - 1);
+    gf2_square(even, odd); /* two bits */
+    gf2_square(odd, even); /* four bits */
+    uint32_t *op = odd;
+    for (size_t bits = 8; bits <= 8 * len; bits <<= 1) { /* 8, 16, ... bits: alternate the two */
+        uint32_t *to = op == odd ? even : odd;
+        gf2_square(to, op);
+        op = to;
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int k = 0; k < 4; k++) zeros[k][n] = gf2_times(op, n << (8 * k));
+}
+
+static inline uint32_t crc_shift(uint32_t zeros[4][256], uint32_t crc) {
+    return zeros[0][crc & 0xFF] ^ zeros[1][(crc >> 8) & 0xFF] ^ zeros[2][(crc >> 16) & 0xFF] ^
+           zeros[3][crc >> 24];
+}
+
+static void crc_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ CRC_POLY : c >> 1;
+        crc_table[n] = c;
+    }
+    crc_zeros_tables(crc_long, CRC_LONG);
+    crc_zeros_tables(crc_short, CRC_SHORT);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    crc_hardware = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+
+static inline uint64_t load64(const unsigned char *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+/* three streams of `block` bytes each, then the registers combined: c0 holds the CRC of all three */
+#define CRC_3WAY(block, zeros)                                                          \
+    while (n >= 3 * (block)) {                                                          \
+        uint64_t c1 = 0, c2 = 0;                                                        \
+        const unsigned char *end = p + (block);                                         \
+        do {                                                                            \
+            c0 = _mm_crc32_u64(c0, load64(p));                                          \
+            c1 = _mm_crc32_u64(c1, load64(p + (block)));                                \
+            c2 = _mm_crc32_u64(c2, load64(p + 2 * (block)));                            \
+            p += 8;                                                                     \
+        } while (p < end);                                                              \
+        c0 = crc_shift(zeros, (uint32_t)c0) ^ (uint32_t)c1;                             \
+        c0 = crc_shift(zeros, (uint32_t)c0) ^ (uint32_t)c2;                             \
+        p += 2 * (block);                                                               \
+        n -= 3 * (block);                                                               \
+    }
+
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const unsigned char *p,
+                                                                size_t n) {
+    uint64_t c0 = ~crc;
+    for (; n && ((uintptr_t)p & 7); n--) c0 = _mm_crc32_u8((uint32_t)c0, *p++);
+    CRC_3WAY(CRC_LONG, crc_long)
+    CRC_3WAY(CRC_SHORT, crc_short)
+    for (; n >= 8; n -= 8, p += 8) c0 = _mm_crc32_u64(c0, load64(p));
+    for (; n; n--) c0 = _mm_crc32_u8((uint32_t)c0, *p++);
+    return ~(uint32_t)c0;
+}
+#endif
+
+static uint32_t crc32c_update(uint32_t crc, const void *data, size_t n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (crc_hardware) return crc32c_sse42(crc, data, n);
+#endif
+    return crc32c_portable(crc, data, n);
+}
+
+/* TensorFlow's mask of a CRC stored in a record */
+static uint32_t masked(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u; }
+
+static uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* crc32c(data, value=0, portable=False) -> int: for tests (against the crc32c package) */
+static PyObject *crc32c_py(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer data;
+    unsigned int value = 0;
+    int portable = 0;
+    if (!PyArg_ParseTuple(args, "y*|Ip", &data, &value, &portable)) return NULL;
+    uint32_t crc = portable ? crc32c_portable(value, data.buf, (size_t)data.len)
+                            : crc32c_update(value, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+/* ---- TFRecord records ------------------------------------------------------------------------------------
+ * tfrecord_run() reads consecutive records of a plain local TFRecord shard whose Examples have the common
+ * shape (fastload.core.tfrecord.simple_example: every feature one BytesList of one value, written
+ * canonically).  Big records: a small read of the head (the bytes before the first big value), then each
+ * value that the head does not hold read straight into its own bytes object together with the bytes after
+ * it (one preadv); small records several at a time into a scratch buffer.  Both CRCs, the header's length
+ * against the index's size and each key against the index's are checked; at the first record that does
+ * not match, or has another shape, or that the file cuts short, it stops (the caller's Python reader reads
+ * the rest or names the problem). */
+#define TFR_HEADER 12
+#define TFR_OVERHEAD 16
+#define TFR_BIG (16 << 10)        /* a record at least this big is read value by value */
+#define TFR_SMALL_READ (256 << 10) /* small records: read up to this much at a time */
+#define TFR_HEAD_READ (1 << 10)    /* a big record's head */
+#define TFR_BUF (TFR_SMALL_READ + TFR_BIG + TFR_HEAD_READ)
+#define TFR_NAMES 64 /* feature names remembered per call (as str) */
+
+enum { ENTRY_SIMPLE, ENTRY_CUT, ENTRY_OTHER };
+
+/* A length varint (at most 5 bytes, as core.tfrecord reads lengths) at p, `avail` bytes there: its size in
+ * bytes, 0 if cut off, -1 if longer. */
+static int read_length(const unsigned char *p, Py_ssize_t avail, uint64_t *value) {
+    uint64_t v = 0;
+    for (int k = 0; k < 5; k++) {
+        if (k >= avail) return 0;
+        v |= (uint64_t)(p[k] & 0x7F) << (7 * k);
+        if (p[k] < 0x80) {
+            *value = v;
+            return k + 1;
+        }
+    }
+    return -1;
+}
+
+/* A tag byte and a length at p + *k: advance *k past them; ENTRY_SIMPLE, or why not. */
+static int tagged_length(const unsigned char *p, Py_ssize_t avail, uint64_t *k, unsigned char tag,
+                         uint64_t *size) {
+    if ((Py_ssize_t)*k >= avail) return ENTRY_CUT;
+    if (p[*k] != tag) return ENTRY_OTHER;
+    int n = read_length(p + *k + 1, avail - (Py_ssize_t)*k - 1, size);
+    if (n <= 0) return n == 0 ? ENTRY_CUT : ENTRY_OTHER;
+    *k += 1 + (uint64_t)n;
+    return ENTRY_SIMPLE;
+}
+
+typedef struct {
+    uint64_t name_at, name_len, value_at, stop; /* from the entry's start */
+} Entry;
+
+/* The Features map entry at p (as core.tfrecord.simple_entry), `avail` bytes of it in the buffer, `left`
+ * bytes left in the payload: ENTRY_SIMPLE (e filled), ENTRY_CUT (the buffer cuts off its head) or
+ * ENTRY_OTHER. */
+static int simple_entry(const unsigned char *p, Py_ssize_t avail, uint64_t left, Entry *e) {
+    static const unsigned char value_tags[3] = {0x12, 0x0A, 0x0A}; /* Feature, BytesList, its value */
+    uint64_t k = 0, size;
+    int st = tagged_length(p, avail, &k, 0x0A, &size);
+    if (st != ENTRY_SIMPLE) return st;
+    if (size > left - k) return ENTRY_OTHER;
+    e->stop = k + size;
+    if ((st = tagged_length(p, avail, &k, 0x0A, &size)) != ENTRY_SIMPLE) return st; /* the name */
+    if (size >= e->stop - k) return ENTRY_OTHER;
+    e->name_at = k;
+    e->name_len = size;
+    k += size;
+    for (int t = 0; t < 3; t++) {
+        if ((st = tagged_length(p, avail, &k, value_tags[t], &size)) != ENTRY_SIMPLE) return st;
+        if (k > e->stop || size != e->stop - k) return ENTRY_OTHER;
+    }
+    e->value_at = k;
+    return ENTRY_SIMPLE;
+}
+
+typedef struct {
+    int fd;
+    PyObject *offsets, *sizes;
+    Py_ssize_t first, stop;
+    long long run_end;     /* the end of the batch's last record */
+    long long file_size;
+    unsigned char *buf;    /* the shard's bytes [b0, b0 + blen) */
+    long long b0, blen;
+    PyObject *names[TFR_NAMES];
+    int nnames;
+} Tfr;
+
+static long long list_ll(PyObject *list, Py_ssize_t i) { return PyLong_AsLongLong(PyList_GET_ITEM(list, i)); }
+
+/* preadv() all of iov (GIL released): the bytes read (fewer at the end of the file), or -1 with an
+ * exception set. */
+static long long read_all(int fd, struct iovec *iov, int niov, long long offset) {
+    long long got = 0;
+    int i = 0;
+    while (i < niov) {
+        ssize_t r;
+        Py_BEGIN_ALLOW_THREADS
+        r = preadv(fd, iov + i, niov - i, (off_t)(offset + got));
+        Py_END_ALLOW_THREADS
+        if (r < 0) {
+            if (errno == EINTR) {
+                if (PyErr_CheckSignals() < 0) return -1;
+                continue;
+            }
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        if (r == 0) break;
+        got += r;
+        size_t adv = (size_t)r; /* skip the filled iovecs, trim the one cut */
+        while (i < niov && adv >= iov[i].iov_len) adv -= iov[i++].iov_len;
+        if (i < niov && adv) {
+            iov[i].iov_base = (char *)iov[i].iov_base + adv;
+            iov[i].iov_len -= adv;
+        }
+    }
+    return got;
+}
+
+/* Where a read into the buffer from `pos` (in record i) should end: a big record's next head; else the
+ * rest of record i with the small records after it (up to TFR_SMALL_READ) and the next record's head. */
+static long long fill_end(Tfr *t, long long pos, Py_ssize_t i) {
+    long long end = list_ll(t->offsets, i) + list_ll(t->sizes, i);
+    if (end - pos > TFR_HEAD_READ && list_ll(t->sizes, i) >= TFR_BIG) {
+        end = pos + TFR_HEAD_READ;
+    } else {
+        for (Py_ssize_t j = i + 1; j < t->stop; j++) {
+            long long at = list_ll(t->offsets, j), size = list_ll(t->sizes, j);
+            if (at != end || size >= TFR_BIG || at + size > pos + TFR_SMALL_READ) break;
+            end = at + size;
+        }
+        end += TFR_HEAD_READ;
+    }
+    if (end > t->run_end) end = t->run_end;
+    if (end - pos > TFR_BUF) end = pos + TFR_BUF;
+    return end > pos ? end : pos;
+}
+
+/* Read the buffer anew from pos; -1 with an exception set on an I/O error. */
+static int refill(Tfr *t, long long pos, Py_ssize_t i) {
+    struct iovec iov = {t->buf, (size_t)(fill_end(t, pos, i) - pos)};
+    long long got = read_all(t->fd, &iov, 1, pos);
+    if (got < 0) return -1;
+    t->b0 = pos;
+    t->blen = got;
+    return 0;
+}
+
+/* A feature name (UTF-8 bytes) as a new reference to a str, remembered for the call; NULL (no exception
+ * set) if it is not UTF-8. */
+static PyObject *feature_name(Tfr *t, const unsigned char *raw, Py_ssize_t len) {
+    for (int k = 0; k < t->nnames; k++) {
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(t->names[k], &n);
+        if (s != NULL && n == len && memcmp(s, raw, (size_t)len) == 0) return Py_NewRef(t->names[k]);
+    }
+    PyObject *name = PyUnicode_DecodeUTF8((const char *)raw, len, NULL);
+    if (name == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyUnicode_InternInPlace(&name);
+    if (t->nnames < TFR_NAMES) t->names[t->nnames++] = Py_NewRef(name);
+    return name;
+}
+
+/* Whether raw is the UTF-8 of the str key (the index's). */
+static int same_key(const unsigned char *raw, Py_ssize_t len, PyObject *key) {
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(key, &n);
+    if (s == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return n == len && memcmp(s, raw, (size_t)len) == 0;
+}
+
+/* Whether key is record i's key when it has no __key__ feature: "<stem>/<i:06d>" (core.tfrecord.derived_key). */
+static int derived_key_is(PyObject *key, PyObject *stem, Py_ssize_t i) {
+    Py_ssize_t n, stem_len;
+    const char *s = PyUnicode_AsUTF8AndSize(key, &n), *st = PyUnicode_AsUTF8AndSize(stem, &stem_len);
+    char number[32];
+    if (s == NULL || st == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int len = snprintf(number, sizeof number, "/%06zd", i);
+    return n == stem_len + len && memcmp(s, st, (size_t)stem_len) == 0 &&
+           memcmp(s + stem_len, number, (size_t)len) == 0;
+}
+
+enum { RECORD_ERROR = -1, RECORD_STOP = 0, RECORD_OK = 1 };
+
+/* Record i (key: the index's) into *out as a sample dict: RECORD_OK, RECORD_STOP if it is not as
+ * expected, RECORD_ERROR with an exception set. */
+static int read_record(Tfr *t, Py_ssize_t i, PyObject *key, PyObject *stem, PyObject **out) {
+    long long at = list_ll(t->offsets, i), size = list_ll(t->sizes, i);
+    if ((at == -1 || size == -1) && PyErr_Occurred()) return RECORD_ERROR;
+    if (at < 0 || size < TFR_OVERHEAD || at + size > t->file_size) return RECORD_STOP;
+    /* the record's head (a big one) or all of it (a small one) in the buffer */
+    long long need = size >= TFR_BIG ? TFR_HEADER + 16 : size;
+    if (!(t->b0 <= at && at + need <= t->b0 + t->blen) && refill(t, at, i) < 0) return RECORD_ERROR;
+    if (at + TFR_HEADER > t->b0 + t->blen) return RECORD_STOP;
+    const unsigned char *h = t->buf + (at - t->b0);
+    uint64_t length = 0;
+    for (int k = 7; k >= 0; k--) length = length << 8 | h[k];
+    if (le32(h + 8) != masked(crc32c_update(0, h, 8)) || length != (uint64_t)(size - TFR_OVERHEAD))
+        return RECORD_STOP;
+
+    long long start = at + TFR_HEADER, end = start + (long long)length;
+    long long crc_at = start; /* the payload's CRC covers [start, crc_at) */
+    uint32_t crc = 0;
+    int has_key = 0, status = RECORD_STOP;
+    PyObject *d = PyDict_New();
+    if (d == NULL || PyDict_SetItem(d, str_key, key)) goto error;
+    if (length > 0) { /* the Example's one field, `features`, all of the payload */
+        uint64_t k = 0, features;
+        if (tagged_length(h + TFR_HEADER, t->b0 + t->blen - start, &k, 0x0A, &features) != ENTRY_SIMPLE ||
+            k + features != length)
+            goto done;
+        for (long long pos = start + (long long)k; pos < end;) {
+            Entry e;
+            int st = simple_entry(t->buf + (pos - t->b0), t->b0 + t->blen - pos, (uint64_t)(end - pos), &e);
+            if (st == ENTRY_CUT && t->b0 + t->blen < end) { /* read on from the entry */
+                crc = crc32c_update(crc, t->buf + (crc_at - t->b0), (size_t)(pos - crc_at));
+                crc_at = pos;
+                if (refill(t, pos, i) < 0) goto error;
+                st = simple_entry(t->buf, t->blen, (uint64_t)(end - pos), &e);
+            }
+            if (st != ENTRY_SIMPLE) goto done;
+            const unsigned char *p = t->buf + (pos - t->b0);
+            long long a = pos + (long long)e.value_at, b = pos + (long long)e.stop;
+            int is_key = e.name_len == 7 && memcmp(p + e.name_at, "__key__", 7) == 0;
+            PyObject *name = is_key ? NULL : feature_name(t, p + e.name_at, (Py_ssize_t)e.name_len);
+            if (!is_key && name == NULL) goto done;
+            PyObject *value;
+            if (b <= t->b0 + t->blen) { /* all in the buffer */
+                if (is_key) {
+                    if (!same_key(p + e.value_at, b - a, key)) goto done;
+                    has_key = 1;
+                    pos = b;
+                    continue;
+                }
+                value = PyBytes_FromStringAndSize((const char *)p + e.value_at, b - a);
+            } else { /* the part in the buffer, the rest read straight into the value (with what follows) */
+                value = PyBytes_FromStringAndSize(NULL, b - a);
+                if (value == NULL) {
+                    Py_XDECREF(name);
+                    goto error;
+                }
+                crc = crc32c_update(crc, t->buf + (crc_at - t->b0), (size_t)(a - crc_at));
+                char *v = PyBytes_AS_STRING(value);
+                long long have = t->b0 + t->blen - a, after = fill_end(t, b, i);
+                memcpy(v, p + e.value_at, (size_t)have);
+                struct iovec iov[2] = {{v + have, (size_t)(b - a - have)}, {t->buf, (size_t)(after - b)}};
+                long long got = read_all(t->fd, iov, after > b ? 2 : 1, a + have);
+                if (got < b - a - have) {
+                    Py_DECREF(value);
+                    Py_XDECREF(name);
+                    if (got < 0) goto error;
+                    goto done; /* short */
+                }
+                t->b0 = b;
+                t->blen = got - (b - a - have);
+                crc = crc32c_update(crc, v, (size_t)(b - a));
+                crc_at = b;
+                if (is_key) {
+                    int same = same_key((const unsigned char *)v, b - a, key);
+                    Py_DECREF(value);
+                    if (!same) goto done;
+                    has_key = 1;
+                    pos = b;
+                    continue;
+                }
+            }
+            int err = value == NULL || PyDict_SetItem(d, name, value);
+            Py_XDECREF(value);
+            Py_DECREF(name);
+            if (err) goto error;
+            pos = b;
+        }
+    }
+    crc = crc32c_update(crc, t->buf + (crc_at - t->b0), (size_t)(end - crc_at));
+    if (end + 4 > t->b0 + t->blen) { /* the footer (and what follows) */
+        if (refill(t, end, i) < 0) goto error;
+        if (end + 4 > t->b0 + t->blen) goto done;
+    }
+    if (le32(t->buf + (end - t->b0)) != masked(crc)) goto done;
+    if (!has_key && !derived_key_is(key, stem, i)) goto done;
+    PyObject *index = PyLong_FromSsize_t(i);
+    if (index == NULL) goto error;
+    int err = PyDict_SetItem(d, str_index, index);
+    Py_DECREF(index);
+    if (err) goto error;
+    *out = d;
+    return RECORD_OK;
+error:
+    status = RECORD_ERROR;
+done:
+    Py_XDECREF(d);
+    return status;
+}
+
+/* tfrecord_run(fd, offsets, sizes, keys, stem, first, stop, max_bytes) -> (samples, next, ok)
+ * samples: dicts {"__key__", field: bytes..., "__index__"} of records first..next-1 (a batch of about
+ * max_bytes, at least one record); ok False: record `next` is not as expected (read it with the Python
+ * reader). stem: the shard's name without its suffix, for the keys of records without a __key__. */
+static PyObject *tfrecord_run(PyObject *Py_UNUSED(self), PyObject *args) {
+    Tfr t;
+    memset(&t, 0, sizeof t);
+    PyObject *keys, *stem;
+    Py_ssize_t max_bytes;
+    if (!PyArg_ParseTuple(args, "iO!O!O!U" "nnn", &t.fd, &PyList_Type, &t.offsets, &PyList_Type, &t.sizes,
+                          &PyList_Type, &keys, &stem, &t.first, &t.stop, &max_bytes))
+        return NULL;
+    if (t.first < 0 || t.first >= t.stop || PyList_GET_SIZE(keys) < t.stop ||
+        PyList_GET_SIZE(t.offsets) < t.stop || PyList_GET_SIZE(t.sizes) < t.stop) {
+        PyErr_SetString(PyExc_ValueError, "tfrecord_run: bad record range");
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(t.fd, &st) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    t.file_size = (long long)st.st_size;
+    /* the batch: first..last-1, about max_bytes */
+    Py_ssize_t last = t.first;
+    for (long long total = 0; last < t.stop && (last == t.first || total < max_bytes); last++) {
+        long long at = list_ll(t.offsets, last), size = list_ll(t.sizes, last);
+        if ((at == -1 || size == -1) && PyErr_Occurred()) return NULL;
+        total += size;
+        if (at + size > t.run_end) t.run_end = at + size;
+    }
+    t.stop = last; /* (no reading ahead past the batch) */
+    PyObject *samples = PyList_New(0), *result = NULL;
+    t.buf = PyMem_Malloc(TFR_BUF);
+    if (samples == NULL || t.buf == NULL) {
+        if (t.buf == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t i = t.first;
+    int status = RECORD_OK;
+    for (; i < last; i++) {
+        PyObject *sample = NULL;
+        status = read_record(&t, i, PyList_GET_ITEM(keys, i), stem, &sample);
+        if (status == RECORD_ERROR) goto done;
+        if (status == RECORD_STOP) break;
+        int err = PyList_Append(samples, sample);
+        Py_DECREF(sample);
+        if (err) goto done;
+    }
+    result = Py_BuildValue("(OnO)", samples, i, status == RECORD_OK ? Py_True : Py_False);
+done:
+    Py_XDECREF(samples);
+    PyMem_Free(t.buf);
+    for (int k = 0; k < t.nnames; k++) Py_DECREF(t.names[k]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"layout_run", layout_run, METH_VARARGS,
      "layout_run(fd, offsets, keys, rows, fields, dot_fields, first, stop, max_bytes) -> "
      "(samples, next, ok): one batch of samples of a local tar shard read by its member layout."},
+    {"tfrecord_run", tfrecord_run, METH_VARARGS,
+     "tfrecord_run(fd, offsets, sizes, keys, stem, first, stop, max_bytes) -> (samples, next, ok): one "
+     "batch of records of a plain local TFRecord shard of common Examples, both CRCs checked."},
+    {"crc32c", crc32c_py, METH_VARARGS,
+     "crc32c(data, value=0, portable=False) -> int: the CRC32C of data continuing value (as the crc32c "
+     "package's); portable: without the hardware instruction."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fastload._native",
-                                    "fastload's optional C reader for local tar shards with a member layout.",
+                                    "fastload's optional C readers for local tar shards with a member layout and TFRecord shards.",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
     str_key = PyUnicode_InternFromString("__key__");
     str_index = PyUnicode_InternFromString("__index__");
     if (str_key == NULL || str_index == NULL) return NULL;
-    return PyModule_Create(&module);
+    crc_init();
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "crc32c_hardware", crc_hardware ? Py_True : Py_False) < 0)
+        Py_CLEAR(m);
+    return m;
 }

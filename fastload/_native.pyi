@@ -12,3 +12,17 @@ def layout_run(
     max_bytes: int,
     /,
 ) -> tuple[list[dict[str, Any]], int, bool]: ...
+def tfrecord_run(
+    fd: int,
+    offsets: list[int],
+    sizes: list[int],
+    keys: list[str],
+    stem: str,
+    first: int,
+    stop: int,
+    max_bytes: int,
+    /,
+) -> tuple[list[dict[str, Any]], int, bool]: ...
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0, portable: bool = False, /) -> int: ...
+
+crc32c_hardware: bool

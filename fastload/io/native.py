@@ -1,5 +1,5 @@
-"""The optional C reader (``fastload._native``, built from ``fastload/_native.c`` at install time when a C
-compiler is available): which one this process uses.
+"""The optional C readers (``fastload._native``, built from ``fastload/_native.c`` at install time when a C
+compiler is available): which ones this process uses.
 
 ``FASTLOAD_NATIVE=0`` in the environment turns it off (the Python reader is then used everywhere; both give
 the same samples and the same errors)."""
@@ -10,22 +10,22 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-LayoutRun = Callable[..., tuple[list[dict[str, Any]], int, bool]]
+Run = Callable[..., tuple[list[dict[str, Any]], int, bool]]
 
 
-def _load() -> LayoutRun | None:
+def _load() -> tuple[Run | None, Run | None]:
     if os.environ.get("FASTLOAD_NATIVE", "1") == "0":
-        return None
+        return None, None
     try:
         from fastload import _native
     except ImportError:  # not built (no C compiler at install time): the Python reader is used
-        return None
-    run: LayoutRun = _native.layout_run
-    return run
+        return None, None
+    # (TFRecord records only with the CPU's CRC32C instruction: the crc32c package is faster than a table)
+    return _native.layout_run, _native.tfrecord_run if _native.crc32c_hardware else None
 
 
-# fastload._native.layout_run: see fastload/_native.c
-layout_run: LayoutRun | None = _load()
+# fastload._native.layout_run and tfrecord_run: see fastload/_native.c
+layout_run, tfrecord_run = _load()
 
 
 def in_use() -> str:

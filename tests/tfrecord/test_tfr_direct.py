@@ -2,7 +2,8 @@
 value, small ones several at a time), the prefetched path (runs read whole, the fast decoder) and the
 general decoder, each giving the source bytes over records of many sizes around the thresholds; records of
 other shapes in between (the rest of the run falls back, still right); and damaged records, big and small,
-giving the same precise errors on every path."""
+giving the same precise errors on every path. The direct path runs with the C reader (fastload/_native.c)
+and with the Python one."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import fastload
 from fastload.core import tfrecord as tfr
 from fastload.errors import VerifyError
 from fastload.indexing import build_index
-from fastload.io import tfrecordread
+from fastload.io import native, tfrecordread
 from fastload.io.tfrecordread import DIRECT_RECORD_BYTES, HEAD_READ_BYTES, TFRecordSamples
 
 BIG = DIRECT_RECORD_BYTES
@@ -82,6 +83,31 @@ def thresholds(tmp_path_factory: pytest.TempPathFactory) -> Packed:
     return packed
 
 
+def _use_reader(reader: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the direct path use the C reader (fastload/_native.c) or the Python one."""
+    if reader == "C" and native.tfrecord_run is None:
+        pytest.skip(
+            "fastload._native's TFRecord reader is not in use here (not built, or no CRC32C instruction)"
+        )
+    if reader == "Python":
+        monkeypatch.setattr(native, "tfrecord_run", None)
+
+
+@pytest.fixture(params=["C", "Python"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which reader the direct path uses."""
+    _use_reader(request.param, monkeypatch)
+    return str(request.param)
+
+
+@pytest.fixture(params=["direct-C", "direct-Python", "prefetched"])
+def prefetch_bytes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """How samples are read: direct (no prefetch) with the C or the Python reader, or prefetched."""
+    mode, _, reader = str(request.param).partition("-")
+    _use_reader(reader, monkeypatch)
+    return 0 if mode == "direct" else 1 << 20
+
+
 def _read(root: Path, **options: Any) -> list[dict[str, Any]]:
     return list(fastload.ShardDataset(root, decode=False, **options))
 
@@ -111,7 +137,7 @@ def _same_as_source(samples: list[dict[str, Any]], packed: Packed) -> None:
         assert (s["__shard__"], s["__index__"]) == (shard, position)
 
 
-def test_direct_path(thresholds: Packed, counted: dict[str, int]) -> None:
+def test_direct_path(thresholds: Packed, counted: dict[str, int], reader: str) -> None:
     _same_as_source(_read(thresholds.root, prefetch_bytes=0), thresholds)
     assert counted["direct_run"] > 0 and counted["read_run"] == 0  # no record fell back
 
@@ -124,6 +150,7 @@ def test_prefetched_path(thresholds: Packed, counted: dict[str, int]) -> None:
 def test_general_decoder(
     thresholds: Packed, monkeypatch: pytest.MonkeyPatch, counted: dict[str, int]
 ) -> None:
+    monkeypatch.setattr(native, "tfrecord_run", None)  # (the Python readers' decoders, disabled)
     monkeypatch.setattr(tfrecordread, "fast_sample", lambda *a, **k: None)
     monkeypatch.setattr(tfrecordread, "simple_entry", lambda *a, **k: None)
     _same_as_source(_read(thresholds.root, prefetch_bytes=0), thresholds)
@@ -182,7 +209,6 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dic
     return root, expected
 
 
-@pytest.mark.parametrize("prefetch_bytes", [0, 1 << 20])
 def test_other_shapes_fall_back_and_read_right(
     mixed: tuple[Path, dict[str, dict[str, Any]]], prefetch_bytes: int, counted: dict[str, int]
 ) -> None:
@@ -226,11 +252,9 @@ def _flip(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
-MODES = [pytest.param(0, id="direct"), pytest.param(1 << 20, id="prefetched")]
 SIZES = [pytest.param(True, id="big"), pytest.param(False, id="small")]
 
 
-@pytest.mark.parametrize("prefetch_bytes", MODES)
 @pytest.mark.parametrize("big", SIZES)
 @pytest.mark.parametrize("where", ["length", "length CRC", "key", "value", "tail", "footer"])
 def test_damage_is_named_precisely(
@@ -254,7 +278,6 @@ def test_damage_is_named_precisely(
         _read(root, prefetch_bytes=prefetch_bytes)
 
 
-@pytest.mark.parametrize("prefetch_bytes", MODES)
 @pytest.mark.parametrize("big", SIZES)
 def test_truncation_is_named_precisely(
     copy: tuple[Path, dict[str, Any]], big: bool, prefetch_bytes: int
@@ -270,7 +293,6 @@ def test_truncation_is_named_precisely(
         _read(root, prefetch_bytes=prefetch_bytes)
 
 
-@pytest.mark.parametrize("prefetch_bytes", MODES)
 @pytest.mark.parametrize("big", SIZES)
 def test_keys_are_checked_against_the_index(
     copy: tuple[Path, dict[str, Any]], big: bool, prefetch_bytes: int

@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crc32c import crc32c
 
+from fastload.core import tfrecord as tfr
 from fastload.core.tar import BLOCK, member_header, padded
 from fastload.io import native
+from fastload.io.tfrecordread import DIRECT_RECORD_BYTES
 
 needs_c = pytest.mark.skipif(
     native.layout_run is None, reason="fastload._native is not built here (no C compiler at install time)"
@@ -144,3 +147,211 @@ def test_bad_arguments_raise(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.environ.get("FASTLOAD_REQUIRE_NATIVE") != "1", reason="only where CI requires it")
 def test_ci_builds_the_c_reader() -> None:
     assert native.in_use() == "C"
+
+
+# -- TFRecord records (tfrecord_run) -----------------------------------------------------------------------
+
+needs_c_tfrecord = pytest.mark.skipif(
+    native.tfrecord_run is None,
+    reason="fastload._native's TFRecord reader is not in use here (not built, or no CRC32C instruction)",
+)
+BIG = DIRECT_RECORD_BYTES
+
+
+def write_tfrecord(path: Path, payloads: list[bytes], keys: list[str]) -> dict[str, Any]:
+    """A TFRecord file of ``payloads`` and the index lists the reader takes."""
+    records = [tfr.frame(p) for p in payloads]
+    offsets = [sum(len(r) for r in records[:i]) for i in range(len(records))]
+    path.write_bytes(b"".join(records))
+    return {"offsets": offsets, "sizes": [len(r) for r in records], "keys": keys, "stem": path.stem}
+
+
+def tfr_run(path: Path, ix: dict[str, Any], first: int, stop: int, max_bytes: int = 1 << 20) -> Any:
+    assert native.tfrecord_run is not None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return native.tfrecord_run(
+            fd, ix["offsets"], ix["sizes"], ix["keys"], ix["stem"], first, stop, max_bytes
+        )
+    finally:
+        os.close(fd)
+
+
+def sized_example(key: str | None, fields: list[tuple[str, int]], target: int, rng: random.Random) -> bytes:
+    """An Example of ``fields`` (name, size), the last one grown so that its record is ``target`` bytes
+    if it can be (lengths are varints: a byte more of value can mean two more bytes of record)."""
+    head = [] if key is None else [(tfr.KEY_FEATURE, key.encode())]
+    values = [(n, rng.randbytes(s)) for n, s in fields]
+    for _ in range(8):
+        payload = tfr.encode_example(head + values)
+        missing = target - tfr.record_size(len(payload))
+        if missing == 0:
+            break
+        name, value = values[-1]
+        values[-1] = (
+            name,
+            value + rng.randbytes(max(missing, 1 - len(value))) if missing > 0 else value[:missing],
+        )
+    return tfr.encode_example(head + values)
+
+
+def tfr_samples() -> tuple[list[bytes], list[str], list[dict[str, Any]]]:
+    """Records of sizes around the reader's thresholds, with and without ``__key__``: payloads, keys and
+    the samples expected."""
+    rng = random.Random(7)
+    shapes: list[tuple[list[tuple[str, int]], int]] = [([("a", 1)], 0), ([], 0)]  # tiny, no features
+    shapes += [([("cls", 1), ("jpg", 100)], t) for t in range(BIG - 4, BIG + 5)]  # around 16 KiB
+    shapes += [([("cls", 1), ("jpg", 300_000), ("txt", 40)], 0), ([("a", 70_000), ("b", 200_000)], 0)]
+    shapes += [([("x", 10)], 0)] * 40  # small records after each other
+    shapes += [([(f"f{k}", 300) for k in range(70)], 0)]  # heads past 1 KiB, names past the cache
+    shapes += [([("a", 127), ("b", 128), ("c", 16_383), ("d", 16_384)], 0), ([("e", 0), ("f", 1000)], 0)]
+    payloads, keys, expected = [], [], []
+    for i, (fields, target) in enumerate(shapes):
+        key = None if i % 3 == 1 else f"s/{i:04d}"  # every third without __key__: the key is derived
+        payload = sized_example(key, fields, target, rng) if target else None
+        if payload is None:
+            values = [(name, rng.randbytes(size)) for name, size in fields]
+            head = [] if key is None else [(tfr.KEY_FEATURE, key.encode())]
+            payload = tfr.encode_example(head + values)
+        found = tfr.simple_example(payload, 0, len(payload))
+        assert found is not None
+        found.pop(tfr.KEY_FEATURE, None)
+        payloads.append(payload)
+        keys.append(key or tfr.derived_key("shard.tfrecord", i))
+        expected.append({"__key__": keys[-1], **found, "__index__": i})
+    return payloads, keys, expected
+
+
+def test_the_c_crc32c_matches_the_crc32c_package() -> None:
+    if native.layout_run is None:
+        pytest.skip("fastload._native is not built here")
+    from fastload import _native
+
+    rng = random.Random(11)
+    data = rng.randbytes(600_000)
+    for t in range(300):
+        n, at = rng.randrange(0, 300_001), rng.randrange(0, 300_000)
+        chunk, cut = data[at : at + n], rng.randrange(0, n + 1)
+        want = crc32c(chunk)
+        assert _native.crc32c(chunk) == want
+        assert _native.crc32c(chunk[cut:], _native.crc32c(chunk[:cut])) == want
+        if t < 20:
+            value = rng.getrandbits(32)
+            assert _native.crc32c(chunk, value, True) == crc32c(chunk, value) == _native.crc32c(chunk, value)
+
+
+@needs_c_tfrecord
+def test_tfrecord_records_come_back_exact(tmp_path: Path) -> None:
+    payloads, keys, expected = tfr_samples()
+    ix = write_tfrecord(tmp_path / "shard.tfrecord", payloads, keys)
+    assert {BIG - 1, BIG, BIG + 1} <= set(ix["sizes"]) and max(ix["sizes"]) > 300_000
+    for max_bytes in (1, 50_000, 1 << 20):
+        got, i = [], 0
+        while i < len(keys):
+            samples, nxt, whole = tfr_run(tmp_path / "shard.tfrecord", ix, i, len(keys), max_bytes)
+            assert whole and nxt > i
+            got += samples
+            i = nxt
+        assert [list(s.items()) for s in got] == [list(s.items()) for s in expected]
+        assert all(type(v) is bytes for s in got for k, v in s.items() if not k.startswith("__"))
+
+
+@needs_c_tfrecord
+def test_a_tfrecord_batch_ends_after_max_bytes_and_at_most_the_stop(tmp_path: Path) -> None:
+    keys = [f"k{i}" for i in range(10)]
+    payloads = [
+        tfr.encode_example([("__key__", k.encode()), ("bin", bytes([i]) * 3000)]) for i, k in enumerate(keys)
+    ]
+    ix = write_tfrecord(tmp_path / "a.tfrecord", payloads, keys)
+    size = ix["sizes"][0]
+    got, nxt, whole = tfr_run(tmp_path / "a.tfrecord", ix, 2, 10, max_bytes=3 * size)
+    assert ([s["__key__"] for s in got], nxt, whole) == (["k2", "k3", "k4"], 5, True)
+    got, nxt, whole = tfr_run(tmp_path / "a.tfrecord", ix, 8, 9)
+    assert ([s["__key__"] for s in got], nxt, whole) == (["k8"], 9, True)
+    assert got[0] == {"__key__": "k8", "bin": bytes([8]) * 3000, "__index__": 8}
+
+
+def _ld(field: int, body: bytes) -> bytes:
+    return tfr._varint_bytes(field << 3 | 2) + tfr._varint_bytes(len(body)) + body
+
+
+def tfr_damage(path: Path, ix: dict[str, Any], i: int, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    at, size = ix["offsets"][i], ix["sizes"][i]
+    if how == "length CRC":
+        data[at + 9] ^= 1
+    elif how == "payload CRC":
+        data[at + size // 2] ^= 1
+    elif how == "footer":
+        data[at + size - 2] ^= 1
+    elif how == "length":
+        ix["sizes"][i] += 1
+    elif how == "key":
+        ix["keys"][i] = "not/the-key"
+    elif how == "derived key":
+        ix["stem"] = "other"
+    elif how == "truncated":
+        del data[at + size - 3 :]
+    elif how in ("int64", "two values"):  # a valid record of another shape, the same size
+        feature = _ld(3, _ld(1, b"\x07")) if how == "int64" else _ld(1, _ld(1, b"x") + _ld(1, b""))
+        payload = _ld(1, _ld(1, _ld(1, b"__key__") + _ld(2, _ld(1, _ld(1, ix["keys"][i].encode())))))
+        payload += _ld(1, _ld(1, _ld(1, b"n") + _ld(2, feature)))
+        data[at : at + size] = tfr.frame(payload)
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = [
+    "length CRC",
+    "payload CRC",
+    "footer",
+    "length",
+    "key",
+    "derived key",
+    "truncated",
+    "int64",
+    "two values",
+]
+
+
+@needs_c_tfrecord
+@pytest.mark.parametrize("big", [True, False], ids=["big", "small"])
+@pytest.mark.parametrize("how", DAMAGE)
+def test_tfrecord_run_stops_before_the_first_record_not_as_expected(
+    tmp_path: Path, how: str, big: bool
+) -> None:
+    n, size = 8, 40_000 if big else 2000
+    keys = [f"k{i}" for i in range(n)]
+    payloads = [
+        tfr.encode_example(
+            ([] if how == "derived key" else [("__key__", k.encode())])
+            + [("a", b"%d" % i), ("bin", bytes([i]) * size)]
+        )
+        for i, k in enumerate(keys)
+    ]
+    if how == "derived key":
+        keys = [tfr.derived_key("a.tfrecord", i) for i in range(n)]
+    path = tmp_path / "a.tfrecord"
+    ix = write_tfrecord(path, payloads, keys)
+    bad = n - 1 if how == "truncated" else 5
+    if how == "derived key":
+        ix["keys"][bad] = keys[bad] = "a/000555"  # (not record 5's derived key)
+    else:
+        tfr_damage(path, ix, bad, how)
+    got, nxt, whole = tfr_run(path, ix, 1, n)
+    assert (nxt, whole) == (bad, False)
+    assert [(s["__key__"], s["a"], s["bin"]) for s in got] == [
+        (keys[i], b"%d" % i, bytes([i]) * size) for i in range(1, bad)
+    ]
+    assert tfr_run(path, ix, bad, n)[1:] == (bad, False)
+
+
+@needs_c_tfrecord
+def test_tfrecord_run_bad_arguments_raise(tmp_path: Path) -> None:
+    ix = write_tfrecord(tmp_path / "a.tfrecord", [tfr.encode_example([("a", b"x")])], ["a/000000"])
+    with pytest.raises(ValueError, match="bad record range"):
+        tfr_run(tmp_path / "a.tfrecord", ix, 0, 2)
+    with pytest.raises(ValueError, match="bad record range"):
+        tfr_run(tmp_path / "a.tfrecord", ix, 1, 1)
+    with pytest.raises(OSError):
+        native.tfrecord_run(-1, ix["offsets"], ix["sizes"], ix["keys"], "a", 0, 1, 1 << 20)  # type: ignore[misc]
+    assert tfr_run(tmp_path / "a.tfrecord", ix, 0, 1)[1:] == (1, True)
