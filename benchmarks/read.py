@@ -524,6 +524,9 @@ def machine() -> dict[str, Any]:
     for name in ("fastload", "torch", "webdataset", "litdata", "pillow", "numpy", "boto3"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             info["packages"][name] = importlib.metadata.version(name)
+    from fastload.io import native
+
+    info["packages"]["fastload reader"] = native.in_use()  # "C" (fastload._native) or "Python"
     return info
 
 
