@@ -220,19 +220,26 @@ done:
 
 
 /* ---- CRC32C (TFRecord's checksum) ------------------------------------------------------------------------
- * The crc32c package's function: crc32c(data, crc) continues the CRC32C `crc` over data.  On x86-64 with
- * SSE4.2, three interleaved streams of the crc32 instruction combined by shift tables (Mark Adler's method,
- * ~8 bytes a cycle); elsewhere a byte-wise table. */
-#define CRC_POLY 0x82F63B78u
+ * The crc32c package's function: crc32c(crc, data) continues the CRC32C `crc` over data.  On x86-64: with
+ * AVX-512 VPCLMULQDQ, 256 bytes at a time folded by carry-less multiplication (~4x the crc32 instruction);
+ * else with SSE4.2, three interleaved streams of the crc32 instruction combined by shift tables (Mark
+ * Adler's method); elsewhere a byte-wise table. */
+#if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 8 : __GNUC__ >= 9)
+#define HAVE_VPCLMUL 1
+#endif
+#define CRC_POLY 0x82F63B78u        /* reflected */
+#define CRC_POLY_NORMAL 0x1EDC6F41u /* the same, bit 31 first */
 #define CRC_LONG 8192
 #define CRC_SHORT 256
+enum { CRC_TABLE, CRC_SSE42, CRC_VPCLMUL };
 
 static uint32_t crc_table[256];
 static uint32_t crc_long[4][256];  /* appends CRC_LONG zero bytes to a CRC register */
 static uint32_t crc_short[4][256]; /* appends CRC_SHORT zero bytes */
-static int crc_hardware;
+static uint64_t fold_256[2], fold_64[2]; /* carry-less multipliers moving 16 bytes on by 256 / 64 bytes */
+static int crc_level;                    /* the best of the enum above this CPU has */
 
-static uint32_t crc32c_portable(uint32_t crc, const unsigned char *p, size_t n) {
+static uint32_t crc32c_table(uint32_t crc, const unsigned char *p, size_t n) {
     crc = ~crc;
     while (n--) crc = crc_table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
     return ~crc;
@@ -272,6 +279,15 @@ static inline uint32_t crc_shift(uint32_t zeros[4][256], uint32_t crc) {
            zeros[3][crc >> 24];
 }
 
+/* x^e mod P, bit-reflected (bit j: the coefficient of x^(31-j)) */
+static uint64_t xpow_reflected(int e) {
+    uint64_t r = 1;
+    for (; e > 0; e--) r = r << 1 & 0x100000000u ? (r << 1 ^ CRC_POLY_NORMAL) & 0xFFFFFFFFu : r << 1;
+    uint64_t out = 0;
+    for (int j = 0; j < 32; j++) out |= (r >> j & 1) << (31 - j);
+    return out;
+}
+
 static void crc_init(void) {
     for (uint32_t n = 0; n < 256; n++) {
         uint32_t c = n;
@@ -280,14 +296,24 @@ static void crc_init(void) {
     }
     crc_zeros_tables(crc_long, CRC_LONG);
     crc_zeros_tables(crc_short, CRC_SHORT);
+    /* 16 bytes (first half L, second H) moved on by d bytes: L * x^(8d + 64) + H * x^(8d) mod P; a
+     * carry-less product of reflected values carries a factor x^33 here, hence the exponents */
+    fold_256[0] = xpow_reflected(8 * 256 + 64 - 33);
+    fold_256[1] = xpow_reflected(8 * 256 - 33);
+    fold_64[0] = xpow_reflected(8 * 64 + 64 - 33);
+    fold_64[1] = xpow_reflected(8 * 64 - 33);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    crc_hardware = __builtin_cpu_supports("sse4.2");
+    if (__builtin_cpu_supports("sse4.2")) crc_level = CRC_SSE42;
+#ifdef HAVE_VPCLMUL
+    if (crc_level == CRC_SSE42 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq"))
+        crc_level = CRC_VPCLMUL;
+#endif
 #endif
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <nmmintrin.h>
+#include <immintrin.h>
 
 static inline uint64_t load64(const unsigned char *p) {
     uint64_t w;
@@ -322,13 +348,60 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, con
     for (; n; n--) c0 = _mm_crc32_u8((uint32_t)c0, *p++);
     return ~(uint32_t)c0;
 }
+
+#ifdef HAVE_VPCLMUL
+#define VP_TARGET __attribute__((target("avx512f,vpclmulqdq,sse4.2")))
+
+/* each 16 bytes of x moved on by the multiplier's distance, plus data */
+VP_TARGET static inline __m512i fold(__m512i x, __m512i k, __m512i data) {
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00),
+                                     _mm512_clmulepi64_epi128(x, k, 0x11), data, 0x96);
+}
+
+/* Four registers of 64 bytes folded on over the data, 256 bytes a step, then into one; its 64 bytes have
+ * the CRC of all read so far (the initial CRC register is xored into the first 4 bytes), and the crc32
+ * instruction takes them and the rest. */
+VP_TARGET static uint32_t crc32c_vpclmul(uint32_t crc, const unsigned char *p, size_t n) {
+    if (n < 512) return crc32c_sse42(crc, p, n);
+    __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)fold_256[1], (long long)fold_256[0]));
+    __m512i k64 = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)fold_64[1], (long long)fold_64[0]));
+    __m512i x0 = _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                          0, 0, 0, 0, (int)~crc));
+    __m512i x1 = _mm512_loadu_si512(p + 64), x2 = _mm512_loadu_si512(p + 128),
+            x3 = _mm512_loadu_si512(p + 192);
+    for (p += 256, n -= 256; n >= 256; p += 256, n -= 256) {
+        x0 = fold(x0, k256, _mm512_loadu_si512(p));
+        x1 = fold(x1, k256, _mm512_loadu_si512(p + 64));
+        x2 = fold(x2, k256, _mm512_loadu_si512(p + 128));
+        x3 = fold(x3, k256, _mm512_loadu_si512(p + 192));
+    }
+    x0 = fold(fold(fold(x0, k64, x1), k64, x2), k64, x3);
+    for (; n >= 64; p += 64, n -= 64) x0 = fold(x0, k64, _mm512_loadu_si512(p));
+    unsigned char last[64];
+    _mm512_storeu_si512(last, x0);
+    uint64_t c = 0;
+    for (int j = 0; j < 64; j += 8) c = _mm_crc32_u64(c, load64(last + j));
+    for (; n >= 8; n -= 8, p += 8) c = _mm_crc32_u64(c, load64(p));
+    for (; n; n--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return ~(uint32_t)c;
+}
+#endif
 #endif
 
-static uint32_t crc32c_update(uint32_t crc, const void *data, size_t n) {
+/* crc32c with the given method (at most crc_level) */
+static uint32_t crc32c_with(int level, uint32_t crc, const void *data, size_t n) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (crc_hardware) return crc32c_sse42(crc, data, n);
+#ifdef HAVE_VPCLMUL
+    if (level >= CRC_VPCLMUL) return crc32c_vpclmul(crc, data, n);
 #endif
-    return crc32c_portable(crc, data, n);
+    if (level >= CRC_SSE42) return crc32c_sse42(crc, data, n);
+#endif
+    (void)level;
+    return crc32c_table(crc, data, n);
+}
+
+static uint32_t crc32c_update(uint32_t crc, const void *data, size_t n) {
+    return crc32c_with(crc_level, crc, data, n);
 }
 
 /* TensorFlow's mask of a CRC stored in a record */
@@ -338,14 +411,14 @@ static uint32_t le32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* crc32c(data, value=0, portable=False) -> int: for tests (against the crc32c package) */
+/* crc32c(data, value=0, level=crc32c_hardware) -> int: for tests (against the crc32c package) */
 static PyObject *crc32c_py(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer data;
     unsigned int value = 0;
-    int portable = 0;
-    if (!PyArg_ParseTuple(args, "y*|Ip", &data, &value, &portable)) return NULL;
-    uint32_t crc = portable ? crc32c_portable(value, data.buf, (size_t)data.len)
-                            : crc32c_update(value, data.buf, (size_t)data.len);
+    int level = crc_level;
+    if (!PyArg_ParseTuple(args, "y*|Ii", &data, &value, &level)) return NULL;
+    if (level > crc_level) level = crc_level;
+    uint32_t crc = crc32c_with(level, value, data.buf, (size_t)data.len);
     PyBuffer_Release(&data);
     return PyLong_FromUnsignedLong(crc);
 }
@@ -712,8 +785,8 @@ static PyMethodDef methods[] = {
      "tfrecord_run(fd, offsets, sizes, keys, stem, first, stop, max_bytes) -> (samples, next, ok): one "
      "batch of records of a plain local TFRecord shard of common Examples, both CRCs checked."},
     {"crc32c", crc32c_py, METH_VARARGS,
-     "crc32c(data, value=0, portable=False) -> int: the CRC32C of data continuing value (as the crc32c "
-     "package's); portable: without the hardware instruction."},
+     "crc32c(data, value=0, level=crc32c_hardware) -> int: the CRC32C of data continuing value (as the "
+     "crc32c package's), by a method of at most that level (0: a table, 1: crc32, 2: VPCLMULQDQ)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -727,7 +800,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (str_key == NULL || str_index == NULL) return NULL;
     crc_init();
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddObjectRef(m, "crc32c_hardware", crc_hardware ? Py_True : Py_False) < 0)
+    if (m != NULL && PyModule_AddIntConstant(m, "crc32c_hardware", crc_level) < 0)
         Py_CLEAR(m);
     return m;
 }

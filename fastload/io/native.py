@@ -20,7 +20,7 @@ def _load() -> tuple[Run | None, Run | None]:
         from fastload import _native
     except ImportError:  # not built (no C compiler at install time): the Python reader is used
         return None, None
-    # (TFRecord records only with the CPU's CRC32C instruction: the crc32c package is faster than a table)
+    # (TFRecord records only with a CRC32C instruction here: the crc32c package is faster than a table)
     return _native.layout_run, _native.tfrecord_run if _native.crc32c_hardware else None
 
 

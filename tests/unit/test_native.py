@@ -223,21 +223,23 @@ def tfr_samples() -> tuple[list[bytes], list[str], list[dict[str, Any]]]:
 
 
 def test_the_c_crc32c_matches_the_crc32c_package() -> None:
+    """Every method the CPU has (0: a table, 1: the crc32 instruction, 2: VPCLMULQDQ folding), on random
+    lengths and splits, and lengths around the methods' block sizes."""
     if native.layout_run is None:
         pytest.skip("fastload._native is not built here")
     from fastload import _native
 
     rng = random.Random(11)
     data = rng.randbytes(600_000)
-    for t in range(300):
-        n, at = rng.randrange(0, 300_001), rng.randrange(0, 300_000)
+    edges = [n + d for n in (0, 8, 64, 256, 512, 768, 3 * 256, 3 * 8192) for d in (-1, 0, 1) if n + d >= 0]
+    lengths = edges + [rng.randrange(0, 300_001) for _ in range(200)]
+    for t, n in enumerate(lengths):
+        at, value = rng.randrange(0, 300_000), rng.getrandbits(32)
         chunk, cut = data[at : at + n], rng.randrange(0, n + 1)
-        want = crc32c(chunk)
-        assert _native.crc32c(chunk) == want
-        assert _native.crc32c(chunk[cut:], _native.crc32c(chunk[:cut])) == want
-        if t < 20:
-            value = rng.getrandbits(32)
-            assert _native.crc32c(chunk, value, True) == crc32c(chunk, value) == _native.crc32c(chunk, value)
+        want = crc32c(chunk, value)
+        for level in range(_native.crc32c_hardware + 1) if t < 40 else [_native.crc32c_hardware]:
+            assert _native.crc32c(chunk, value, level) == want, (n, level)
+            assert _native.crc32c(chunk[cut:], _native.crc32c(chunk[:cut], value, level), level) == want
 
 
 @needs_c_tfrecord
