@@ -480,10 +480,10 @@ static int simple_entry(const unsigned char *p, Py_ssize_t avail, uint64_t left,
     uint64_t k = 0, size;
     int st = tagged_length(p, avail, &k, 0x0A, &size);
     if (st != ENTRY_SIMPLE) return st;
-    if (size > left - k) return ENTRY_OTHER;
+    if (k > left || size > left - k) return ENTRY_OTHER;
     e->stop = k + size;
     if ((st = tagged_length(p, avail, &k, 0x0A, &size)) != ENTRY_SIMPLE) return st; /* the name */
-    if (size >= e->stop - k) return ENTRY_OTHER;
+    if (k >= e->stop || size >= e->stop - k) return ENTRY_OTHER;
     e->name_at = k;
     e->name_len = size;
     k += size;

@@ -294,11 +294,19 @@ def tfr_damage(path: Path, ix: dict[str, Any], i: int, how: str) -> None:
         ix["stem"] = "other"
     elif how == "truncated":
         del data[at + size - 3 :]
-    elif how in ("int64", "two values"):  # a valid record of another shape, the same size
-        feature = _ld(3, _ld(1, b"\x07")) if how == "int64" else _ld(1, _ld(1, b"x") + _ld(1, b""))
-        payload = _ld(1, _ld(1, _ld(1, b"__key__") + _ld(2, _ld(1, _ld(1, ix["keys"][i].encode())))))
-        payload += _ld(1, _ld(1, _ld(1, b"n") + _ld(2, feature)))
-        data[at : at + size] = tfr.frame(payload)
+    elif how in ("int64", "two values", "cut entry"):  # a record of another shape (its CRCs right)
+
+        def entry(name: bytes, feature: bytes) -> bytes:
+            return _ld(1, _ld(1, name) + _ld(2, feature))
+
+        other = {
+            "int64": entry(b"n", _ld(3, _ld(1, b"\x07"))),
+            "two values": entry(b"n", _ld(1, _ld(1, b"x") + _ld(1, b""))),
+            "cut entry": b"\x0a\x85",  # its length runs on into the footer
+        }[how]
+        record = tfr.frame(_ld(1, entry(b"__key__", _ld(1, _ld(1, ix["keys"][i].encode()))) + other))
+        data[at : at + size] = record
+        ix["sizes"][i] = len(record)
     path.write_bytes(bytes(data))
 
 
@@ -312,6 +320,7 @@ DAMAGE = [
     "truncated",
     "int64",
     "two values",
+    "cut entry",
 ]
 
 
