@@ -37,7 +37,7 @@ from fastload.io import storage
 from fastload.io.prefetch import Prefetcher
 from fastload.io.shardcache import ShardCache
 from fastload.io.shardread import RawSample, ShardReaders
-from fastload.io.shmbatch import MainSlots, worker_slots
+from fastload.io.shmbatch import MainSlots, stackable, worker_slots
 
 _SKIPPED = object()
 DEFAULT_PREFETCH_BYTES = 64 << 20
@@ -579,10 +579,21 @@ class _ChunkCollate:
 
     def __call__(self, chunk: _Chunk) -> tuple[Any, int, int, FastloadError | None, dict[str, Any] | None]:
         size = len(chunk.samples) + chunk.skipped
-        batch = self.collate(chunk.samples) if chunk.samples else None
+        samples = chunk.samples
+        in_worker = torch.utils.data.get_worker_info() is not None
+        stacks: dict[str, list[Any]] = {}
+        if in_worker and samples and self.collate is torch.utils.data.default_collate:
+            # big same-shape tensors (decoded images) are stacked straight into a shared-memory slot
+            stacks = {k: [s[k] for s in samples] for k in stackable(samples)}
+            if stacks:
+                samples = [{k: v for k, v in s.items() if k not in stacks} for s in samples]
+        batch = self.collate(samples) if samples else None
+        if stacks:  # the fields in their order; the stacked ones filled in by pack
+            collated: Any = batch
+            batch = {k: None if k in stacks else collated[k] for k in chunk.samples[0]}
         slot = None
-        if batch is not None and torch.utils.data.get_worker_info() is not None:
-            batch, slot = worker_slots().pack(batch)
+        if batch is not None and in_worker:
+            batch, slot = worker_slots().pack(batch, stacks)
         return batch, size, chunk.skipped, chunk.error, slot
 
 

@@ -8,6 +8,11 @@ Compared with pickling through the pipe (a copy into the pickle, into the pipe, 
 pickle, 64 KiB at a time) this is one copy in and one copy out, into memory that stays mapped, and no file
 descriptor passing per tensor. When no slot is free (the training process is slow to take batches) the
 batch is sent the ordinary way: slots bound the memory, ``slots x slot size`` per worker.
+
+Big tensors (over ``SMALL_TENSOR_BYTES``, e.g. a batch of decoded images) travel through slots too, and the
+default collate stacks them straight into the slot: no fresh shared-memory file per batch (each new page
+of one costs a fault on both sides). The training process hands them out as views of the slot, not
+copies; the slot is *leased* (byte 0 = 2) until the last of them is freed, and only then reused.
 """
 
 from __future__ import annotations
@@ -16,15 +21,18 @@ import contextlib
 import itertools
 import mmap
 import os
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 SLOTS = 6
 MIN_SLOT_BYTES = 8 << 20
-HEADER = 64  # byte 0: 1 while the training process has not copied the slot out yet
-SMALL_TENSOR_BYTES = 64 << 10
+HEADER = 64  # byte 0: 0 free; 1 sent, not taken yet; 2 taken, views of it still held (leased)
+SMALL_TENSOR_BYTES = 64 << 10  # tensors up to this size are copied out; bigger ones handed out as views
+ALIGN = 64  # where each tensor starts in a slot
 SHM_DIR = "/dev/shm"
 PREFIX = "fastload"
 _counter = itertools.count()
@@ -40,32 +48,38 @@ class WorkerSlots:
         self._sent: dict[str, int] = {}  # slot path -> number of the batch last packed into it
         self._count = 0
 
-    def pack(self, batch: Any) -> tuple[Any, dict[str, Any] | None]:
-        """``(rest of the batch, description)``; the description is None when the batch went unchanged."""
+    def pack(
+        self, batch: Any, stacks: dict[str, list[torch.Tensor]] | None = None
+    ) -> tuple[Any, dict[str, Any] | None]:
+        """``(rest of the batch, description)``; the description is None when the batch went unchanged.
+        ``stacks``: fields not collated yet, each a list of same-shape tensors (:func:`stackable`), to be
+        stacked straight into the slot; when no slot is free they are stacked the ordinary way."""
         if not isinstance(batch, dict):
             return batch, None
+        stacks = stacks or {}
         parts: dict[str, list[Any]] = {}
         for k, v in batch.items():
             if isinstance(v, list) and v and all(type(x) is bytes for x in v):
                 parts[k] = v
-            elif (
-                isinstance(v, torch.Tensor)
-                and v.device.type == "cpu"
-                and v.is_contiguous()
-                and v.numel() * v.element_size() <= SMALL_TENSOR_BYTES
-            ):
+            elif isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.is_contiguous():
                 parts[k] = [v]
-        total = sum(
-            len(x) if type(x) is bytes else x.numel() * x.element_size() for v in parts.values() for x in v
+        shapes = {k: [len(v), *v[0].shape] for k, v in stacks.items()}
+        total = sum(len(x) for v in parts.values() if type(v[0]) is bytes for x in v)
+        total += sum(
+            ALIGN + v[0].numel() * v[0].element_size() for v in parts.values() if type(v[0]) is not bytes
         )
+        total += sum(ALIGN + len(v) * v[0].numel() * v[0].element_size() for v in stacks.values())
         slot = self._free(total) if total else None
         if slot is None:
+            if stacks:
+                batch = {k: torch.stack(stacks[k]) if k in stacks else v for k, v in batch.items()}
             return batch, None
         path, mm = slot
         view = memoryview(mm)
         pos = HEADER
         layout: dict[str, Any] = {}
-        for k, values in parts.items():
+        for k in [k for k in batch if k in parts or k in stacks]:
+            values: list[Any] = parts.get(k) or stacks[k]
             if type(values[0]) is bytes:
                 sizes = []
                 for x in values:
@@ -73,27 +87,36 @@ class WorkerSlots:
                     pos += len(x)
                     sizes.append(len(x))
                 layout[k] = {"sizes": sizes}
-            else:
-                t = values[0]
-                n = t.numel() * t.element_size()
-                if n:
-                    view[pos : pos + n] = t.reshape(-1).view(torch.uint8).numpy()
-                pos += n
-                layout[k] = {"tensor": (str(t.dtype).removeprefix("torch."), list(t.shape), n)}
+                continue
+            pos = -(-pos // ALIGN) * ALIGN
+            t = values[0]
+            shape = shapes[k] if k in stacks else list(t.shape)
+            n = t.element_size() * int(np.prod(shape))
+            if n:
+                out = torch.frombuffer(view, dtype=torch.uint8, count=n, offset=pos)
+                if k in stacks:
+                    torch.stack(values, out=out.view(t.dtype).view(shape))
+                else:
+                    out.copy_(t.reshape(-1).view(torch.uint8))
+                del out  # (it holds the view)
+            layout[k] = {"tensor": (str(t.dtype).removeprefix("torch."), shape, n), "at": pos}
+            pos += n
         view.release()
         mm[0] = 1
         self._count += 1
         self._sent[path] = self._count
-        rest = {k: v for k, v in batch.items() if k not in parts}
+        rest = {k: v for k, v in batch.items() if k not in parts and k not in stacks}
         return rest, {"path": path, "pid": self.pid, "layout": layout, "order": list(batch)}
 
     def _free(self, total: int) -> tuple[str, mmap.mmap] | None:
         # The training process takes each worker's batches in order (fastload.DataLoader needs
         # in_order=True), so a slot still busy while a slot packed after it is free again holds a batch
         # that was discarded (an iteration abandoned with persistent workers): it is free too.
-        freed = max((self._sent.get(p, 0) for p, mm in self.slots if mm[0] == 0), default=0)
+        # A leased slot (2) was taken: it counts as "taken after" but is never reused while leased.
+        freed = max((self._sent.get(p, 0) for p, mm in self.slots if mm[0] != 1), default=0)
         for path, mm in self.slots:
-            if (mm[0] == 0 or self._sent.get(path, 0) < freed) and len(mm) >= HEADER + total:
+            state = mm[0]
+            if (state == 0 or (state == 1 and self._sent.get(path, 0) < freed)) and len(mm) >= HEADER + total:
                 return path, mm
         if len(self.slots) >= self.max_slots:
             return None
@@ -142,29 +165,42 @@ class MainSlots:
         view = memoryview(mm)
         pos = HEADER
         values: dict[str, Any] = {}
+        leased: np.ndarray | None = None  # the slot as an array, while views of it are handed out
         for k, spec in description["layout"].items():
             if "sizes" in spec:
                 out = values[k] = []
                 for n in spec["sizes"]:
                     out.append(bytes(view[pos : pos + n]))
                     pos += n
-            else:
-                name, shape, n = spec["tensor"]
-                dtype = getattr(torch, name)
+                continue
+            name, shape, n = spec["tensor"]
+            pos = spec.get("at", pos)
+            dtype = getattr(torch, name)
+            if not n:
+                tensor = torch.empty(shape, dtype=dtype)
+            elif n <= SMALL_TENSOR_BYTES or self.pin_memory:  # copied out (pinned: the copy is the pinning)
                 tensor = (
-                    torch.frombuffer(bytearray(view[pos : pos + n]), dtype=dtype).reshape(shape)
-                    if n
-                    else torch.empty(shape, dtype=dtype)
+                    torch.frombuffer(view, dtype=torch.uint8, count=n, offset=pos).view(dtype).view(shape)
                 )
-                values[k] = tensor.pin_memory() if self.pin_memory else tensor
-                pos += n
+                tensor = tensor.pin_memory() if self.pin_memory else tensor.clone()
+            else:
+                if leased is None:
+                    leased = np.frombuffer(mm, dtype=np.uint8)
+                tensor = torch.from_numpy(leased[pos : pos + n]).view(dtype).view(shape)
+            values[k] = tensor
+            pos += n
         view.release()
-        mm[0] = 0  # copied out: the worker may reuse the slot
+        if leased is None:
+            mm[0] = 0  # copied out: the worker may reuse the slot
+        else:  # free when the last view is gone
+            mm[0] = 2
+            weakref.finalize(leased, _release, mm)
         return {k: values[k] if k in values else rest[k] for k in description["order"]}
 
     def close(self) -> None:
         for mm in self.maps.values():
-            mm.close()
+            with contextlib.suppress(BufferError):  # views still held: unmapped when the last one goes
+                mm.close()
         self.maps.clear()
         pids, self.pids = self.pids, set()
         if pids:
@@ -172,6 +208,34 @@ class MainSlots:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _release(mm: mmap.mmap) -> None:
+    with contextlib.suppress(ValueError):  # (already closed)
+        mm[0] = 0
+
+
+def stackable(samples: Sequence[Any]) -> list[str]:
+    """Fields of dict samples that the default collate would stack into one big tensor: every sample's value
+    a CPU tensor of the same shape and dtype, together over ``SMALL_TENSOR_BYTES``."""
+    if not samples or not all(type(s) is dict for s in samples):
+        return []
+    first = samples[0]
+    out = []
+    for k, v in first.items():
+        if not (isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad):
+            continue
+        if len(samples) * v.numel() * v.element_size() <= SMALL_TENSOR_BYTES:
+            continue
+        if all(
+            type(x := s.get(k)) is type(v)
+            and x.shape == v.shape
+            and x.dtype == v.dtype
+            and x.device == v.device
+            for s in samples
+        ):
+            out.append(k)
+    return out
 
 
 _worker: WorkerSlots | None = None

@@ -31,16 +31,17 @@ def test_pack_and_unpack_round_trip_in_one_process() -> None:
         "__key__": ["a", "b"],
         "jpg": [b"\x00" * 10, b"xyz"],
         "cls": torch.tensor([3, 4]),
-        "big": torch.zeros(100_000),  # over the small-tensor limit: stays in the batch
+        "big": torch.arange(100_000, dtype=torch.float32),  # over the small-tensor limit: a view of the slot
         "empty": torch.empty(0, 3),
     }
     rest, description = worker.pack(batch)
-    assert description is not None and set(rest) == {"__key__", "big"}
+    assert description is not None and set(rest) == {"__key__"}
     out = main.unpack(rest, description)
     assert list(out) == list(batch)
     assert out["jpg"] == batch["jpg"] and out["__key__"] == batch["__key__"]
     assert torch.equal(out["cls"], batch["cls"]) and out["empty"].shape == (0, 3)
-    assert out["big"] is batch["big"]
+    assert torch.equal(out["big"], batch["big"]) and out["big"] is not batch["big"]
+    del out  # the views of the slot are gone: the slot is free
     # the slot is free again and reused; a third batch while two are in flight goes the ordinary way
     first_path = description["path"]
     _, d1 = worker.pack(batch)
@@ -129,3 +130,66 @@ def test_a_slot_whose_batch_was_discarded_is_reused() -> None:
             mm.close()
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_stacked_tensors_are_views_of_a_leased_slot_until_freed() -> None:
+    """Big same-shape tensors are stacked straight into the slot and handed out as views; the slot is not
+    reused (not even as 'discarded') while any of them is alive, and is once they are all gone."""
+    worker, main = WorkerSlots(slots=2), MainSlots()
+    images = [torch.full((3, 40, 40), i, dtype=torch.float32) for i in range(8)]
+    samples = [{"__key__": f"k{i}", "img": images[i], "cls": i} for i in range(8)]
+    assert shmbatch.stackable(samples) == ["img"]
+    assert shmbatch.stackable([{"x": torch.zeros(2)}] * 4) == []  # small: copied, not stacked
+    assert shmbatch.stackable([{"x": torch.zeros(9000)}, {"x": torch.zeros(9001)}]) == []
+    try:
+        rest = {"__key__": [s["__key__"] for s in samples], "img": None, "cls": torch.arange(8)}
+        rest, first = worker.pack(rest, {"img": [s["img"] for s in samples]})
+        assert first is not None
+        out = main.unpack(rest, first)
+        assert list(out) == ["__key__", "img", "cls"]
+        assert torch.equal(out["img"], torch.stack(images)) and out["img"].dtype == torch.float32
+        held = out["img"][3]  # a view keeps the whole slot leased
+        del out
+        _, second = worker.pack({"b": [b"x"]})
+        assert second is not None and second["path"] != first["path"]
+        main.unpack({}, second)  # taken after the first: the first would count as discarded if not leased
+        _, third = worker.pack({"b": [b"y"]})
+        assert third is not None and third["path"] == second["path"]
+        assert worker.pack({"b": [b"z"]})[1] is None  # the leased slot is not reused
+        assert torch.equal(held, images[3])
+        del held
+        _, fourth = worker.pack({"b": [b"z"]})
+        assert fourth is not None and fourth["path"] == first["path"]
+    finally:
+        main.close()
+        for path, mm in worker.slots:
+            mm.close()
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_stacks_go_the_ordinary_way_when_no_slot_is_free() -> None:
+    worker = WorkerSlots(slots=0)
+    tensors = [torch.full((100, 100), i) for i in range(4)]
+    batch, description = worker.pack({"k": ["a"] * 4, "t": None}, {"t": tensors})
+    assert description is None and list(batch) == ["k", "t"]
+    assert torch.equal(batch["t"], torch.stack(tensors))
+
+
+def decode_to_tensor(sample: dict) -> dict:
+    data = sample["bin"]
+    img = torch.tensor(list(data[:64].ljust(64, b"\0")), dtype=torch.uint8).repeat(300, 1)
+    return {"__key__": sample["__key__"], "img": img, "n": len(data)}
+
+
+def test_loader_batches_of_big_tensors_equal_in_process(small: Packed) -> None:
+    def batches(workers: int) -> list[dict]:
+        ds = fastload.ShardDataset(small.root, decode=False, seed=3, map=decode_to_tensor)
+        loader = fastload.DataLoader(ds, batch_size=4, num_workers=workers)
+        return list(loader)
+
+    plain, shared = batches(0), batches(2)
+    assert [b["__key__"] for b in shared] == [b["__key__"] for b in plain]
+    assert all(torch.equal(x["img"], y["img"]) for x, y in zip(shared, plain, strict=True))
+    assert all(torch.equal(x["n"], y["n"]) for x, y in zip(shared, plain, strict=True))
+    assert shared[0]["img"].shape == (4, 300, 64)
