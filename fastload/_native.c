@@ -507,6 +507,11 @@ typedef struct {
     int nnames;
 } Tfr;
 
+/* whether bytes [at, at + size) are in a file of file_size bytes */
+static int within(long long at, long long size, long long file_size) {
+    return at >= 0 && size >= 0 && at <= file_size && size <= file_size - at;
+}
+
 static long long list_ll(PyObject *list, Py_ssize_t i) { return PyLong_AsLongLong(PyList_GET_ITEM(list, i)); }
 
 /* preadv() all of iov (GIL released): the bytes read (fewer at the end of the file), or -1 with an
@@ -618,7 +623,7 @@ enum { RECORD_ERROR = -1, RECORD_STOP = 0, RECORD_OK = 1 };
 static int read_record(Tfr *t, Py_ssize_t i, PyObject *key, PyObject *stem, PyObject **out) {
     long long at = list_ll(t->offsets, i), size = list_ll(t->sizes, i);
     if ((at == -1 || size == -1) && PyErr_Occurred()) return RECORD_ERROR;
-    if (at < 0 || size < TFR_OVERHEAD || at + size > t->file_size) return RECORD_STOP;
+    if (size < TFR_OVERHEAD || !within(at, size, t->file_size)) return RECORD_STOP;
     /* the record's head (a big one) or all of it (a small one) in the buffer */
     long long need = size >= TFR_BIG ? TFR_HEADER + 16 : size;
     if (!(t->b0 <= at && at + need <= t->b0 + t->blen) && refill(t, at, i) < 0) return RECORD_ERROR;
@@ -743,11 +748,16 @@ static PyObject *tfrecord_run(PyObject *Py_UNUSED(self), PyObject *args) {
     struct stat st;
     if (fstat(t.fd, &st) < 0) return PyErr_SetFromErrno(PyExc_OSError);
     t.file_size = (long long)st.st_size;
-    /* the batch: first..last-1, about max_bytes */
+    /* the batch: first..last-1, about max_bytes, up to a record that the file cannot hold (included if
+     * first: read_record() stops there) */
     Py_ssize_t last = t.first;
     for (long long total = 0; last < t.stop && (last == t.first || total < max_bytes); last++) {
         long long at = list_ll(t.offsets, last), size = list_ll(t.sizes, last);
         if ((at == -1 || size == -1) && PyErr_Occurred()) return NULL;
+        if (!within(at, size, t.file_size)) {
+            last += last == t.first;
+            break;
+        }
         total += size;
         if (at + size > t.run_end) t.run_end = at + size;
     }
