@@ -25,6 +25,14 @@ def slot_files() -> set[str]:
     return {n for n in os.listdir(shmbatch.SHM_DIR) if n.startswith(shmbatch.PREFIX + "-")}
 
 
+def close_both(worker: WorkerSlots, main: MainSlots) -> None:
+    main.close()
+    for path, mm in worker.slots:
+        mm.close()
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def test_pack_and_unpack_round_trip_in_one_process() -> None:
     worker, main = WorkerSlots(slots=2), MainSlots()
     batch = {
@@ -50,12 +58,7 @@ def test_pack_and_unpack_round_trip_in_one_process() -> None:
     assert d1 is not None and d1["path"] == first_path
     assert d2 is not None and d2["path"] != first_path
     assert d3 is None and r3 is batch
-    main.close()
-    for _, mm in worker.slots:
-        mm.close()
-    for path, _ in worker.slots:
-        if os.path.exists(path):
-            os.unlink(path)
+    close_both(worker, main)
 
 
 def test_non_dict_batches_and_no_bytes_pass_unchanged() -> None:
@@ -125,11 +128,7 @@ def test_a_slot_whose_batch_was_discarded_is_reused() -> None:
         assert fourth is not None and {third["path"], fourth["path"]} == {first["path"], second["path"]}
         assert worker.pack(batch)[1] is None  # third and fourth in flight, nothing freed after them
     finally:
-        main.close()
-        for path, mm in worker.slots:
-            mm.close()
-            if os.path.exists(path):
-                os.unlink(path)
+        close_both(worker, main)
 
 
 def test_stacked_tensors_are_views_of_a_leased_slot_until_freed() -> None:
@@ -161,11 +160,7 @@ def test_stacked_tensors_are_views_of_a_leased_slot_until_freed() -> None:
         _, fourth = worker.pack({"b": [b"z"]})
         assert fourth is not None and fourth["path"] == first["path"]
     finally:
-        main.close()
-        for path, mm in worker.slots:
-            mm.close()
-            if os.path.exists(path):
-                os.unlink(path)
+        close_both(worker, main)
 
 
 def test_stacks_go_the_ordinary_way_when_no_slot_is_free() -> None:
