@@ -748,14 +748,14 @@ static PyObject *tfrecord_run(PyObject *Py_UNUSED(self), PyObject *args) {
     struct stat st;
     if (fstat(t.fd, &st) < 0) return PyErr_SetFromErrno(PyExc_OSError);
     t.file_size = (long long)st.st_size;
-    /* the batch: first..last-1, about max_bytes, up to a record that the file cannot hold (included if
-     * first: read_record() stops there) */
+    /* the batch: first..last-1, about max_bytes, up to a record that the file cannot hold (read_record()
+     * stops there) */
     Py_ssize_t last = t.first;
     for (long long total = 0; last < t.stop && (last == t.first || total < max_bytes); last++) {
         long long at = list_ll(t.offsets, last), size = list_ll(t.sizes, last);
         if ((at == -1 || size == -1) && PyErr_Occurred()) return NULL;
         if (!within(at, size, t.file_size)) {
-            last += last == t.first;
+            last++;
             break;
         }
         total += size;
