@@ -177,22 +177,19 @@ def tfr_run(path: Path, ix: dict[str, Any], first: int, stop: int, max_bytes: in
         os.close(fd)
 
 
-def sized_example(key: str | None, fields: list[tuple[str, int]], target: int, rng: random.Random) -> bytes:
-    """An Example of ``fields`` (name, size), the last one grown so that its record is ``target`` bytes
-    if it can be (lengths are varints: a byte more of value can mean two more bytes of record)."""
+def example(key: str | None, fields: list[tuple[str, int]], rng: random.Random, target: int = 0) -> bytes:
+    """An Example of random values of ``fields`` (name, size), after a ``__key__`` feature if ``key``;
+    with ``target``, the last value grown or cut so that the record is ``target`` bytes where it can be
+    (a length's varint can make it a byte off)."""
     head = [] if key is None else [(tfr.KEY_FEATURE, key.encode())]
     values = [(n, rng.randbytes(s)) for n, s in fields]
-    for _ in range(8):
-        payload = tfr.encode_example(head + values)
+    payload = tfr.encode_example(head + values)
+    for _ in range(8 if target else 0):
         missing = target - tfr.record_size(len(payload))
-        if missing == 0:
-            break
         name, value = values[-1]
-        values[-1] = (
-            name,
-            value + rng.randbytes(max(missing, 1 - len(value))) if missing > 0 else value[:missing],
-        )
-    return tfr.encode_example(head + values)
+        values[-1] = (name, value + rng.randbytes(missing) if missing >= 0 else value[:missing])
+        payload = tfr.encode_example(head + values)
+    return payload
 
 
 def tfr_samples() -> tuple[list[bytes], list[str], list[dict[str, Any]]]:
@@ -205,19 +202,16 @@ def tfr_samples() -> tuple[list[bytes], list[str], list[dict[str, Any]]]:
     shapes += [([("x", 10)], 0)] * 40  # small records after each other
     shapes += [([(f"f{k}", 300) for k in range(70)], 0)]  # heads past 1 KiB, names past the cache
     shapes += [([("a", 127), ("b", 128), ("c", 16_383), ("d", 16_384)], 0), ([("e", 0), ("f", 1000)], 0)]
+    shapes += [([("a", 5)], 0)]  # (its key is big: read as big values are)
     payloads, keys, expected = [], [], []
     for i, (fields, target) in enumerate(shapes):
         key = None if i % 3 == 1 else f"s/{i:04d}"  # every third without __key__: the key is derived
-        payload = sized_example(key, fields, target, rng) if target else None
-        if payload is None:
-            values = [(name, rng.randbytes(size)) for name, size in fields]
-            head = [] if key is None else [(tfr.KEY_FEATURE, key.encode())]
-            payload = tfr.encode_example(head + values)
-        found = tfr.simple_example(payload, 0, len(payload))
+        key = "k" * 20_000 if i == len(shapes) - 1 else key
+        payloads.append(example(key, fields, rng, target))
+        keys.append(key or tfr.derived_key("shard.tfrecord", i))
+        found = tfr.simple_example(payloads[-1], 0, len(payloads[-1]))
         assert found is not None
         found.pop(tfr.KEY_FEATURE, None)
-        payloads.append(payload)
-        keys.append(key or tfr.derived_key("shard.tfrecord", i))
         expected.append({"__key__": keys[-1], **found, "__index__": i})
     return payloads, keys, expected
 
@@ -277,6 +271,9 @@ def _ld(field: int, body: bytes) -> bytes:
     return tfr._varint_bytes(field << 3 | 2) + tfr._varint_bytes(len(body)) + body
 
 
+SHAPES = ["int64", "two values", "cut entry", "name not UTF-8", "6-byte length"]
+
+
 def tfr_damage(path: Path, ix: dict[str, Any], i: int, how: str) -> None:
     data = bytearray(path.read_bytes())
     at, size = ix["offsets"][i], ix["sizes"][i]
@@ -294,7 +291,7 @@ def tfr_damage(path: Path, ix: dict[str, Any], i: int, how: str) -> None:
         ix["stem"] = "other"
     elif how == "truncated":
         del data[at + size - 3 :]
-    elif how in ("int64", "two values", "cut entry"):  # a record of another shape (its CRCs right)
+    elif how in SHAPES:  # a record of another shape (its CRCs right)
 
         def entry(name: bytes, feature: bytes) -> bytes:
             return _ld(1, _ld(1, name) + _ld(2, feature))
@@ -303,6 +300,8 @@ def tfr_damage(path: Path, ix: dict[str, Any], i: int, how: str) -> None:
             "int64": entry(b"n", _ld(3, _ld(1, b"\x07"))),
             "two values": entry(b"n", _ld(1, _ld(1, b"x") + _ld(1, b""))),
             "cut entry": b"\x0a\x85",  # its length runs on into the footer
+            "name not UTF-8": entry(b"\xff", _ld(1, _ld(1, b"x"))),
+            "6-byte length": b"\x0a\x85\x80\x80\x80\x80\x00" + _ld(1, b"n") + b"\x12\x00",  # (valid)
         }[how]
         record = tfr.frame(_ld(1, entry(b"__key__", _ld(1, _ld(1, ix["keys"][i].encode()))) + other))
         data[at : at + size] = record
@@ -318,9 +317,7 @@ DAMAGE = [
     "key",
     "derived key",
     "truncated",
-    "int64",
-    "two values",
-    "cut entry",
+    *SHAPES,
 ]
 
 
