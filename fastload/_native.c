@@ -602,7 +602,8 @@ static int same_key(const unsigned char *raw, Py_ssize_t len, PyObject *key) {
     return n == len && memcmp(s, raw, (size_t)len) == 0;
 }
 
-/* Whether key is record i's key when it has no __key__ feature: "<stem>/<i:06d>" (core.tfrecord.derived_key). */
+/* Whether key is record i's key when it has no __key__ feature: "<stem>/<i:06d>" (derived_key() in
+ * core.tfrecord). */
 static int derived_key_is(PyObject *key, PyObject *stem, Py_ssize_t i) {
     Py_ssize_t n, stem_len;
     const char *s = PyUnicode_AsUTF8AndSize(key, &n), *st = PyUnicode_AsUTF8AndSize(stem, &stem_len);
@@ -737,7 +738,7 @@ static PyObject *tfrecord_run(PyObject *Py_UNUSED(self), PyObject *args) {
     memset(&t, 0, sizeof t);
     PyObject *keys, *stem;
     Py_ssize_t max_bytes;
-    if (!PyArg_ParseTuple(args, "iO!O!O!U" "nnn", &t.fd, &PyList_Type, &t.offsets, &PyList_Type, &t.sizes,
+    if (!PyArg_ParseTuple(args, "iO!O!O!Unnn", &t.fd, &PyList_Type, &t.offsets, &PyList_Type, &t.sizes,
                           &PyList_Type, &keys, &stem, &t.first, &t.stop, &max_bytes))
         return NULL;
     if (t.first < 0 || t.first >= t.stop || PyList_GET_SIZE(keys) < t.stop ||
@@ -771,8 +772,10 @@ static PyObject *tfrecord_run(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t i = t.first;
     int status = RECORD_OK;
     for (; i < last; i++) {
-        PyObject *sample = NULL;
-        status = read_record(&t, i, PyList_GET_ITEM(keys, i), stem, &sample);
+        /* (a reference of our own to the key: other threads run during the reads) */
+        PyObject *sample = NULL, *key = Py_NewRef(PyList_GET_ITEM(keys, i));
+        status = read_record(&t, i, key, stem, &sample);
+        Py_DECREF(key);
         if (status == RECORD_ERROR) goto done;
         if (status == RECORD_STOP) break;
         int err = PyList_Append(samples, sample);
@@ -801,7 +804,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fastload._native",
-                                    "fastload's optional C readers for local tar shards with a member layout and TFRecord shards.",
+                                    "fastload's optional C readers: local tar shards with a member layout, "
+                                    "plain TFRecord shards.",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {

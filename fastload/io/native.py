@@ -1,8 +1,8 @@
 """The optional C readers (``fastload._native``, built from ``fastload/_native.c`` at install time when a C
 compiler is available): which ones this process uses.
 
-``FASTLOAD_NATIVE=0`` in the environment turns it off (the Python reader is then used everywhere; both give
-the same samples and the same errors)."""
+``FASTLOAD_NATIVE=0`` in the environment turns them off (the Python readers are then used everywhere; both
+give the same samples and the same errors)."""
 
 from __future__ import annotations
 
