@@ -5,6 +5,7 @@ exception, never short data) at the first member that does not match the layout.
 from __future__ import annotations
 
 import os
+import platform
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,8 @@ def test_bad_arguments_raise(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.environ.get("FASTLOAD_REQUIRE_NATIVE") != "1", reason="only where CI requires it")
 def test_ci_builds_the_c_reader() -> None:
     assert native.in_use() == "C"
+    if platform.machine() in ("x86_64", "AMD64"):  # (every x86-64 CPU in use has a CRC32C instruction)
+        assert native.tfrecord_run is not None
 
 
 # -- TFRecord records (tfrecord_run) -----------------------------------------------------------------------
