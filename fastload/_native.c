@@ -661,16 +661,9 @@ static int read_record(Tfr *t, Py_ssize_t i, PyObject *key, PyObject *stem, PyOb
             int is_key = e.name_len == 7 && memcmp(p + e.name_at, "__key__", 7) == 0;
             PyObject *name = is_key ? NULL : feature_name(t, p + e.name_at, (Py_ssize_t)e.name_len);
             if (!is_key && name == NULL) goto done;
-            PyObject *value;
-            if (b <= t->b0 + t->blen) { /* all in the buffer */
-                if (is_key) {
-                    if (!same_key(p + e.value_at, b - a, key)) goto done;
-                    has_key = 1;
-                    pos = b;
-                    continue;
-                }
-                value = PyBytes_FromStringAndSize((const char *)p + e.value_at, b - a);
-            } else { /* the part in the buffer, the rest read straight into the value (with what follows) */
+            const unsigned char *data = p + e.value_at; /* the value's bytes, where they are */
+            PyObject *value = NULL;
+            if (b > t->b0 + t->blen) { /* the part in the buffer, the rest read straight into the value */
                 value = PyBytes_FromStringAndSize(NULL, b - a);
                 if (value == NULL) {
                     Py_XDECREF(name);
@@ -679,9 +672,9 @@ static int read_record(Tfr *t, Py_ssize_t i, PyObject *key, PyObject *stem, PyOb
                 crc = crc32c_update(crc, t->buf + (crc_at - t->b0), (size_t)(a - crc_at));
                 char *v = PyBytes_AS_STRING(value);
                 long long have = t->b0 + t->blen - a, after = fill_end(t, b, i);
-                memcpy(v, p + e.value_at, (size_t)have);
+                memcpy(v, data, (size_t)have);
                 struct iovec iov[2] = {{v + have, (size_t)(b - a - have)}, {t->buf, (size_t)(after - b)}};
-                long long got = read_all(t->fd, iov, after > b ? 2 : 1, a + have);
+                long long got = read_all(t->fd, iov, after > b ? 2 : 1, a + have); /* (and what follows) */
                 if (got < b - a - have) {
                     Py_DECREF(value);
                     Py_XDECREF(name);
@@ -692,19 +685,21 @@ static int read_record(Tfr *t, Py_ssize_t i, PyObject *key, PyObject *stem, PyOb
                 t->blen = got - (b - a - have);
                 crc = crc32c_update(crc, v, (size_t)(b - a));
                 crc_at = b;
-                if (is_key) {
-                    int same = same_key((const unsigned char *)v, b - a, key);
-                    Py_DECREF(value);
-                    if (!same) goto done;
-                    has_key = 1;
-                    pos = b;
-                    continue;
-                }
+                data = (const unsigned char *)v;
+            } else if (!is_key) {
+                value = PyBytes_FromStringAndSize((const char *)data, b - a);
             }
-            int err = value == NULL || PyDict_SetItem(d, name, value);
-            Py_XDECREF(value);
-            Py_DECREF(name);
-            if (err) goto error;
+            if (is_key) {
+                int same = same_key(data, b - a, key);
+                Py_XDECREF(value);
+                if (!same) goto done;
+                has_key = 1;
+            } else {
+                int err = value == NULL || PyDict_SetItem(d, name, value);
+                Py_XDECREF(value);
+                Py_DECREF(name);
+                if (err) goto error;
+            }
             pos = b;
         }
     }
