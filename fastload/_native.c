@@ -224,8 +224,11 @@ done:
  * AVX-512 VPCLMULQDQ, 256 bytes at a time folded by carry-less multiplication (~4x the crc32 instruction);
  * else with SSE4.2, three interleaved streams of the crc32 instruction combined by shift tables (Mark
  * Adler's method); elsewhere a byte-wise table. */
-#if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 8 : __GNUC__ >= 9)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(FASTLOAD_CRC_TABLE_ONLY)
+#define HAVE_SSE42 1
+#if defined(__clang__) ? __clang_major__ >= 8 : __GNUC__ >= 9
 #define HAVE_VPCLMUL 1
+#endif
 #endif
 #define CRC_POLY 0x82F63B78u        /* reflected */
 #define CRC_POLY_NORMAL 0x1EDC6F41u /* the same, bit 31 first */
@@ -302,7 +305,7 @@ static void crc_init(void) {
     fold_256[1] = xpow_reflected(8 * 256 - 33);
     fold_64[0] = xpow_reflected(8 * 64 + 64 - 33);
     fold_64[1] = xpow_reflected(8 * 64 - 33);
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef HAVE_SSE42
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) crc_level = CRC_SSE42;
 #ifdef HAVE_VPCLMUL
@@ -312,7 +315,7 @@ static void crc_init(void) {
 #endif
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef HAVE_SSE42
 #include <immintrin.h>
 
 static inline uint64_t load64(const unsigned char *p) {
@@ -390,7 +393,7 @@ VP_TARGET static uint32_t crc32c_vpclmul(uint32_t crc, const unsigned char *p, s
 
 /* crc32c with the given method (at most crc_level) */
 static uint32_t crc32c_with(int level, uint32_t crc, const void *data, size_t n) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef HAVE_SSE42
 #ifdef HAVE_VPCLMUL
     if (level >= CRC_VPCLMUL) return crc32c_vpclmul(crc, data, n);
 #endif
