@@ -150,7 +150,7 @@ def test_prefetched_path(thresholds: Packed, counted: dict[str, int]) -> None:
 def test_general_decoder(
     thresholds: Packed, monkeypatch: pytest.MonkeyPatch, counted: dict[str, int]
 ) -> None:
-    monkeypatch.setattr(native, "tfrecord_run", None)  # (the Python readers' decoders, disabled)
+    monkeypatch.setattr(native, "tfrecord_run", None)  # (the Python reader, with its fast decoders off)
     monkeypatch.setattr(tfrecordread, "fast_sample", lambda *a, **k: None)
     monkeypatch.setattr(tfrecordread, "simple_entry", lambda *a, **k: None)
     _same_as_source(_read(thresholds.root, prefetch_bytes=0), thresholds)
