@@ -162,6 +162,8 @@ def worker_positions(total: int, *, worker: int, workers: int, chunk: int, start
         raise ValueError(f"{chunk=} must be >= 1")
     if not 0 <= start <= total:
         raise ValueError(f"{start=} must be within [0, {total=}]")
+    if workers == 1:  # (the common in-process case, without a loop per chunk)
+        return list(range(start, total))
     out: list[int] = []
     first = start + worker * chunk
     for a in range(first, total, workers * chunk):
