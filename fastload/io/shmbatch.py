@@ -223,7 +223,8 @@ def stackable(samples: Sequence[Any]) -> list[str]:
     first = samples[0]
     out = []
     for k, v in first.items():
-        if not (isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad):
+        plain = type(v) is torch.Tensor and v.layout == torch.strided and not v.is_quantized
+        if not (plain and v.device.type == "cpu" and not v.requires_grad):  # (subclasses: default collate)
             continue
         if len(samples) * v.numel() * v.element_size() <= SMALL_TENSOR_BYTES:
             continue

@@ -163,6 +163,29 @@ def test_stacked_tensors_are_views_of_a_leased_slot_until_freed() -> None:
         close_both(worker, main)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.bool, torch.int64, torch.complex64])
+def test_stacked_tensors_of_any_dtype_round_trip(dtype: torch.dtype) -> None:
+    worker, main = WorkerSlots(slots=1), MainSlots()
+    values = [(torch.arange(20_000) % (i + 2)).to(dtype) for i in range(5)]
+    try:
+        rest, description = worker.pack({"k": ["x"] * 5, "t": None}, {"t": values})
+        assert description is not None
+        out = main.unpack(rest, description)
+        assert out["t"].dtype == dtype and torch.equal(out["t"], torch.stack(values))
+        del out
+    finally:
+        close_both(worker, main)
+
+
+def test_tensor_subclasses_and_grad_are_left_to_the_default_collate() -> None:
+    class Image(torch.Tensor):
+        pass
+
+    images = [torch.zeros(100, 100).as_subclass(Image) for _ in range(4)]
+    assert shmbatch.stackable([{"x": x} for x in images]) == []
+    assert shmbatch.stackable([{"x": torch.zeros(100, 100, requires_grad=True)} for _ in range(4)]) == []
+
+
 def test_stacks_go_the_ordinary_way_when_no_slot_is_free() -> None:
     worker = WorkerSlots(slots=0)
     tensors = [torch.full((100, 100), i) for i in range(4)]
