@@ -526,7 +526,8 @@ def machine() -> dict[str, Any]:
             info["packages"][name] = importlib.metadata.version(name)
     from fastload.io import native
 
-    info["packages"]["fastload reader"] = native.in_use()  # "C" (fastload._native) or "Python"
+    # "C" (fastload._native) or "Python", for tar and TFRecord shards
+    info["packages"]["fastload reader"] = f"{native.in_use()} (TFRecord {native.in_use('tfrecord')})"
     return info
 
 

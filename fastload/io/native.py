@@ -28,6 +28,10 @@ def _load() -> tuple[Run | None, Run | None]:
 layout_run, tfrecord_run = _load()
 
 
-def in_use() -> str:
-    """``"C"`` or ``"Python"``: which reader reads local tar shards with a member layout."""
-    return "C" if layout_run is not None else "Python"
+def in_use(shard_format: str = "tar") -> str:
+    """``"C"`` or ``"Python"``: which reader reads local shards of ``shard_format`` (``"tar"``: those with a
+    member layout; ``"tfrecord"``)."""
+    if shard_format not in ("tar", "tfrecord"):
+        raise ValueError(f"shard_format must be 'tar' or 'tfrecord', not {shard_format!r}")
+    run = layout_run if shard_format == "tar" else tfrecord_run
+    return "C" if run is not None else "Python"

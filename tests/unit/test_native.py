@@ -149,7 +149,15 @@ def test_bad_arguments_raise(tmp_path: Path) -> None:
 def test_ci_builds_the_c_reader() -> None:
     assert native.in_use() == "C"
     if platform.machine() in ("x86_64", "AMD64"):  # (every x86-64 CPU in use has a CRC32C instruction)
-        assert native.tfrecord_run is not None
+        assert native.tfrecord_run is not None and native.in_use("tfrecord") == "C"
+
+
+def test_in_use_names_the_reader_and_refuses_other_formats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "layout_run", None)
+    monkeypatch.setattr(native, "tfrecord_run", None)
+    assert (native.in_use(), native.in_use("tfrecord")) == ("Python", "Python")
+    with pytest.raises(ValueError, match="'tar' or 'tfrecord'"):
+        native.in_use("parquet")
 
 
 # -- TFRecord records (tfrecord_run) -----------------------------------------------------------------------
