@@ -1,6 +1,7 @@
 """DataLoader batches' bytes through reusable shared memory instead of the worker's result pipe.
 
-A worker copies the ``bytes`` lists and small CPU tensors of a collated batch (a dict) into one of a few
+A worker copies the ``bytes`` lists and small CPU tensors of a collated batch (a dict; or the ``bytes`` values
+of a batch that is a list of sample dicts, as ``collate_fn=list`` makes) into one of a few
 *slots*: files in ``/dev/shm`` it created once and keeps mapped. It sends only a small description (slot
 path, sizes). The training process maps each slot once (and unlinks its name then, so nothing is left
 behind), copies the values out and marks the slot free in its first byte; the worker reuses free slots.
@@ -54,6 +55,8 @@ class WorkerSlots:
         """``(rest of the batch, description)``; the description is None when the batch went unchanged.
         ``stacks``: fields not collated yet, each a list of same-shape tensors (:func:`stackable`), to be
         stacked straight into the slot; when no slot is free they are stacked the ordinary way."""
+        if isinstance(batch, list) and batch and all(type(x) is dict for x in batch):
+            return self._pack_samples(batch)
         if not isinstance(batch, dict):
             return batch, None
         stacks = stacks or {}
@@ -108,6 +111,36 @@ class WorkerSlots:
         rest = {k: v for k, v in batch.items() if k not in parts and k not in stacks}
         return rest, {"path": path, "pid": self.pid, "layout": layout, "order": list(batch)}
 
+    def _pack_samples(self, batch: list[dict[str, Any]]) -> tuple[Any, dict[str, Any] | None]:
+        """A batch that is a list of sample dicts (``collate_fn=list``): its ``bytes`` values into a slot."""
+        total = sum(len(v) for sample in batch for v in sample.values() if type(v) is bytes)
+        slot = self._free(total) if total else None
+        if slot is None:
+            return batch, None
+        path, mm = slot
+        view = memoryview(mm)
+        pos = HEADER
+        rest: list[dict[str, Any]] = []
+        layout: list[list[tuple[str, int]]] = []  # per sample: (field, size) of each value in the slot
+        for sample in batch:
+            kept: dict[str, Any] = {}
+            sizes: list[tuple[str, int]] = []
+            for k, v in sample.items():
+                if type(v) is bytes:
+                    view[pos : pos + len(v)] = v
+                    pos += len(v)
+                    sizes.append((k, len(v)))
+                else:
+                    kept[k] = v
+            rest.append(kept)
+            layout.append(sizes)
+        view.release()
+        mm[0] = 1
+        self._count += 1
+        self._sent[path] = self._count
+        orders = [list(sample) for sample in batch]
+        return rest, {"path": path, "pid": self.pid, "samples": layout, "orders": orders}
+
     def _free(self, total: int) -> tuple[str, mmap.mmap] | None:
         # The training process takes each worker's batches in order (fastload.DataLoader needs
         # in_order=True), so a slot still busy while a slot packed after it is free again holds a batch
@@ -152,16 +185,11 @@ class MainSlots:
         self.pin_memory = pin_memory  # tensors rebuilt here are pinned as DataLoader's pin_memory would
         sweep_stale()
 
-    def unpack(self, rest: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:
-        mm = self.maps.get(description["path"])
-        if mm is None:
-            self.pids.add(description["pid"])
-            fd = os.open(description["path"], os.O_RDWR)
-            try:
-                mm = self.maps[description["path"]] = mmap.mmap(fd, 0)
-            finally:
-                os.close(fd)
-                os.unlink(description["path"])  # mapped on both sides now; nothing to leave behind
+    def unpack(self, rest: Any, description: dict[str, Any]) -> Any:
+        """The batch as the worker's collate made it (a dict, or a list of sample dicts)."""
+        mm = self._map(description)
+        if "samples" in description:
+            return self._unpack_samples(mm, rest, description)
         view = memoryview(mm)
         pos = HEADER
         values: dict[str, Any] = {}
@@ -196,6 +224,34 @@ class MainSlots:
             mm[0] = 2
             weakref.finalize(leased, _release, mm)
         return {k: values[k] if k in values else rest[k] for k in description["order"]}
+
+    def _map(self, description: dict[str, Any]) -> mmap.mmap:
+        mm = self.maps.get(description["path"])
+        if mm is None:
+            self.pids.add(description["pid"])
+            fd = os.open(description["path"], os.O_RDWR)
+            try:
+                mm = self.maps[description["path"]] = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+                os.unlink(description["path"])  # mapped on both sides now; nothing to leave behind
+        return mm
+
+    def _unpack_samples(
+        self, mm: mmap.mmap, rest: list[dict[str, Any]], description: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        view = memoryview(mm)
+        pos = HEADER
+        out = []
+        for kept, sizes, order in zip(rest, description["samples"], description["orders"], strict=True):
+            values = {}
+            for k, n in sizes:
+                values[k] = bytes(view[pos : pos + n])
+                pos += n
+            out.append({k: values[k] if k in values else kept[k] for k in order})
+        view.release()
+        mm[0] = 0
+        return out
 
     def close(self) -> None:
         for mm in self.maps.values():

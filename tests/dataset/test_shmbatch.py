@@ -61,9 +61,31 @@ def test_pack_and_unpack_round_trip_in_one_process() -> None:
     close_both(worker, main)
 
 
+def test_a_list_of_samples_round_trips_through_a_slot() -> None:
+    """``collate_fn=list`` batches: each sample's bytes values go through the slot, the rest (and the
+    order of every sample's fields) as it was."""
+    worker, main = WorkerSlots(slots=1), MainSlots()
+    batch = [
+        {"__key__": "a", "jpg": b"\xff" * 70_000, "cls": b"3", "__index__": 0},
+        {"__key__": "b", "cls": b"", "n": [1, 2], "jpg": b"xyz"},
+        {"__key__": "c"},
+    ]
+    try:
+        rest, description = worker.pack(batch)
+        assert description is not None and rest[0] == {"__key__": "a", "__index__": 0}
+        out = main.unpack(rest, description)
+        assert out == batch and [list(x) for x in out] == [list(x) for x in batch]
+        assert all(type(v) is bytes for x in out for v in x.values() if isinstance(v, bytes))
+        assert worker.pack(batch)[1] is not None  # copied out: the slot is free again
+        assert worker.pack([{"k": "no bytes"}]) == ([{"k": "no bytes"}], None)
+    finally:
+        close_both(worker, main)
+
+
 def test_non_dict_batches_and_no_bytes_pass_unchanged() -> None:
     worker = WorkerSlots()
     assert worker.pack([1, 2]) == ([1, 2], None)
+    assert worker.pack([{"a": b"x"}, 3]) == ([{"a": b"x"}, 3], None)
     assert worker.pack({"k": ["text"]}) == ({"k": ["text"]}, None)
 
 
@@ -83,6 +105,10 @@ def test_loader_batches_equal_in_process_and_leave_no_files(small: Packed, persi
     plain, shared = batches(0), batches(2)
     assert [b["__key__"] for b in shared] == [b["__key__"] for b in plain]
     assert [b["bin"] for b in shared] == [b["bin"] for b in plain]
+    ds = fastload.ShardDataset(small.root, decode=False, seed=3)
+    as_lists = list(fastload.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=list))
+    first_epoch = plain[: len(plain) // 2]
+    assert [s["bin"] for b in as_lists for s in b] == [x for b in first_epoch for x in b["bin"]]
     assert all(torch.equal(x["__index__"], y["__index__"]) for x, y in zip(shared, plain, strict=True))
     import gc
 
