@@ -64,7 +64,7 @@ class WorkerSlots:
         for k, v in batch.items():
             if isinstance(v, list) and v and all(type(x) is bytes for x in v):
                 parts[k] = v
-            elif isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.is_contiguous():
+            elif _plain(v) and v.is_contiguous():
                 parts[k] = [v]
         shapes = {k: [len(v), *v[0].shape] for k, v in stacks.items()}
         total = sum(len(x) for v in parts.values() if type(v[0]) is bytes for x in v)
@@ -271,6 +271,17 @@ def _release(mm: mmap.mmap) -> None:
         mm[0] = 0
 
 
+def _plain(v: Any) -> bool:
+    """Whether ``v`` is a tensor that a slot can carry as bytes and give back as it was: a plain (not a
+    subclass) dense CPU tensor, not tracking gradients, without a lazy conjugate or negation."""
+    return (
+        type(v) is torch.Tensor
+        and v.layout == torch.strided
+        and v.device.type == "cpu"
+        and not (v.is_quantized or v.requires_grad or v.is_conj() or v.is_neg())
+    )
+
+
 def stackable(samples: Sequence[Any]) -> list[str]:
     """Fields of dict samples that the default collate would stack into one big tensor: every sample's value
     a CPU tensor of the same shape and dtype, together over ``SMALL_TENSOR_BYTES``."""
@@ -279,8 +290,7 @@ def stackable(samples: Sequence[Any]) -> list[str]:
     first = samples[0]
     out = []
     for k, v in first.items():
-        plain = type(v) is torch.Tensor and v.layout == torch.strided and not v.is_quantized
-        if not (plain and v.device.type == "cpu" and not v.requires_grad):  # (subclasses: default collate)
+        if not _plain(v):
             continue
         if len(samples) * v.numel() * v.element_size() <= SMALL_TENSOR_BYTES:
             continue

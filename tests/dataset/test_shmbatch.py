@@ -210,6 +210,13 @@ def test_tensor_subclasses_and_grad_are_left_to_the_default_collate() -> None:
     images = [torch.zeros(100, 100).as_subclass(Image) for _ in range(4)]
     assert shmbatch.stackable([{"x": x} for x in images]) == []
     assert shmbatch.stackable([{"x": torch.zeros(100, 100, requires_grad=True)} for _ in range(4)]) == []
+    worker = WorkerSlots(slots=1)
+    try:  # such tensors collated by someone else stay in the batch, as they are
+        batch = {"k": [b"x"], "img": images[0], "w": torch.ones(3, requires_grad=True)}
+        rest, description = worker.pack(batch)
+        assert description is not None and rest["img"] is batch["img"] and rest["w"] is batch["w"]
+    finally:
+        close_both(worker, MainSlots())
 
 
 def test_stacks_go_the_ordinary_way_when_no_slot_is_free() -> None:
