@@ -273,6 +273,9 @@ def test_parts_are_fetched_in_parallel(
 
     got, elapsed = bounded(read_slow_parts)
     assert sha(got) == sha(data)
-    assert proxy.stats().injected["latency"] == parts
+    # one GET per part, plus one per retry the reader reports (on a loaded machine a response can miss the
+    # 1 s read timeout or find its keep-alive connection closed: recovered, and counted, never silent)
+    retries = fastload.s3_stats()["retries_total"]
+    assert proxy.stats().injected["latency"] == parts + retries
     # One request at a time would take at least parts x delay (1.6 s); 4 in flight take about 2 x delay.
-    assert elapsed < 0.6 * parts * delay_s, elapsed
+    assert elapsed < 0.6 * parts * delay_s + retries * (config.read_timeout_s + delay_s), elapsed
