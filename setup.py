@@ -1,7 +1,7 @@
 """Build the optional C reader (fastload._native); everything else is in pyproject.toml.
 
 ``optional=True``: where no C compiler is available the install still succeeds and fastload uses its
-Python reader (fastload/io/native.py says which one is in use)."""
+Python reader (fastload/formats/native.py says which one is in use)."""
 
 import sys
 

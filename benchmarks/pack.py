@@ -340,7 +340,7 @@ def _plan_seconds(src: str, shard_format: str) -> float:
     import gc
 
     from fastload.config import PackConfig
-    from fastload.pack import _plan
+    from fastload.packing.pack import _plan
 
     gc.disable()
     try:
@@ -355,15 +355,15 @@ def _plan_seconds(src: str, shard_format: str) -> float:
 # lazily). pyarrow imports pandas, when installed, on the first pa.array() or pa.table() call (0.2-0.6 s
 # here), so the Parquet tools import it up front too.
 IMPORTS = {
-    "fastload-tar": ("fastload", "fastload.io.tarwriter"),
-    "fastload-parquet": ("fastload", "fastload.io.parquetwriter", "pyarrow.parquet"),
+    "fastload-tar": ("fastload", "fastload.formats.tar.writer"),
+    "fastload-parquet": ("fastload", "fastload.formats.parquet.writer", "pyarrow.parquet"),
     "wds-shardwriter": ("webdataset",),
     "pyarrow-parquet": ("pyarrow.parquet",),
-    "fastload-tar-ray": ("fastload", "fastload.io.tarwriter", "fastload.rayengine", "ray"),
+    "fastload-tar-ray": ("fastload", "fastload.formats.tar.writer", "fastload.packing.ray_engine", "ray"),
     "fastload-parquet-ray": (
         "fastload",
-        "fastload.io.parquetwriter",
-        "fastload.rayengine",
+        "fastload.formats.parquet.writer",
+        "fastload.packing.ray_engine",
         "pyarrow.parquet",
         "ray",
     ),

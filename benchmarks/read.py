@@ -524,7 +524,7 @@ def machine() -> dict[str, Any]:
     for name in ("fastload", "torch", "webdataset", "litdata", "pillow", "numpy", "boto3"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             info["packages"][name] = importlib.metadata.version(name)
-    from fastload.io import native
+    from fastload.formats import native
 
     # "C" (fastload._native) or "Python", for tar and TFRecord shards
     info["packages"]["fastload reader"] = f"{native.in_use()} (TFRecord {native.in_use('tfrecord')})"

@@ -113,7 +113,13 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     from read_data import sample_digest
 
-    for module in ("torch.utils.data", "tfrecord.torch.dataset", "fastload.dataset", "fastload.opener"):
+    modules = (
+        "torch.utils.data",
+        "tfrecord.torch.dataset",
+        "fastload.train.dataset",
+        "fastload.storage.opener",
+    )
+    for module in modules:
         importlib.import_module(module)  # imports stay out of the timed part
     sizes = {s[0]: (s[1], s[2]) for s in spec["manifest"]}
     began, cpu0 = time.perf_counter(), _cpu_s()

@@ -7,7 +7,7 @@ the model is reported:
 - ``pad-to-max``: every document (split into pieces of at most ``seq_len`` first, so no token is lost)
   padded to ``seq_len``;
 - ``dynamic``: the same pieces in stream order, batches of ``--batch`` (32) padded to the longest in the
-  batch by ``fastload.collate.pad``;
+  batch by ``fastload.train.collate.pad``;
 - ``packed (window W)``: ``fastload.PackedSequences(docs, seq_len=..., window=W)``: blocks of exactly
   ``seq_len`` tokens, best-fit decreasing over a look-ahead window of W documents.
 
@@ -74,7 +74,7 @@ def padding_rows(docs: list[np.ndarray], lens: np.ndarray, seq_len: int, batch: 
     split = [d[i : i + seq_len] for d in docs for i in range(0, d.size, seq_len)]
     padded = 0
     for i in range(0, len(split), batch):
-        out = fastload.collate.pad(split[i : i + batch])
+        out = fastload.train.collate.pad(split[i : i + batch])
         padded += int(out["attention_mask"].numel())
     rows.append({"seq_len": seq_len, "method": f"dynamic (batch {batch})", "padding": 1 - real / padded})
     for window in WINDOWS:

@@ -7,12 +7,12 @@ from fastload import collate, errors
 from fastload.config import PackConfig, S3Config
 from fastload.copy import copy
 from fastload.core.index import DatasetIndex, ShardEntry
-from fastload.opener import open
-from fastload.pack import PackReport, pack
+from fastload.packing.pack import PackReport, pack
+from fastload.packing.tokens import pack_tokens
+from fastload.packing.verify import VerifyReport, verify
 from fastload.raydata import from_ray, to_ray
 from fastload.stats import s3_stats
-from fastload.tokens import pack_tokens
-from fastload.verify import VerifyReport, verify
+from fastload.storage.opener import open
 
 __version__ = "0.1.0"
 
@@ -47,15 +47,15 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """The training-side names import torch, so they load on first use."""
     if name in ("ShardDataset", "DataLoader"):
-        from fastload import dataset
+        from fastload.train import dataset
 
         return getattr(dataset, name)
     if name == "PackedSequences":
-        from fastload import packed
+        from fastload.train import packed
 
         return packed.PackedSequences
     if name in ("loader", "Loader", "LoaderStats", "DevicePrefetcher"):
-        from fastload import feed
+        from fastload.train import feed
 
         return getattr(feed, name)
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")

@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pack(args: argparse.Namespace) -> int:
-    from fastload.pack import pack
+    from fastload.packing.pack import pack
 
     if args.shuffle and args.seed is None:
         raise ConfigError("--shuffle needs --seed N so that the same input always gives the same shards")
@@ -209,7 +209,7 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from fastload.verify import verify
+    from fastload.packing.verify import verify
 
     report = verify(args.target, workers=args.workers)
     print(report.summary())
@@ -217,7 +217,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from fastload.summary import describe, list_shard, load_index
+    from fastload.storage.manifest import load_index
+    from fastload.summary import describe, list_shard
 
     index = load_index(args.target)
     if args.shard is None:
@@ -228,7 +229,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
-    from fastload.indexing import build_index
+    from fastload.packing.indexing import build_index
 
     report = build_index(args.target, workers=args.workers, force=args.force)
     print(report.summary())
@@ -259,7 +260,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _pack_tokens(args: argparse.Namespace) -> int:
-    from fastload.tokens import pack_tokens
+    from fastload.packing.tokens import pack_tokens
 
     try:
         report = pack_tokens(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from fastload.config import S3Config
 from fastload.errors import ConfigError, NotFoundError
-from fastload.io import storage
+from fastload.storage import access as storage
 
 
 @dataclass
@@ -29,7 +29,7 @@ class CopyReport:
 
 def download(bucket: str, key: str, path: str, *, config: S3Config) -> int:
     """Download ``s3://bucket/key`` to ``path`` (atomically: a temporary name, renamed when complete)."""
-    from fastload.io.s3reader import RangedReader
+    from fastload.s3.reader import RangedReader
 
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -53,10 +53,10 @@ def copy(
     src: str, dst: str, *, recursive: bool = False, config: S3Config | None = None, jobs: int = 8
 ) -> CopyReport:
     """Copy between S3 and local paths; ``recursive`` (or SRC ending in ``/``) copies a prefix/folder."""
-    from fastload.io.s3client import parse_s3_url
-    from fastload.io.s3list import ObjectInfo, list_objects
-    from fastload.io.s3source import unsafe_key_part
-    from fastload.io.s3upload import upload_file
+    from fastload.s3.client import parse_s3_url
+    from fastload.s3.listing import ObjectInfo, list_objects
+    from fastload.s3.upload import upload_file
+    from fastload.storage.s3source import unsafe_key_part
 
     src_remote, dst_remote = storage.is_remote(src), storage.is_remote(dst)
     if src_remote == dst_remote:
@@ -126,15 +126,15 @@ def copy(
 def listing(url: str, *, recursive: bool = False, config: S3Config | None = None) -> list[str]:
     """Lines for ``fastload ls``: ``size  name`` for objects, ``PRE name/`` for common prefixes."""
     if not storage.is_remote(url):
-        from fastload.io.listing import FileEntry, LocalSource
+        from fastload.storage.listing import FileEntry, LocalSource
 
         source = LocalSource(storage.normalise(url))
         return [
             f"{found.size:>12}  {found.relpath}" if isinstance(found, FileEntry) else f"{'SKIP':>12}  {found}"
             for found in source.list()
         ]
-    from fastload.io.s3client import parse_s3_url
-    from fastload.io.s3list import list_objects
+    from fastload.s3.client import parse_s3_url
+    from fastload.s3.listing import list_objects
 
     bucket, prefix = parse_s3_url(url)
     lines = []

@@ -18,11 +18,11 @@ from typing import Any
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry
 from fastload.errors import ConfigError, FastloadError, PackError
-from fastload.io import storage
-from fastload.io.dest import destination
-from fastload.io.journal import STATE_DIR
-from fastload.pack import PackReport
-from fastload.rayengine import require_ray
+from fastload.packing.dest import destination
+from fastload.packing.journal import STATE_DIR
+from fastload.packing.pack import PackReport
+from fastload.packing.ray_engine import require_ray
+from fastload.storage import access as storage
 
 # Options that decide which samples go where in a local pack; a ray.data pipeline decides that itself.
 _PIPELINE_OPTIONS = {
@@ -39,7 +39,7 @@ def to_ray(source: str | os.PathLike[str], *, s3_config: S3Config | None = None)
     require_ray()
     import ray.data
 
-    from fastload.summary import load_index
+    from fastload.storage.manifest import load_index
 
     index = load_index(source, s3_config=s3_config)
     root = storage.normalise(source)
@@ -56,7 +56,7 @@ def _shard_rows(
     item: dict[str, Any], *, fields: list[str], s3_config: S3Config | None
 ) -> list[dict[str, Any]]:
     """Every sample of one shard as a row with ``__key__`` and every field (None where missing)."""
-    from fastload.io.shardread import ShardReader
+    from fastload.train.shardread import ShardReader
 
     entry = ShardEntry.from_dict(json.loads(item["entry"]))
     reader = ShardReader(item["url"], entry, config=s3_config)
@@ -88,7 +88,7 @@ def from_ray(
     unique: a duplicate raises :class:`~fastload.errors.PackError` and no index is written.
     """
     require_ray()
-    from fastload.raysink import KEY, ShardSink
+    from fastload.packing.ray_sink import KEY, ShardSink
 
     config = replace(config or PackConfig(), **options) if options else (config or PackConfig())
     default = PackConfig()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastload.io.s3stats import STATS
+from fastload.s3.stats import STATS
 
 
 def s3_stats(*, reset: bool = False) -> dict[str, Any]:

@@ -5,26 +5,10 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
-from fastload.core.tfrecord import is_gzip_name
+from fastload.core.index import DatasetIndex
 from fastload.core.units import format_size
-from fastload.errors import ConfigError, NotFoundError
-from fastload.io import storage
-
-
-def load_index(dataset: str | os.PathLike[str], *, s3_config: S3Config | None = None) -> DatasetIndex:
-    """Read ``index.json`` from a dataset folder or ``s3://`` prefix (or the index file itself)."""
-    url = storage.normalise(dataset)
-    if not url.endswith(".json"):
-        url = storage.join(url, INDEX_NAME)
-    try:
-        raw = storage.read_bytes(url, config=s3_config)
-    except (NotFoundError, FileNotFoundError):
-        raise NotFoundError(
-            f"{url} not found: is this a dataset written by `fastload pack`?", path=url
-        ) from None
-    return parse_index(raw, where=url)
+from fastload.errors import ConfigError
+from fastload.formats.tfrecord.codec import is_gzip_name
 
 
 def describe(index: DatasetIndex) -> str:

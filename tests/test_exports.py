@@ -30,9 +30,9 @@ def test_token_names_are_exported() -> None:
     """Token datasets: ``fastload.collate`` is the module; the torch-side class loads on first use."""
     import types
 
-    import fastload.packed
+    import fastload.train.packed
 
     assert isinstance(fastload.collate, types.ModuleType) and "collate" in fastload.__all__
-    assert callable(fastload.collate.pad) and callable(fastload.collate.blocks)
-    assert fastload.PackedSequences is fastload.packed.PackedSequences
+    assert callable(fastload.train.collate.pad) and callable(fastload.train.collate.blocks)
+    assert fastload.PackedSequences is fastload.train.packed.PackedSequences
     assert callable(fastload.pack_tokens)

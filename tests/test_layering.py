@@ -1,6 +1,11 @@
-"""The core is pure: no module in fastload/core imports I/O, threads, clocks, env, torch or cloud SDKs.
+"""The package map of docs/DESIGN.md, enforced statically with ``ast`` on every file.
 
-Only fastload/io talks to S3 (the only boto3/botocore imports). Checked statically with ``ast`` on every file.
+- ``fastload/core`` is pure: no I/O, threads, clocks, env, torch or cloud SDKs; it imports only itself and
+  ``fastload.errors``.
+- Each capability package imports only the packages below it (``ALLOWED``) and the base modules
+  (``errors``, ``config``, ``gcpause``); none imports a face (``cli``, ``summary``, ``copy``, ...).
+- Only ``fastload/s3`` imports boto3/botocore; only ``fastload/train`` and ``fastload/bench`` import torch.
+- No import circles between modules, lazy (function-level) imports included.
 """
 
 from __future__ import annotations
@@ -12,7 +17,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fastload"
 CORE_FORBIDDEN = (
-    "fastload.io",
+    "fastload.s3",
+    "fastload.storage",
+    "fastload.formats",
+    "fastload.train",
+    "fastload.packing",
     "torch",
     "boto3",
     "botocore",
@@ -24,6 +33,18 @@ CORE_FORBIDDEN = (
     "subprocess",
 )
 S3_SDKS = ("boto3", "botocore")
+BASE = {"errors", "config", "gcpause"}
+ALLOWED: dict[str, set[str]] = {
+    "core": {"core"},
+    "s3": {"core", "s3"},
+    "storage": {"core", "s3", "storage"},
+    "formats": {"core", "storage", "formats", "_native"},
+    "packing": {"core", "s3", "storage", "formats", "packing"},
+    "train": {"core", "s3", "storage", "formats", "train"},
+    "testing": {"testing"},
+    "bench": {"core", "s3", "storage", "formats", "packing", "train", "testing", "bench"},
+}
+PACKAGES = set(ALLOWED)
 
 
 def imported_modules(source: str, module: str) -> set[str]:
@@ -58,29 +79,118 @@ def _all_files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
+def _imports_of(path: Path) -> set[str]:
+    return imported_modules(path.read_text(encoding="utf-8"), _module_name(path))
+
+
+def _top(module: str) -> str | None:
+    """The first name under ``fastload`` (a package, a base module or a face), or None outside fastload."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "fastload" and len(parts) > 1 else None
+
+
 CORE_FILES = sorted((PACKAGE / "core").glob("*.py"))
+PACKAGE_FILES = [p for p in _all_files() if p.relative_to(PACKAGE).parts[0] in PACKAGES]
 
 
 def test_the_walk_finds_the_modules() -> None:
     names = {p.name for p in CORE_FILES}
-    assert {"__init__.py", "keys.py", "tar.py", "plan.py", "index.py", "units.py"} <= names
-    assert PACKAGE / "io" / "tarwriter.py" in _all_files()
+    assert {"__init__.py", "keys.py", "plan.py", "index.py", "units.py"} <= names
+    assert PACKAGE / "formats" / "tar" / "writer.py" in _all_files()
+    assert {p.relative_to(PACKAGE).parts[0] for p in PACKAGE_FILES} == PACKAGES
 
 
 @pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: p.name)
 def test_core_module_is_pure(path: Path) -> None:
-    modules = imported_modules(path.read_text(encoding="utf-8"), _module_name(path))
-    bad = imports_any(modules, CORE_FORBIDDEN)
+    bad = imports_any(_imports_of(path), CORE_FORBIDDEN)
     assert not bad, f"{path.relative_to(PACKAGE.parent)} imports {sorted(bad)}; fastload/core must stay pure"
 
 
-def test_only_io_imports_the_s3_sdk() -> None:
-    offenders = []
-    for path in _all_files():
-        modules = imported_modules(path.read_text(encoding="utf-8"), _module_name(path))
-        if imports_any(modules, S3_SDKS) and "io" not in path.relative_to(PACKAGE).parts[:1]:
-            offenders.append(str(path.relative_to(PACKAGE.parent)))
-    assert not offenders, f"only fastload/io may import boto3/botocore: {offenders}"
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_package_imports_only_what_is_below_it(path: Path) -> None:
+    own = path.relative_to(PACKAGE).parts[0]
+    allowed = ALLOWED[own] | (BASE if own != "core" else {"errors"})
+    bad = sorted(m for m in _imports_of(path) if _top(m) is not None and _top(m) not in allowed)
+    assert not bad, f"fastload/{own} may import {sorted(allowed)}; {path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_only_s3_imports_the_s3_sdk() -> None:
+    offenders = [
+        str(p.relative_to(PACKAGE))
+        for p in _all_files()
+        if imports_any(_imports_of(p), S3_SDKS) and p.relative_to(PACKAGE).parts[0] != "s3"
+    ]
+    assert not offenders, f"only fastload/s3 may import boto3/botocore: {offenders}"
+
+
+def test_only_train_and_bench_import_torch() -> None:
+    offenders = [
+        str(p.relative_to(PACKAGE))
+        for p in _all_files()
+        if imports_any(_imports_of(p), ("torch",))
+        and p.relative_to(PACKAGE).parts[0] not in ("train", "bench")
+    ]
+    assert not offenders, f"only fastload/train and fastload/bench may import torch: {offenders}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in _all_files()}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        graph[name] = {m for m in _imports_of(path) if m in files and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.xfail(strict=True, reason="pack <-> ray_engine: being replaced by a public engine interface")
+def test_no_import_circles() -> None:
+    graph = _module_graph()
+    # a package's __init__ that only holds a docstring is imported with every module under it; that is
+    # not a circle, so edges into a package __init__ are left out
+    for v in graph:
+        graph[v] = {
+            w for w in graph[v] if not (PACKAGE.parent / w.replace(".", "/") / "__init__.py").exists()
+        }
+    assert _cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 # --- the checker itself catches every import form -----------------------------------------------------
@@ -92,10 +202,10 @@ def test_only_io_imports_the_s3_sdk() -> None:
         ("import os", "fastload.core.x", {"os"}),
         ("import os.path as p", "fastload.core.x", {"os"}),
         ("from os import path", "fastload.core.x", {"os"}),
-        ("from fastload import io", "fastload.core.x", {"fastload.io"}),
-        ("from fastload.io.localfs import atomic_write", "fastload.core.x", {"fastload.io"}),
-        ("from ..io import localfs", "fastload.core.x", {"fastload.io"}),
-        ("from .. import io", "fastload.core.x", {"fastload.io"}),
+        ("from fastload import s3", "fastload.core.x", {"fastload.s3"}),
+        ("from fastload.storage.localfs import atomic_write", "fastload.core.x", {"fastload.storage"}),
+        ("from ..s3 import client", "fastload.core.x", {"fastload.s3"}),
+        ("from .. import train", "fastload.core.x", {"fastload.train"}),
         ("def f():\n    import boto3\n", "fastload.core.x", {"boto3"}),
         ("try:\n    import torch\nexcept ImportError:\n    pass\n", "fastload.core.x", {"torch"}),
         ("from botocore.config import Config", "fastload.core.x", {"botocore"}),
@@ -114,9 +224,9 @@ def test_checker_finds_forbidden_imports(source: str, module: str, expected: set
         "import timeit_free",
         "from fastload.errors import IndexFormatError",
         "from . import keys",
-        "from .tar import BLOCK",
+        "from .index import ShardEntry",
         "import random, re, json",
-        "from fastload.iostuff import x",
+        "from fastload.s3stuff import x",
     ],
 )
 def test_checker_allows_pure_imports(source: str) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from fastload.decode import IMAGE_EXTENSIONS, decode_field
+from fastload.train.decode import IMAGE_EXTENSIONS, decode_field
 
 
 def label_of(key: str, classes: Mapping[str, int]) -> int:

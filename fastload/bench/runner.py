@@ -136,7 +136,7 @@ def _probe(work: Workload, options: BenchOptions, report: BenchReport) -> None:
     small = [f"files/{rel}" for s in (work.samples or [])[:512] for _, rel in s.members]
     big: list[str] = []
     if work.packed_local:
-        from fastload.summary import load_index
+        from fastload.storage.manifest import load_index
 
         big = [f"packed/{s.name}" for s in load_index(work.packed_local).shards]
     assert work.endpoint is not None and work.serve_root is not None
@@ -162,7 +162,7 @@ def _reference(work: Workload, report: BenchReport) -> None:
         paths = [os.path.join(work.files_local, rel) for s in work.samples for _, rel in s.members]
         report.reference["cat_files"] = ceiling.cat_files(paths)
     if work.packed_local:
-        from fastload.summary import load_index
+        from fastload.storage.manifest import load_index
 
         shards = [os.path.join(work.packed_local, s.name) for s in load_index(work.packed_local).shards]
         report.reference["cat_shards"] = ceiling.cat_files(shards)
@@ -215,7 +215,7 @@ def _headline(chosen: list[variants.Variant]) -> list[variants.Variant]:
 def _check_delivery(work: Workload, report: BenchReport) -> None:
     """One untimed epoch of the packed data through ``fastload.ShardDataset`` (no decoding): every sample of
     the index delivered exactly once, and, for data also held as files, the same bytes in total."""
-    from fastload.dataset import ShardDataset
+    from fastload.train.dataset import ShardDataset
 
     for name, url, config in (
         ("fastload s3", work.packed_s3, work.s3_config),

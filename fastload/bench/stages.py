@@ -21,7 +21,7 @@ from fastload.bench.pipeline import Decode, collate
 from fastload.bench.workload import FileSample
 from fastload.config import S3Config
 from fastload.core.advice import StageTimes
-from fastload.io import storage
+from fastload.storage import access as storage
 
 FETCH_BUDGET_S = 1.5
 
@@ -78,7 +78,7 @@ def per_file(
     """Stage times of separate files under ``root`` (folder or ``s3://`` prefix)."""
     read: Callable[[str], bytes]
     if storage.is_remote(root):
-        from fastload.io.s3client import get_client, parse_s3_url
+        from fastload.s3.client import get_client, parse_s3_url
 
         bucket, prefix = parse_s3_url(root + "/")
         client = get_client(config or S3Config())
@@ -119,8 +119,8 @@ def packed(
     device: str | None,
 ) -> dict[str, Any] | None:
     """Stage times of a packed tar dataset (None for Parquet, whose reads are whole row groups)."""
-    from fastload.io.shardread import group_members, parse_tar_fragment
-    from fastload.summary import load_index
+    from fastload.storage.manifest import load_index
+    from fastload.train.shardread import group_members, parse_tar_fragment
 
     index = load_index(url, s3_config=config)
     if index.shard_format != "tar":

@@ -109,7 +109,7 @@ def ensure_synthetic(
     else:
         with ProcessPoolExecutor(jobs) as pool:
             file_bytes = sum(pool.map(_write_range, ranges))
-    from fastload.pack import pack
+    from fastload.packing.pack import pack
 
     pack(files, os.path.join(root, "packed"), max_samples=-(-images // SHARDS), progress=False)
     with open(marker, "w") as f:

@@ -28,7 +28,7 @@ import torch.utils.data
 from fastload.bench.pipeline import Decode, collate
 from fastload.bench.workload import BUCKET, FileSample, Workload
 from fastload.config import S3Config
-from fastload.io import storage
+from fastload.storage import access as storage
 
 Loader = Iterable[dict[str, Any]]
 
@@ -56,7 +56,7 @@ class PerFileDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.samples, self.root, self.transform, self.config = samples, root, transform, config
         self.remote = storage.is_remote(root)
         if self.remote:
-            from fastload.io.s3client import parse_s3_url
+            from fastload.s3.client import parse_s3_url
 
             self.bucket, prefix = parse_s3_url(root + "/")
             self.prefix = prefix
@@ -66,7 +66,7 @@ class PerFileDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     def _read(self, rel: str) -> bytes:
         if self.remote:
-            from fastload.io.s3client import get_client  # one client per process, created after fork
+            from fastload.s3.client import get_client  # one client per process, created after fork
 
             client = get_client(self.config or S3Config())
             body = client.get_object(Bucket=self.bucket, Key=self.prefix + rel)["Body"]
@@ -99,7 +99,7 @@ def per_file_loader(
 
 def shard_dataset_options() -> set[str]:
     """Keyword options this fastload's ``ShardDataset`` accepts (prefetch and cache arrived later)."""
-    from fastload.dataset import ShardDataset
+    from fastload.train.dataset import ShardDataset
 
     return set(inspect.signature(ShardDataset).parameters)
 
@@ -109,7 +109,7 @@ def fastload_loader(
 ) -> Callable[[int], Loader]:
     def make(workers: int) -> Loader:
         import fastload
-        from fastload.dataset import DataLoader, ShardDataset
+        from fastload.train.dataset import DataLoader, ShardDataset
 
         dataset = ShardDataset(url, decode=False, map=transform, s3_config=config, **options)
         face = getattr(fastload, "loader", None)
@@ -152,7 +152,7 @@ def webdataset_loader(urls: list[str], transform: Decode, batch_size: int) -> Ca
 
 
 def _shard_urls(work: Workload, packed: str, *, remote: bool) -> list[str]:
-    from fastload.summary import load_index
+    from fastload.storage.manifest import load_index
 
     index = load_index(work.packed_local or packed)
     names = [s.name for s in index.shards]
@@ -177,7 +177,7 @@ def _fill_once(url: str, config: S3Config | None, cache_dir: str) -> Callable[[]
     def fill() -> None:
         if filled:
             return
-        from fastload.dataset import ShardDataset
+        from fastload.train.dataset import ShardDataset
 
         for _ in ShardDataset(url, decode=False, s3_config=config, cache_dir=cache_dir):
             pass
@@ -290,7 +290,7 @@ def _is_tar(work: Workload) -> bool:
     """webdataset reads tar shards only (the packed data is local whenever webdataset can be measured)."""
     if work.packed_local is None:
         return False
-    from fastload.summary import load_index
+    from fastload.storage.manifest import load_index
 
     return load_index(work.packed_local).shard_format == "tar"
 

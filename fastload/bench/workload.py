@@ -19,7 +19,7 @@ from typing import Any
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
 from fastload.errors import ConfigError, FastloadError
-from fastload.io import storage
+from fastload.storage import access as storage
 
 BUCKET = "bench"
 
@@ -33,13 +33,14 @@ class FileSample:
 
 
 class Endpoint:
-    """``python -m fastload.io.s3serve ROOT`` in a child process (its CPU is not the measured process's)."""
+    """``python -m fastload.testing.s3serve ROOT`` in a child process (its CPU is not the measured
+    process's)."""
 
     def __init__(self, root: str, *, latency_s: float, conn_bytes_per_s: float | None) -> None:
         command = [
             sys.executable,
             "-m",
-            "fastload.io.s3serve",
+            "fastload.testing.s3serve",
             root,
             "--bucket",
             BUCKET,
@@ -155,7 +156,7 @@ def _spread(items: list[Any], n: int) -> list[Any]:
 
 def _list_local(root: str, limit: int) -> tuple[list[FileSample], int]:
     from fastload.core.keys import group_samples
-    from fastload.io.listing import FileEntry, LocalSource
+    from fastload.storage.listing import FileEntry, LocalSource
 
     entries = [e for e in LocalSource(root).list() if isinstance(e, FileEntry)]
     sizes = {e.relpath: e.size for e in entries}
@@ -176,7 +177,7 @@ def _start_endpoint(work: Workload, root: str, options: Any) -> None:
 
 def _pack_subset(work: Workload, source_root: str) -> None:
     """Link the sampled files into ``scratch/subset`` and pack them into ``scratch/packed``."""
-    from fastload.pack import pack
+    from fastload.packing.pack import pack
 
     assert work.samples is not None
     subset = os.path.join(work.scratch, "subset")
@@ -250,8 +251,8 @@ def prepare(options: Any, note: Callable[[str], None]) -> Workload:
 
 
 def _prepare_s3(source: str, options: Any, note: Callable[[str], None]) -> Workload:
-    from fastload.io.s3client import parse_s3_url
-    from fastload.io.s3list import ObjectInfo, list_objects
+    from fastload.s3.client import parse_s3_url
+    from fastload.s3.listing import ObjectInfo, list_objects
 
     config = S3Config.from_env(endpoint_url=options.endpoint_url)
     prefix_url = source.rstrip("/")

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastload.core.tar import BLOCK, padded
 from fastload.errors import IndexFormatError
 
 INDEX_NAME = "index.json"
@@ -109,9 +108,12 @@ class ShardEntry:
         return entry
 
 
+_TAR_BLOCK = 512  # the manifest checks its own tar layout fields; fastload.formats.tar owns the format
+
+
 def plain_member_bytes(size: int) -> int:
     """Bytes a member of ``size`` data bytes takes in a tar shard with one plain 512-byte header."""
-    return BLOCK + padded(size)
+    return _TAR_BLOCK + -(-size // _TAR_BLOCK) * _TAR_BLOCK
 
 
 def layout_problem(entry: ShardEntry) -> str | None:

@@ -33,9 +33,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+TOKEN_DTYPES: dict[str, np.dtype[Any]] = {"u16": np.dtype("<u2"), "i32": np.dtype("<i4")}
+"""Token id columns by field suffix (``tokens.u16``, ``tokens.i32``): little-endian, as pack-tokens writes."""
 
 SPLIT_POLICIES = ("split", "truncate")
 

@@ -1,5 +1,6 @@
-"""The embedded S3 endpoint (fastload.io.s3serve) over real HTTP on loopback: ranges, preconditions, listing
-pagination, errors, latency and bandwidth emulation; and fastload's own S3 code and boto3 against it."""
+"""The embedded S3 endpoint (fastload.testing.s3serve) over real HTTP on loopback: ranges, preconditions,
+listing pagination, errors, latency and bandwidth emulation; and fastload's own S3 code and boto3 against
+it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 import fastload
 from fastload.config import S3Config
-from fastload.io.s3serve import PIECE_BYTES, S3Server, list_page
+from fastload.testing.s3serve import PIECE_BYTES, S3Server, list_page
 
 SIZE = 10_000
 

@@ -26,8 +26,9 @@ from botocore.config import Config
 import fastload
 from fastload.core.index import DatasetIndex, parse_index
 from fastload.errors import VerifyError
-from fastload.io import s3client, shardcache
-from fastload.io.shardcache import ShardCache, file_crc32c
+from fastload.s3 import client as s3client
+from fastload.storage import cache as shardcache
+from fastload.storage.cache import ShardCache, file_crc32c
 
 from .helpers import WORKER_TIMEOUT_S, Packed, make_loader
 

@@ -11,7 +11,7 @@ import torch
 
 import fastload
 from fastload.errors import ConfigError
-from fastload.feed import DevicePrefetcher, Loader, default_workers, to_device
+from fastload.train.feed import DevicePrefetcher, Loader, default_workers, to_device
 
 from .helpers import Packed
 

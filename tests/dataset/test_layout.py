@@ -16,7 +16,7 @@ import pytest
 import fastload
 from fastload.core.index import ShardEntry, layout_problem, plain_member_bytes
 from fastload.errors import IndexFormatError, VerifyError
-from fastload.io import native
+from fastload.formats import native
 
 from .helpers import Packed, pack_files, samples_of
 

@@ -12,7 +12,7 @@ import pytest
 from botocore.config import Config
 
 import fastload
-from fastload.io import s3client
+from fastload.s3 import client as s3client
 
 from .helpers import Packed, make_loader, pack_files, small_files
 

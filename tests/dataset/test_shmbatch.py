@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import fastload
-from fastload.io import shmbatch
-from fastload.io.shmbatch import MainSlots, WorkerSlots
+from fastload.train import shmbatch
+from fastload.train.shmbatch import MainSlots, WorkerSlots
 
 from .helpers import Packed
 

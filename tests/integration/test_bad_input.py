@@ -19,7 +19,7 @@ import pytest
 
 import fastload
 from fastload.errors import SkippedInputError
-from fastload.io import listing
+from fastload.storage import listing
 
 from .helpers import cli_env, read_index, run_cli, shard_paths, webdataset_samples
 
@@ -198,7 +198,8 @@ NOBODY = 65534
 # the SkippedInputError it raised as JSON; anything else runs the CLI.
 _UNPRIVILEGED = """
 import json, os, sys
-import fastload, fastload.cli, fastload.pack, fastload.verify, fastload.summary
+import fastload, fastload.cli, fastload.packing.pack, fastload.packing.verify
+import fastload.summary, fastload.storage.manifest
 from fastload.errors import SkippedInputError
 if os.geteuid() == 0:
     os.setgroups([])

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from fastload import cli, rayengine
+from fastload import cli
+from fastload.packing import ray_engine as rayengine
 
 if __name__ == "__main__":
     rayengine._test_fault = rayengine._Fault(delay_s=float(sys.argv[1]))

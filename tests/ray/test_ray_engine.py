@@ -18,9 +18,10 @@ from botocore.config import Config
 from ray_helpers import ACCESS_KEY, REGION, SECRET_KEY, snapshot, uneven_files, write_files
 
 import fastload
-from fastload import cli, rayengine
+from fastload import cli
 from fastload.core.plan import ShardPlan
 from fastload.errors import ConfigError, PackError
+from fastload.packing import ray_engine as rayengine
 
 HERE = Path(__file__).resolve().parent
 TAR = {"shard_size_bytes": 64 << 10, "max_samples": 9, "shuffle_seed": 3, "partition_level": 0}

@@ -14,7 +14,7 @@ from s3util import MIB, payload, run_cli, s3_config, s3_env, snapshot
 import fastload
 from fastload.config import S3Config
 from fastload.errors import RangeReadError
-from fastload.io.s3reader import FIRST_PART_BYTES
+from fastload.s3.reader import FIRST_PART_BYTES
 from fastload.testing.faultproxy import Fault, Rule
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from s3util import run_cli, s3_config, s3_env
 
-from fastload.io.s3list import ObjectInfo, list_objects
+from fastload.s3.listing import ObjectInfo, list_objects
 
 COUNT = 2500
 TOP_LEVEL = ["tree/top-a.txt", "tree/top-b.txt", "tree/ü top.txt"]
@@ -67,7 +67,7 @@ def test_ls_one_level_shows_sub_prefixes_as_pre(rgw: Any, listed: SimpleNamespac
 def test_list_objects_pages_through_all_keys_in_order(
     rgw: Any, rgw_env: dict[str, str], listed: SimpleNamespace
 ) -> None:
-    from fastload.io.s3client import get_client
+    from fastload.s3.client import get_client
 
     config = s3_config(rgw)
     inner = get_client(config)

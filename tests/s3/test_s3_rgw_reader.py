@@ -18,7 +18,7 @@ from s3util import MIB, payload, s3_config
 
 import fastload
 from fastload.errors import ObjectChangedError
-from fastload.io.s3reader import FIRST_PART_BYTES
+from fastload.s3.reader import FIRST_PART_BYTES
 from fastload.testing.faultproxy import Fault, Rule
 
 OBJECT_BYTES = 40 * MIB

@@ -12,7 +12,8 @@ from s3util import MIB, payload, s3_config
 
 import fastload
 from fastload.errors import AccessDeniedError
-from fastload.io import s3client, s3get
+from fastload.s3 import client as s3client
+from fastload.s3 import transport as s3get
 
 KEYS = ("plain.bin", "with space/and+plus=eq&amp.bin", "ünïcode/ключ~tilde.bin", "a//double-slash.bin")
 

@@ -1,4 +1,4 @@
-"""``fastload.io.s3upload.upload_file`` on Ceph RGW: multipart uploads with per-part checksums, and failed
+"""``fastload.s3.upload.upload_file`` on Ceph RGW: multipart uploads with per-part checksums, and failed
 uploads aborted so that no part lingers and nothing appears under the key.
 
 RGW verifies ``Content-MD5`` (it ignores ``x-amz-checksum-crc32c``, see test_servers.py), so a part whose
@@ -16,8 +16,8 @@ import pytest
 from s3util import MIB, key_exists, open_uploads, payload, s3_config
 
 from fastload.errors import RangeReadError, S3Error
-from fastload.io.s3client import get_client
-from fastload.io.s3upload import upload_file
+from fastload.s3.client import get_client
+from fastload.s3.upload import upload_file
 from fastload.testing.faultproxy import Fault, Rule
 
 

@@ -31,7 +31,8 @@ import pytest
 from botocore.config import Config
 
 import fastload
-from fastload.io import s3client, s3get
+from fastload.s3 import client as s3client
+from fastload.s3 import transport as s3get
 from fastload.testing.faultproxy import FaultProxy
 
 from .helpers import BUCKET, PART, REGION, SECRET_KEY, quiesce

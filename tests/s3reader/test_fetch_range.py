@@ -15,7 +15,7 @@ import pytest
 
 import fastload
 from fastload.errors import ObjectChangedError
-from fastload.io.s3reader import RangedReader
+from fastload.s3.reader import RangedReader
 from fastload.testing.faultproxy import Fault, FaultProxy, Rule
 
 from .helpers import BUCKET, PART, bounded, gets, parse_range, url

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 import fastload
-from fastload.io import s3client, s3get
+from fastload.s3 import client as s3client
+from fastload.s3 import transport as s3get
 from fastload.testing.faultproxy import FaultProxy
 
 from .helpers import PART, sha, url

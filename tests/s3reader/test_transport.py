@@ -1,4 +1,4 @@
-"""The reader's transports (``fastload.io.s3get``): the direct ``http.client`` path (the default) and the
+"""The reader's transports (``fastload.s3.transport``): the direct ``http.client`` path (the default) and the
 botocore fallback, over moto behind the fault proxy; error parsing; connection reuse; HTTPS (a TLS front on
 moto with a throwaway certificate); credentials; the recycling of part buffers."""
 
@@ -21,8 +21,8 @@ import pytest
 import fastload
 from fastload.core.retry import Fault as RetryFault
 from fastload.errors import AccessDeniedError, ConfigError, RangeReadError, S3NotFoundError
-from fastload.io import s3get
-from fastload.io.partbuffers import BufferPool
+from fastload.s3 import transport as s3get
+from fastload.s3.partbuffers import BufferPool
 from fastload.testing.faultproxy import Fault, FaultProxy, Rule
 
 from .helpers import gets, sha, timed, url

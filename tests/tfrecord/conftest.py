@@ -14,7 +14,7 @@ import pytest
 from dataset.helpers import UNEVEN_OPTIONS, Packed, pack_files, uneven_files
 from tfr_helpers import Foreign, write_foreign
 
-from fastload.indexing import build_index
+from fastload.packing.indexing import build_index
 
 FOREIGN_LAYOUT = {
     "train/a.tfrecord": (23, False),

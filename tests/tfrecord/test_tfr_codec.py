@@ -13,8 +13,8 @@ from tfr_helpers import protobuf_features, reference_records
 from tfrecord import example_pb2
 from tfrecord.writer import TFRecordWriter
 
-from fastload.core import tfrecord as tfr
 from fastload.errors import VerifyError
+from fastload.formats.tfrecord import codec as tfr
 
 SETTINGS = settings(max_examples=120, deadline=None)
 names = st.text(min_size=1, max_size=12)

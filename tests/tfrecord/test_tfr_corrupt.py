@@ -15,7 +15,7 @@ from tfr_helpers import Foreign
 
 import fastload
 from fastload.errors import VerifyError
-from fastload.indexing import build_index
+from fastload.packing.indexing import build_index
 
 
 def _flip(path: Path, offset: int) -> None:

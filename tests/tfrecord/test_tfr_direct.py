@@ -22,11 +22,12 @@ from test_tfr_codec import _len, _varint
 from tfr_helpers import reference_records
 
 import fastload
-from fastload.core import tfrecord as tfr
 from fastload.errors import VerifyError
-from fastload.indexing import build_index
-from fastload.io import native, tfrecordread
-from fastload.io.tfrecordread import DIRECT_RECORD_BYTES, HEAD_READ_BYTES, TFRecordSamples
+from fastload.formats import native
+from fastload.formats.tfrecord import codec as tfr
+from fastload.formats.tfrecord import reader as tfrecordread
+from fastload.formats.tfrecord.reader import DIRECT_RECORD_BYTES, HEAD_READ_BYTES, TFRecordSamples
+from fastload.packing.indexing import build_index
 
 BIG = DIRECT_RECORD_BYTES
 

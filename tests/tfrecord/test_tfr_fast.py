@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tfr_codec import _len, _varint, features, names, protobuf_example
 
-from fastload.core import tfrecord as tfr
 from fastload.errors import VerifyError
+from fastload.formats.tfrecord import codec as tfr
 
 SETTINGS = settings(max_examples=150, deadline=None)
 # values around the one/two/three-byte length boundaries (127/128, 16383/16384)

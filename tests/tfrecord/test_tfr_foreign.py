@@ -15,7 +15,8 @@ from tfr_helpers import Foreign, check_sample
 import fastload
 from fastload.cli import main
 from fastload.errors import ConfigError
-from fastload.indexing import build_index, index_tfrecord_files
+from fastload.formats.tfrecord.index import index_tfrecord_files
+from fastload.packing.indexing import build_index
 
 
 def test_index_lists_every_record(foreign: Foreign) -> None:
@@ -70,7 +71,7 @@ def test_index_keeps_an_existing_index_unless_forced(foreign_copy: Foreign, caps
 
 
 def test_records_that_are_not_examples_are_refused(tmp_path: Path) -> None:
-    from fastload.core.tfrecord import frame
+    from fastload.formats.tfrecord.codec import frame
 
     (tmp_path / "raw.tfrecord").write_bytes(frame(b"\x0a\x05ab") + frame(b"plain text, not a protobuf"))
     report = build_index(tmp_path)

@@ -14,7 +14,7 @@ from tfrecord.reader import tfrecord_loader
 
 import fastload
 from fastload.cli import main
-from fastload.io import listing
+from fastload.storage import listing
 
 
 def _pack(src: Path, dst: Path, **options: object) -> dict:  # type: ignore[type-arg]

@@ -1,4 +1,4 @@
-"""fastload.collate: dynamic padding (pad) and batches of packed blocks (blocks)."""
+"""fastload.train.collate: dynamic padding (pad) and batches of packed blocks (blocks)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastload.errors import ConfigError
 
 
 def test_pad_right_with_multiple() -> None:
-    out = fastload.collate.pad(
+    out = fastload.train.collate.pad(
         [[5, 6, 7], torch.tensor([8]), np.array([9, 10], dtype=np.uint16)], pad_to_multiple_of=4
     )
     assert out["input_ids"].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0], [9, 10, 0, 0]]
@@ -23,7 +23,7 @@ def test_pad_right_with_multiple() -> None:
 
 
 def test_pad_left_pad_id_and_ignore_index() -> None:
-    out = fastload.collate.pad([[1, 2], [3]], pad_id=7, label_ignore_index=-1, padding_side="left")
+    out = fastload.train.collate.pad([[1, 2], [3]], pad_id=7, label_ignore_index=-1, padding_side="left")
     assert out["input_ids"].tolist() == [[1, 2], [7, 3]]
     assert out["attention_mask"].tolist() == [[1, 1], [0, 1]]
     assert out["labels"].tolist() == [[1, 2], [-1, 3]]
@@ -34,11 +34,11 @@ def test_pad_dicts_labels_and_other_fields() -> None:
         {"__key__": "a", "input_ids": [1, 2, 3], "labels": [-100, -100, 3], "lang": "en"},
         {"__key__": "b", "input_ids": [4], "lang": "fr"},
     ]
-    out = fastload.collate.pad(batch)
+    out = fastload.train.collate.pad(batch)
     assert out["labels"].tolist() == [[-100, -100, 3], [4, -100, -100]]
     assert out["__key__"] == ["a", "b"] and out["lang"] == ["en", "fr"]
     raw = [{"tokens.u16": np.array([1, 300], dtype="<u2").tobytes()}, {"tokens.u16": b""}]
-    assert fastload.collate.pad(raw)["input_ids"].tolist() == [[1, 300], [0, 0]]
+    assert fastload.train.collate.pad(raw)["input_ids"].tolist() == [[1, 300], [0, 0]]
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_pad_dicts_labels_and_other_fields() -> None:
 )
 def test_pad_refuses_bad_input(batch, kw, match) -> None:
     with pytest.raises(ConfigError, match=match):
-        fastload.collate.pad(batch, **kw)
+        fastload.train.collate.pad(batch, **kw)
 
 
 @settings(max_examples=60, deadline=None)
@@ -66,7 +66,7 @@ def test_pad_refuses_bad_input(batch, kw, match) -> None:
     side=st.sampled_from(["right", "left"]),
 )
 def test_pad_property(seqs: list[list[int]], multiple: int | None, side: str) -> None:
-    out = fastload.collate.pad(seqs, pad_id=-5, pad_to_multiple_of=multiple, padding_side=side)
+    out = fastload.train.collate.pad(seqs, pad_id=-5, pad_to_multiple_of=multiple, padding_side=side)
     width = out["input_ids"].shape[1]
     longest = max(len(s) for s in seqs)
     assert width >= longest and width - longest < (multiple or 1) and width % (multiple or 1) == 0
@@ -84,7 +84,7 @@ def test_pad_property(seqs: list[list[int]], multiple: int | None, side: str) ->
 def test_blocks_join_cu_seqlens_with_offsets() -> None:
     docs = [np.arange(n) for n in (10, 3, 30, 20, 7, 40)]
     blocks = list(fastload.PackedSequences(docs, seq_len=32, attention_mask=True))
-    batch = fastload.collate.blocks(blocks)
+    batch = fastload.train.collate.blocks(blocks)
     n = len(blocks)
     assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (n, 32)
     assert batch["attention_mask"].shape == (n, 32, 32)
@@ -93,6 +93,6 @@ def test_blocks_join_cu_seqlens_with_offsets() -> None:
     assert batch["max_seqlen"] == max(b["max_seqlen"] for b in blocks)
     assert batch["num_tokens"].tolist() == [b["num_tokens"] for b in blocks]
     with pytest.raises(ConfigError, match="PackedSequences"):
-        fastload.collate.blocks([{"input_ids": torch.zeros(3)}])
+        fastload.train.collate.blocks([{"input_ids": torch.zeros(3)}])
     with pytest.raises(ConfigError, match="non-empty"):
-        fastload.collate.blocks([])
+        fastload.train.collate.blocks([])

@@ -199,7 +199,7 @@ def test_s3_destination_and_read_back(tmp_path: Path, moto_url: str, monkeypatch
     """pack-tokens into s3:// (moto), then ShardDataset -> PackedSequences from S3: every token once."""
     import boto3
 
-    from fastload.io import s3client
+    from fastload.s3 import client as s3client
 
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)

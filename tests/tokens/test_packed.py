@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fastload
-from fastload.collate import blocks as collate_blocks
 from fastload.errors import ConfigError
+from fastload.train.collate import blocks as collate_blocks
 
 from .conftest import TokenDataset
 from .helpers import STRIDE, assert_exactly_once, check_block, documents, lognormal_lengths, same_blocks

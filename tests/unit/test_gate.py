@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fastload.io.gate import ConcurrencyGate, process_gate
+from fastload.s3.gate import ConcurrencyGate, process_gate
 
 JOIN_S = 10.0
 

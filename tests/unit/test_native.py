@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from crc32c import crc32c
 
-from fastload.core import tfrecord as tfr
-from fastload.core.tar import BLOCK, member_header, padded
-from fastload.io import native
-from fastload.io.tfrecordread import DIRECT_RECORD_BYTES
+from fastload.formats import native
+from fastload.formats.tar.header import BLOCK, member_header, padded
+from fastload.formats.tfrecord import codec as tfr
+from fastload.formats.tfrecord.reader import DIRECT_RECORD_BYTES
 
 needs_c = pytest.mark.skipif(
     native.layout_run is None, reason="fastload._native is not built here (no C compiler at install time)"

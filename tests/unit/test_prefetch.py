@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from fastload.core.readplan import ReadTask
-from fastload.io.prefetch import Prefetcher
+from fastload.train.prefetch import Prefetcher
 
 PREFIX = "fastload-prefetch"
 

@@ -12,9 +12,9 @@ import botocore.exceptions
 import pytest
 
 from fastload.core.retry import Fault, RetryPolicy
-from fastload.io.gate import ConcurrencyGate
-from fastload.io.retrying import BadResponse, Retrier
-from fastload.io.s3client import Failure
+from fastload.s3.client import Failure
+from fastload.s3.gate import ConcurrencyGate
+from fastload.s3.retrying import BadResponse, Retrier
 
 ATTEMPT_S = 0.02
 

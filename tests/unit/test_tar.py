@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from fastload.core.tar import (
+from fastload.formats.tar.header import (
     BLOCK,
     END_OF_ARCHIVE,
     TarFormatError,

@@ -1,0 +1,1 @@
+"""Shard formats: the only place that knows a format's bytes (tar, Parquet, TFRecord)."""

@@ -1,0 +1,1 @@
+"""Parquet shards: the writer."""

@@ -1,0 +1,191 @@
+"""Writing one Parquet shard: one row per sample, ``__key__`` plus one binary column per field.
+
+Each row group's column data is read from the input files straight into Arrow buffers (no per-sample
+``bytes`` objects), so a sample's bytes are held once, and memory stays within one row group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from crc32c import crc32c
+
+from fastload.core.index import ShardEntry
+from fastload.core.keys import Sample
+from fastload.core.plan import plan_row_groups
+from fastload.errors import Skip
+from fastload.formats.tar.writer import ShardResult
+from fastload.storage.inputs import Input, Opened, close_all, open_ahead, read_exactly, read_problem
+
+KEY_COLUMN = "__key__"
+_MAX_COLUMN_BYTES = (1 << 31) - 1
+
+
+def file_crc32c(path: str, chunk_bytes: int = 8 << 20) -> tuple[int, int]:
+    """``(crc32c, size)`` of a file, read through one reused buffer (it was just written: it is cached)."""
+    crc = size = 0
+    buf = memoryview(bytearray(chunk_bytes))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = crc32c(buf[:n], crc)
+            size += n
+    return crc, size
+
+
+class _Buffers:
+    """Per-column data buffers reused across row groups (no fresh, zero-filled memory per group)."""
+
+    def __init__(self) -> None:
+        self.data: list[bytearray] = []
+
+    def get(self, sizes: list[int]) -> list[bytearray]:
+        while len(self.data) < len(sizes):
+            self.data.append(bytearray())
+        for i, size in enumerate(sizes):
+            if len(self.data[i]) < size:
+                self.data[i] = bytearray(max(size, len(self.data[i]) * 2))
+        return self.data[: len(sizes)]
+
+
+def parquet_schema(fields: Sequence[str]) -> pa.Schema:
+    """``__key__`` (string) then one nullable binary column per field, in the given order."""
+    return pa.schema(
+        [pa.field(KEY_COLUMN, pa.string(), nullable=False)] + [pa.field(f, pa.binary()) for f in fields]
+    )
+
+
+def write_parquet_shard(
+    name: str,
+    samples: Sequence[Sample[Input]],
+    tmp_path: str,
+    *,
+    fields: Sequence[str],
+    row_group_bytes: int,
+    compression: str = "none",
+    open_threads: int = 0,
+    window_bytes: int = 64 << 20,
+    on_sample: Callable[[int, int], None] | None = None,
+) -> ShardResult:
+    """Write ``samples`` as a Parquet shard at ``tmp_path``; return its index entry (named ``name``).
+
+    ``on_sample(payload_bytes, files)`` is called after each row group with its totals.
+    """
+    result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=[]))
+    entry = result.entry
+    schema = parquet_schema(fields)
+    column_of = {f: i for i, f in enumerate(fields)}
+    sizes = [sum(item.entry.size for _, item in s.members) for s in samples]
+    buffers = _Buffers()
+    writer = None
+    try:
+        writer = pq.ParquetWriter(
+            tmp_path,
+            schema,
+            compression=compression,
+            use_dictionary=[KEY_COLUMN],
+            write_statistics=[KEY_COLUMN],
+        )
+        rows_per_group: list[int] = []
+        opened = open_ahead(samples, threads=open_threads, window_bytes=window_bytes)
+        for start, stop in plan_row_groups(sizes, row_group_bytes=row_group_bytes):
+            before = (result.payload_bytes, result.files)
+            arrays = _row_group([next(opened) for _ in range(start, stop)], column_of, result, name, buffers)
+            if on_sample is not None:
+                on_sample(result.payload_bytes - before[0], result.files - before[1])
+            if arrays is not None:
+                writer.write_table(pa.Table.from_arrays(arrays, schema=schema), row_group_size=len(arrays[0]))
+                rows_per_group.append(len(arrays[0]))
+        writer.close()
+    except BaseException:
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_path)
+        raise
+    crc, entry.bytes = file_crc32c(tmp_path)
+    entry.checksum = f"{crc:08x}"
+    meta = pq.read_metadata(tmp_path)
+    for i, rows in enumerate(rows_per_group):
+        rg = meta.row_group(i)
+        starts = []
+        total = 0
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            first = col.data_page_offset
+            if col.has_dictionary_page and col.dictionary_page_offset is not None:
+                first = min(first, col.dictionary_page_offset)
+            starts.append(first)
+            total += col.total_compressed_size
+        entry.row_groups.append((min(starts), total, rows))
+    return result
+
+
+def _row_group(
+    group: list[Opened], column_of: dict[str, int], result: ShardResult, shard: str, buffers: _Buffers
+) -> list[pa.Array] | None:
+    """Read a row group's samples into Arrow arrays (skipping, and reporting, samples that fail)."""
+    try:
+        ncols = len(column_of)
+        totals = [0] * ncols
+        for _, members, failed in group:
+            for m in members if failed is None else ():
+                totals[column_of[m.field]] += m.size
+        for field_name, i in column_of.items():
+            if totals[i] > _MAX_COLUMN_BYTES:
+                raise ValueError(
+                    f"column {field_name!r} of one row group exceeds 2 GiB; lower --row-group-size"
+                )
+        data = buffers.get(totals)
+        views = [memoryview(d) for d in data]
+        offsets: list[list[int]] = [[0] for _ in range(ncols)]
+        valid: list[list[bool]] = [[] for _ in range(ncols)]
+        fill = [0] * ncols
+        keys: list[str] = []
+        for sample, members, failed in group:
+            present: dict[int, int] = {}
+            for m in members if failed is None else ():
+                i = column_of[m.field]
+                try:
+                    read_exactly(m.file, views[i][fill[i] : fill[i] + m.size])
+                except OSError as exc:
+                    failed = Skip(m.item.shown, read_problem(exc))
+                    break
+                present[i] = m.size
+            if failed is not None:
+                result.skipped.append(
+                    Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {shard}")
+                )
+                continue
+            keys.append(sample.key)
+            for i in range(ncols):
+                got = present.get(i)
+                if got is None:
+                    valid[i].append(False)
+                else:
+                    fill[i] += got
+                    valid[i].append(True)
+                offsets[i].append(fill[i])
+            result.payload_bytes += sum(present.values())
+            result.files += len(present)
+    finally:
+        for _, members, _ in group:
+            close_all(members)
+    if not keys:
+        return None
+    result.entry.keys.extend(keys)
+    arrays: list[pa.Array] = [pa.array(keys, type=pa.string())]
+    n = len(keys)
+    for i in range(ncols):
+        nulls = valid[i].count(False)
+        validity = pa.array(valid[i], type=pa.bool_()).buffers()[1] if nulls else None
+        offsets_buffer = pa.array(offsets[i], type=pa.int32()).buffers()[1]
+        values = pa.py_buffer(data[i])[: fill[i]]
+        arrays.append(
+            pa.Array.from_buffers(pa.binary(), n, [validity, offsets_buffer, values], null_count=nulls)
+        )
+    return arrays

@@ -1,0 +1,1 @@
+"""Tar shards (WebDataset convention): headers, writer, header scan, in-memory index."""

@@ -1,0 +1,124 @@
+"""Building a fastload index for WebDataset-style tar shards that have none (written by other tools).
+
+One sequential read of each shard: member headers give each sample's byte range (its members' headers and
+padded data, which must be adjacent, as WebDataset requires), and the CRC32C of the whole file is computed
+on the way. The result is an ordinary :class:`~fastload.core.index.DatasetIndex`, so every sample-level
+feature (even splits, exact resume, ranged reads, the checked cache) works on foreign shards too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from fastload.config import S3Config
+from fastload.core.index import DatasetIndex, ShardEntry, set_layout
+from fastload.core.keys import KeyRuleError, split_key
+from fastload.errors import ConfigError, VerifyError
+from fastload.formats.tar.header import BLOCK, TarFormatError
+from fastload.formats.tar.scan import ChecksumReader, iter_members
+from fastload.storage import access as storage
+
+
+def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> tuple[ShardEntry, set[str]]:
+    """The index entry of one tar shard (and the fields it holds), from one sequential read."""
+    keys: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    fields: set[str] = set()
+    seen: set[str] = set()
+    layouts: list[tuple[list[str], list[int]] | None] = []  # see core.index.set_layout
+    with storage.open_read(url, config=config) as f:
+        reader = ChecksumReader(f)
+        try:
+            for member in iter_members(reader):
+                if member.typeflag not in ("0", "\0", "7"):
+                    continue  # folders, links: WebDataset ignores them too
+                try:
+                    key, field_name = split_key(member.name)
+                except KeyRuleError as exc:
+                    raise VerifyError(
+                        f"member {member.name!r}: {exc}; WebDataset could not use it either (run "
+                        "`fastload verify` on the shard for a full lint)",
+                        shard=name,
+                        offset=member.header_offset,
+                    ) from None
+                fields.add(field_name)
+                plain = member.data_offset - member.header_offset == BLOCK and member.typeflag != "7"
+                if keys and keys[-1] == key:
+                    sizes[-1] = member.end - offsets[-1]
+                    last = layouts[-1]
+                    if last is not None and plain:
+                        last[0].append(field_name)
+                        last[1].append(member.size)
+                    else:
+                        layouts[-1] = None
+                    continue
+                if key in seen:
+                    raise VerifyError(
+                        "the members of this sample are not adjacent (the key appears again after another "
+                        "key); WebDataset would split it into two samples: re-pack with `fastload pack`",
+                        shard=name,
+                        key=key,
+                        offset=member.header_offset,
+                    )
+                seen.add(key)
+                keys.append(key)
+                offsets.append(member.header_offset)
+                sizes.append(member.end - member.header_offset)
+                layouts.append(([field_name], [member.size]) if plain else None)
+            reader.drain()
+        except TarFormatError as exc:
+            raise VerifyError(
+                f"not a readable tar archive ({exc}); re-download or re-create the shard", shard=name
+            ) from None
+    entry = ShardEntry(
+        name=name, bytes=reader.pos, checksum=f"{reader.crc:08x}", keys=keys, offsets=offsets, sizes=sizes
+    )
+    set_layout(entry, layouts)
+    return entry, fields
+
+
+def split_root(urls: Sequence[str]) -> tuple[str, list[str]]:
+    """A common root of ``urls`` and each URL's name relative to it."""
+    remote = {storage.is_remote(u) for u in urls}
+    if len(remote) != 1:
+        raise ConfigError("give shard URLs all on S3 or all local, not a mix")
+    if remote.pop():
+        parents = [u.rsplit("/", 1)[0] for u in urls]
+        root = parents[0]
+        while any(not (p + "/").startswith(root + "/") for p in parents):
+            root = root.rsplit("/", 1)[0]
+            if root in ("s3:/", "s3:"):
+                raise ConfigError("give shard URLs in one bucket")
+        return root, [u[len(root) + 1 :] for u in urls]
+    root = os.path.commonpath([os.path.dirname(u) for u in urls])
+    return root, [os.path.relpath(u, root) for u in urls]
+
+
+def index_tar_shards(
+    urls: Sequence[str], *, config: S3Config | None = None, threads: int = 8
+) -> tuple[str, DatasetIndex]:
+    """``(root, index)`` for tar shards without an index: shard names are relative to ``root``."""
+    if not urls:
+        raise ConfigError("no shards given")
+    urls = [storage.normalise(u) for u in urls]
+    missing = [u for u in urls if not u.endswith(".tar")]
+    if missing:
+        raise ConfigError(
+            f"{missing[0]}: only .tar shards can be read without an index.json (for TFRecord files run "
+            "`fastload index`; Parquet needs an index written by `fastload pack`)"
+        )
+    root, names = split_root(urls)
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
+        results = list(pool.map(lambda u, n: index_tar_shard(u, n, config=config), urls, names))
+    fields = sorted(set().union(*(f for _, f in results)))
+    index = DatasetIndex(
+        shard_format="tar",
+        fields=fields,
+        shards=[entry for entry, _ in results],
+        options={"built_from": "tar scan"},
+        payload_bytes=0,
+    )
+    return root, index

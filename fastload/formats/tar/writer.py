@@ -1,0 +1,205 @@
+"""Writing one tar shard: samples' files copied once, through one reusable buffer, with CRC32C on the fly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from crc32c import crc32c
+
+from fastload.core.index import ShardEntry, set_layout
+from fastload.core.keys import Sample
+from fastload.errors import Skip
+from fastload.formats.tar.header import BLOCK, END_OF_ARCHIVE, member_header, padded
+from fastload.storage.inputs import Input, Member, close_all, open_ahead, read_exactly, read_problem
+
+DEFAULT_BUFFER_BYTES = 8 << 20
+
+
+@dataclass
+class ShardResult:
+    """A written shard's index entry, the inputs it had to leave out, and the payload bytes copied."""
+
+    entry: ShardEntry
+    skipped: list[Skip] = field(default_factory=list)
+    payload_bytes: int = 0
+    files: int = 0
+
+
+class ShardOutput:
+    """Buffered, checksummed, rewindable writer to a file descriptor."""
+
+    def __init__(self, fd: int, buffer_bytes: int) -> None:
+        self.fd = fd
+        self.buf = bytearray(buffer_bytes)
+        self.view = memoryview(self.buf)
+        self.fill = 0
+        self.flushed = 0
+        self.crc = 0
+
+    @property
+    def position(self) -> int:
+        return self.flushed + self.fill
+
+    def flush(self) -> None:
+        if self.fill:
+            data = self.view[: self.fill]
+            self.crc = crc32c(data, self.crc)
+            _write_all(self.fd, data)
+            self.flushed += self.fill
+            self.fill = 0
+
+    def reserve(self, n: int) -> memoryview:
+        """Room for ``n`` bytes at the current position (flushing first if needed; ``n`` <= buffer)."""
+        if self.fill + n > len(self.buf):
+            self.flush()
+        out = self.view[self.fill : self.fill + n]
+        self.fill += n
+        return out
+
+    def write(self, data: bytes) -> None:
+        self.reserve(len(data))[:] = data
+
+    def rewind(self, position: int, crc: int) -> None:
+        """Forget everything after ``position`` (``crc`` is the checksum up to it)."""
+        if position >= self.flushed:
+            self.fill = position - self.flushed
+            return
+        os.ftruncate(self.fd, position)
+        os.lseek(self.fd, position, os.SEEK_SET)
+        self.flushed, self.fill, self.crc = position, 0, crc
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def _copy_member(out: ShardOutput, name: str, f: BinaryIO, size: int, mtime: int) -> bool:
+    """Write one member; whether its header was one plain block (no pax header before it)."""
+    header = member_header(name, size, mtime=mtime)
+    total = len(header) + padded(size)
+    if total <= len(out.buf):
+        room = out.reserve(total)
+        room[: len(header)] = header
+        read_exactly(f, room[len(header) : len(header) + size])
+        room[len(header) + size :] = bytes(total - len(header) - size)
+        return len(header) == BLOCK
+    out.write(header)
+    left = size
+    while left:
+        chunk = min(left, len(out.buf))
+        read_exactly(f, out.reserve(chunk))
+        left -= chunk
+    out.write(bytes(padded(size) - size))
+    return len(header) == BLOCK
+
+
+def write_tar_shard(
+    name: str,
+    samples: Sequence[Sample[Input]],
+    tmp_path: str,
+    *,
+    mtime: int = 0,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    fsync: bool = False,
+    open_threads: int = 0,
+    window_bytes: int = 64 << 20,
+    on_sample: Callable[[int, int], None] | None = None,
+) -> ShardResult:
+    """Write ``samples`` as a tar shard at ``tmp_path``; return its index entry (named ``name``).
+
+    A sample whose file cannot be opened, or shrinks while being read, is rolled back out of the shard
+    and reported in ``skipped``; the other samples are unaffected. ``on_sample(payload_bytes, files)`` is
+    called after each sample written. With ``open_threads`` > 0 inputs are opened (fetched, for remote
+    sources) ahead by that many threads, at most ``window_bytes`` ahead.
+    """
+
+    layouts: list[tuple[tuple[str, ...], list[int]] | None] = []
+
+    def write_sample(out: ShardOutput, key: str, members: Sequence[Member]) -> Skip | None:
+        plain = True
+        for m in members:
+            try:
+                plain &= _copy_member(out, f"{key}.{m.field}", m.file, m.size, mtime)
+            except OSError as exc:
+                return Skip(m.item.shown, read_problem(exc))
+        layouts.append((tuple(m.field for m in members), [m.size for m in members]) if plain else None)
+        return None
+
+    result = write_shard(
+        name,
+        samples,
+        tmp_path,
+        write_sample,
+        trailer=END_OF_ARCHIVE,
+        buffer_bytes=buffer_bytes,
+        fsync=fsync,
+        open_threads=open_threads,
+        window_bytes=window_bytes,
+        on_sample=on_sample,
+    )
+    set_layout(result.entry, layouts)
+    return result
+
+
+def write_shard(
+    name: str,
+    samples: Sequence[Sample[Input]],
+    tmp_path: str,
+    write_sample: Callable[[ShardOutput, str, Sequence[Member]], Skip | None],
+    *,
+    trailer: bytes = b"",
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    fsync: bool = False,
+    open_threads: int = 0,
+    window_bytes: int = 64 << 20,
+    on_sample: Callable[[int, int], None] | None = None,
+) -> ShardResult:
+    """The shard loop every format shares: open inputs ahead, ``write_sample(out, key, members)`` each
+    sample (it returns the failed input, if any: the sample is then rolled back and reported), record
+    offsets and sizes, end with ``trailer``, CRC32C on the fly; the file is removed on any error."""
+    result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=[]))
+    entry = result.entry
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        out = ShardOutput(fd, buffer_bytes)
+        for sample, members, failed in open_ahead(samples, threads=open_threads, window_bytes=window_bytes):
+            start, crc = out.position, out.crc
+            try:
+                if failed is None:
+                    failed = write_sample(out, sample.key, members)
+            finally:
+                close_all(members)
+            if failed is not None:
+                out.rewind(start, crc)
+                result.skipped.append(
+                    Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {name}")
+                )
+                continue
+            entry.keys.append(sample.key)
+            entry.offsets.append(start)
+            entry.sizes.append(out.position - start)
+            nbytes = sum(m.size for m in members)
+            result.payload_bytes += nbytes
+            result.files += len(members)
+            if on_sample is not None:
+                on_sample(nbytes, len(members))
+        if trailer:
+            out.write(trailer)
+        out.flush()
+        if fsync:
+            os.fsync(fd)
+        entry.bytes = out.position
+        entry.checksum = f"{out.crc:08x}"
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_path)
+        raise
+    os.close(fd)
+    return result

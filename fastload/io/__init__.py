@@ -1,1 +1,0 @@
-"""All I/O: local files, (later) S3, shard writers, threads. Decisions come from ``fastload.core``."""

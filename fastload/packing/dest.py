@@ -1,0 +1,93 @@
+"""Where a pack writes: a local folder or an S3 prefix, behind one small interface.
+
+Shards are written to a local temporary file first; ``publish`` then renames it into place (local) or
+uploads it with a multipart upload (S3). Either way a shard appears under its final name only when whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Protocol
+
+from fastload.config import S3Config
+from fastload.storage.localfs import atomic_write, publish
+
+
+class Destination(Protocol):
+    url: str
+    tmp_dir: str
+
+    def is_empty(self) -> bool: ...
+    def exists_as_file(self) -> bool: ...
+    def prepare(self) -> None: ...
+    def size(self, name: str) -> int | None: ...
+    def read_bytes(self, name: str) -> bytes | None: ...
+    def write_bytes(self, name: str, data: bytes) -> None: ...
+    def publish(self, local_tmp: str, name: str) -> None: ...
+    def list(self, prefix: str) -> list[str]: ...
+    def remove_tree(self, prefix: str) -> None: ...
+    def cleanup(self) -> None: ...
+
+
+class LocalDestination:
+    """A local folder; temporary files live in ``STATE_DIR/tmp`` inside it (same file system: rename)."""
+
+    def __init__(self, root: str, state_dir: str) -> None:
+        self.root = os.path.abspath(root)
+        self.url = self.root
+        self.tmp_dir = os.path.join(self.root, state_dir, "tmp")
+
+    def is_empty(self) -> bool:
+        return not os.path.isdir(self.root) or not os.listdir(self.root)
+
+    def exists_as_file(self) -> bool:
+        return os.path.exists(self.root) and not os.path.isdir(self.root)
+
+    def prepare(self) -> None:
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        os.makedirs(self.tmp_dir, exist_ok=True)
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def size(self, name: str) -> int | None:
+        try:
+            return os.path.getsize(self._path(name))
+        except OSError:
+            return None
+
+    def read_bytes(self, name: str) -> bytes | None:
+        try:
+            with open(self._path(name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(self._path(name)), exist_ok=True)
+        atomic_write(self._path(name), data)
+
+    def publish(self, local_tmp: str, name: str) -> None:
+        publish(local_tmp, self._path(name))
+
+    def list(self, prefix: str) -> list[str]:
+        folder = self._path(prefix)
+        if not os.path.isdir(folder):
+            return []
+        return sorted(os.path.join(prefix, n) for n in os.listdir(folder))
+
+    def remove_tree(self, prefix: str) -> None:
+        shutil.rmtree(self._path(prefix), ignore_errors=True)
+
+    def cleanup(self) -> None:
+        """Nothing to do: the temporary folder is inside the state folder."""
+
+
+def destination(url: str, state_dir: str, *, config: S3Config | None = None) -> Destination:
+    """The destination for a local path or ``s3://`` URL."""
+    if url.startswith("s3://"):
+        from fastload.packing.s3dest import S3Destination
+
+        return S3Destination(url, config=config or S3Config.from_env())
+    return LocalDestination(url, state_dir)

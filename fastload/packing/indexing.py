@@ -1,0 +1,137 @@
+"""``fastload index``: write ``index.json`` for a folder or ``s3://`` prefix of existing TFRecord files (or
+WebDataset tar files), so ``ShardDataset`` can split, shuffle and resume them by sample as it does packed
+shards, without reading them first in every process.
+
+Every file named ``*.tfrecord``, ``*.tfrecords`` or ``*.tfrec`` (or one of those plus ``.gz``) under the
+target is read once, front to back: both CRCs of every record, each record's byte range and key (its
+``__key__`` feature, else ``<file stem>/<record index:06d>``), the feature names and the file's CRC32C.
+``index.json`` is written only when every file reads cleanly. A folder without TFRecord files is indexed as
+tar shards (:mod:`fastload.formats.tar.index`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fastload.config import S3Config
+from fastload.core.index import INDEX_NAME, DatasetIndex
+from fastload.errors import ConfigError, NotFoundError, VerifyError
+from fastload.formats.tfrecord.codec import SUFFIXES, is_tfrecord_name
+from fastload.formats.tfrecord.index import scan_tfrecord_files
+from fastload.packing.dest import destination
+from fastload.storage import access as storage
+
+STATE_DIR = ".fastload-index"
+_KIND = {"tfrecord": "TFRecord", "tar": "tar", "parquet": "Parquet"}
+
+
+@dataclass
+class IndexReport:
+    """What ``fastload index`` found; ``index`` is None when a file was bad (nothing was written)."""
+
+    target: str
+    index: DatasetIndex | None = None
+    problems: list[VerifyError] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        if self.index is not None:
+            idx = self.index
+            where = storage.join(self.target, INDEX_NAME)
+            return (
+                f"indexed {idx.samples:,} samples in {len(idx.shards)} {_KIND[idx.shard_format]} file(s) "
+                f"({idx.bytes:,} bytes) in {self.seconds:.1f}s; wrote {where}\n"
+                f"fields: {', '.join(idx.fields) or '(none)'}"
+            )
+        head = f"FAILED: {len(self.problems)} bad file(s); no index written."
+        lines = [f"{head} First: {self.problems[0]}"]
+        lines += [f"  {p}" for p in self.problems[1:20]]
+        if len(self.problems) > 20:
+            lines.append(f"  ... and {len(self.problems) - 20} more")
+        return "\n".join(lines)
+
+
+def _relative(root: str, url: str) -> str:
+    if storage.is_remote(root):
+        return url[len(root.rstrip("/")) + 1 :]
+    return os.path.relpath(url, root).replace(os.sep, "/")
+
+
+def _hidden(name: str) -> bool:
+    return any(part.startswith(".") for part in name.split("/"))
+
+
+def _index_tars(
+    named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+) -> tuple[DatasetIndex, list[VerifyError]]:
+    """The index of WebDataset tar files ``(url, name)`` (see :mod:`fastload.formats.tar.index`)."""
+    from fastload.formats.tar.index import index_tar_shards
+
+    try:
+        _, index = index_tar_shards([u for u, _ in named], config=s3_config, threads=threads)
+    except VerifyError as exc:
+        return DatasetIndex("tar", [], []), [exc]
+    for entry, (_, name) in zip(index.shards, named, strict=True):
+        entry.name = name  # relative to the folder that gets index.json
+    index.options = {"shard_format": "tar", "indexed_by": "fastload index"}
+    return index, []
+
+
+def build_index(
+    target: str | os.PathLike[str],
+    *,
+    workers: int | None = None,
+    force: bool = False,
+    s3_config: S3Config | None = None,
+) -> IndexReport:
+    """Write ``index.json`` for the TFRecord files (or, if it holds none, the WebDataset tar files) under
+    ``target``, a folder or ``s3://`` prefix.
+
+    Refuses (:class:`ConfigError`) to replace an existing ``index.json`` unless ``force``. Files in hidden
+    folders (a name starting with ``.``) are left out. Returns a report; when any file is corrupt its
+    problems are listed and no index is written.
+    """
+    began = time.monotonic()
+    root = storage.normalise(target)
+    if storage.is_remote(root):
+        s3_config = s3_config or S3Config.from_env()
+    elif not os.path.exists(root):
+        raise NotFoundError(f"{root} does not exist; give the folder holding the TFRecord files", path=root)
+    elif not os.path.isdir(root):
+        raise ConfigError(f"{root} is a file; give the folder (or s3:// prefix) holding the TFRecord files")
+    if not force and storage.exists(storage.join(root, INDEX_NAME), config=s3_config):
+        raise ConfigError(
+            f"{storage.join(root, INDEX_NAME)} exists already; pass --force (force=True) to replace it"
+        )
+    named = [(u, _relative(root, u)) for u in storage.list_files(root, "", config=s3_config)]
+    named = [(u, n) for u, n in named if not _hidden(n)]
+    tfrecords = [(u, n) for u, n in named if is_tfrecord_name(n)]
+    tars = [(u, n) for u, n in named if n.endswith(".tar")]
+    if tfrecords and tars:
+        raise ConfigError(
+            f"{root} holds both TFRecord and tar files; one index covers one format: put them in two folders"
+        )
+    if not tfrecords and not tars:
+        kinds = ", ".join(f"*{s}" for s in SUFFIXES)
+        raise NotFoundError(
+            f"no TFRecord files ({kinds}, or those with .gz) or .tar files under {root}", path=root
+        )
+    report = IndexReport(root)
+    threads = workers or min(8, os.cpu_count() or 1)
+    if tfrecords:
+        index, report.problems = scan_tfrecord_files(tfrecords, threads=threads, s3_config=s3_config)
+    else:
+        index, report.problems = _index_tars(tars, threads=threads, s3_config=s3_config)
+    report.seconds = time.monotonic() - began
+    if report.problems:
+        return report
+    destination(root, STATE_DIR, config=s3_config).write_bytes(INDEX_NAME, index.to_json())
+    report.index = index
+    return report

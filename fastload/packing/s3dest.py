@@ -1,0 +1,96 @@
+"""An S3 prefix as a pack destination (see :mod:`fastload.packing.dest`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+
+from fastload.config import S3Config
+from fastload.errors import S3NotFoundError
+from fastload.s3.client import fail_fast_error, get_client, parse_s3_url
+from fastload.s3.listing import ObjectInfo, list_objects
+from fastload.s3.retrying import Retrier
+from fastload.s3.upload import abort_stale_uploads, upload_file
+from fastload.storage.s3source import get_whole
+
+
+class S3Destination:
+    """An S3 prefix; temporary files live in a local temporary folder and are uploaded when complete."""
+
+    def __init__(self, url: str, *, config: S3Config) -> None:
+        self.bucket, prefix = parse_s3_url(url)
+        self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self.url = f"s3://{self.bucket}/{self.prefix}"
+        self.config = config
+        self.client = get_client(config)
+        self.tmp_dir = ""
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    def is_empty(self) -> bool:
+        return next(iter(list_objects(self.bucket, self.prefix, config=self.config)), None) is None
+
+    def exists_as_file(self) -> bool:
+        return False
+
+    def prepare(self) -> None:
+        """Make the local temporary folder, and abort multipart uploads left under the prefix by a pack
+        that was killed mid-upload (they would otherwise keep their parts, and their cost, forever)."""
+        self.tmp_dir = tempfile.mkdtemp(prefix="fastload-pack-")
+        abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config)
+
+    def size(self, name: str) -> int | None:
+        retrier = Retrier.from_config(self.config)
+        key = self._key(name)
+        try:
+            resp = retrier.call(
+                lambda: self.client.head_object(Bucket=self.bucket, Key=key),
+                lambda f, t, e: fail_fast_error(f, self.bucket, key),
+            )
+        except S3NotFoundError:
+            return None
+        return int(resp["ContentLength"])
+
+    def read_bytes(self, name: str) -> bytes | None:
+        try:
+            return get_whole(self.bucket, self._key(name), config=self.config)
+        except S3NotFoundError:
+            return None
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(prefix="fastload-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            upload_file(tmp, self.bucket, self._key(name), config=self.config)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def publish(self, local_tmp: str, name: str) -> None:
+        try:
+            upload_file(local_tmp, self.bucket, self._key(name), config=self.config)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(local_tmp)
+
+    def list(self, prefix: str) -> list[str]:
+        full = self._key(prefix.rstrip("/") + "/")
+        return [
+            o.key[len(self.prefix) :]
+            for o in list_objects(self.bucket, full, config=self.config)
+            if isinstance(o, ObjectInfo)
+        ]
+
+    def remove_tree(self, prefix: str) -> None:
+        keys = [self._key(n) for n in self.list(prefix)]
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[i : i + 1000]]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+
+    def cleanup(self) -> None:
+        if self.tmp_dir:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)

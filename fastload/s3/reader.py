@@ -1,0 +1,541 @@
+"""The parallel ranged-GET reader: a seekable, read-only binary file over one S3 object.
+
+Parts of ``part_size_bytes`` are fetched concurrently (up to ``max_concurrency`` per reader, and the
+process-wide AIMD gate across readers) with ``Range`` and ``If-Match``; every response is checked against
+the range contract (``core.ranges``); failures are retried per range by ``core.retry`` (resuming after the
+last good byte); a part is handed to the reader only when complete and correct. Requests travel over the
+transport ``S3Config.transport`` names (``io.s3get``); each part's body is read straight into its own buffer.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from fastload.config import S3Config
+from fastload.core.ranges import ByteRange, Verdict, check_response
+from fastload.core.retry import Fault
+from fastload.errors import ObjectChangedError, RangeReadError
+from fastload.s3.client import Failure, fail_fast_error, get_client
+from fastload.s3.partbuffers import Buffer, new_buffer, process_pool
+from fastload.s3.retrying import BadResponse, Retrier
+from fastload.s3.stats import STATS
+from fastload.s3.transport import Body, BotocoreObject, ObjectIO, open_object
+
+T = TypeVar("T")
+FIRST_PART_BYTES = 1 << 20
+
+
+class _Part:
+    """A part's bytes, in the buffer its body was read into (copied once more: to the caller). ``pooled``:
+    the buffer goes back to the process's pool once the part is dropped and no view of it is left."""
+
+    __slots__ = ("buf", "pooled", "size")
+
+    def __init__(self, buf: Buffer | bytes, size: int, *, pooled: bool = False) -> None:
+        self.buf, self.size, self.pooled = buf, size, pooled
+
+    def __len__(self) -> int:
+        return self.size
+
+    def view(self, offset: int, n: int) -> memoryview:
+        """The bytes ``[offset, offset + n)``, not copied."""
+        return memoryview(self.buf)[offset : offset + n]
+
+
+class RangedReader(io.RawIOBase):
+    """Read-only, seekable view of ``s3://bucket/key``; see :class:`~fastload.config.S3Config` for the
+    memory bound. Use :func:`fastload.open` rather than constructing it directly."""
+
+    def __init__(
+        self,
+        bucket: str,
+        key: str,
+        *,
+        config: S3Config | None = None,
+        client: Any = None,
+        version_id: str | None = None,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.bucket, self.key = bucket, key
+        self._config = config or S3Config()
+        self._own_client = client
+        self._client = client if client is not None else get_client(self._config)
+        self._version_id = version_id
+        self._object = self._open_object()
+        self._rng, self._sleep, self._clock = rng or random.Random(), sleep, clock
+        self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=sleep, clock=clock)
+        self._pid = os.getpid()
+        self._part = self._config.part_size_bytes
+        # a small first part: its answer (size, ETag) arrives quickly and lets every other part start
+        self._first = min(self._part, FIRST_PART_BYTES)
+        self._window = self._config.readahead_parts
+        self._lock = threading.Lock()
+        self._size: int | None = None
+        self._etag: str | None = None
+        self._whole: memoryview | None = None
+        self._parts: dict[int, Future[_Part]] = {}
+        self._stops: dict[int, threading.Event] = {}
+        self._spent: list[Future[_Part]] = []  # dropped parts whose buffers may still be viewed
+        self._closing = threading.Event()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pos = 0
+
+    def _after_fork(self) -> None:
+        """In a forked child (a DataLoader worker), drop the parent's threads, client and gate."""
+        pid = os.getpid()
+        if pid == self._pid:
+            return
+        self._pid = pid
+        self._client = self._own_client if self._own_client is not None else get_client(self._config)
+        self._object = self._open_object()
+        self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=self._sleep, clock=self._clock)
+        self._parts = {i: f for i, f in self._parts.items() if f.done() and f.exception() is None}
+        self._stops = {}
+        self._pool = None
+
+    def _open_object(self) -> ObjectIO:
+        """The transport for this object: ``config.transport``'s, or botocore for a client passed in."""
+        if self._own_client is not None:
+            return BotocoreObject(self._own_client, self.bucket, self.key, self._version_id)
+        return open_object(self._config, self.bucket, self.key, self._version_id)
+
+    def __repr__(self) -> str:
+        return f"RangedReader('s3://{self.bucket}/{self.key}')"
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    # -- io.RawIOBase ---------------------------------------------------------------------------------
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    @property
+    def size(self) -> int:
+        """Object size in bytes (asks the store once if no byte has been read yet)."""
+        if self._size is None:
+            self._after_fork()
+            self._head()
+        assert self._size is not None
+        return self._size
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        self._after_fork()
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self.size + offset
+        else:
+            raise ValueError(f"invalid whence {whence}")
+        if pos < 0:
+            raise ValueError(f"negative seek position {pos}")
+        self._pos = pos
+        if self._size is not None:
+            self._retain(self._index_of(pos))
+        return pos
+
+    def readinto(self, buffer: Any) -> int:
+        """Fill ``buffer`` (fewer bytes only at the end of the object), copying once out of the parts."""
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        self._after_fork()
+        view = memoryview(buffer).cast("B")
+        if not len(view):
+            return 0
+        if self._size is None:
+            self._first_read(self._pos)
+        assert self._size is not None
+        got = 0
+        while got < len(view) and self._pos < self._size:
+            if self._whole is not None:
+                n = min(len(view) - got, self._size - self._pos)
+                view[got : got + n] = self._whole[self._pos : self._pos + n]
+            else:
+                index = self._index_of(self._pos)
+                self._retain(index)
+                part = self._parts[index].result()
+                offset = self._pos - self._range_of(index).start
+                n = min(len(view) - got, len(part) - offset)
+                view[got : got + n] = part.view(offset, n)
+            self._pos += n
+            got += n
+        self._recycle(self._spent)
+        return got
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all remaining when negative), copied once out of the fetched parts."""
+        if size is None or size < 0:
+            return self.readall()
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        self._after_fork()
+        if size == 0:
+            return b""
+        if self._size is None:
+            self._first_read(self._pos)
+        assert self._size is not None
+        size = min(size, self._size - self._pos)
+        if size <= 0:
+            return b""
+        if self._whole is not None:
+            out = bytes(self._whole[self._pos : self._pos + size])
+            self._pos += len(out)
+            return out
+        pieces: list[memoryview] = []
+        left = size
+        while left:
+            index = self._index_of(self._pos)
+            self._retain(index)
+            part = self._parts[index].result()
+            offset = self._pos - self._range_of(index).start
+            take = min(left, len(part) - offset)
+            pieces.append(part.view(offset, take))
+            self._pos += take
+            left -= take
+        out = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+        del pieces
+        self._recycle(self._spent)
+        return out
+
+    def fetch_range(self, start: int, end: int, *, stop: threading.Event | None = None) -> bytes:
+        """Bytes ``[start, end)`` fetched now as concurrent parts: no readahead, no read position, safe to
+        call from several threads. No HEAD: on an object not read yet, the range's first part goes alone and
+        its answer gives size and ETag (every later request carries If-Match). Clipped to the object's
+        end."""
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        self._after_fork()
+        if end <= start:
+            return b""
+        parts: list[_Part] = []
+        if self._size is None:  # the first part alone: its answer gives size and ETag to the others
+            try:
+                parts.append(
+                    self._fetch(ByteRange(start, min(start + self._part, end)), first=True, stop=stop)
+                )
+            except _PastEnd:
+                return b""
+            start += len(parts[0])
+        assert self._size is not None
+        end = min(end, self._size)
+        if self._whole is not None:
+            return bytes(self._whole[start - sum(len(p) for p in parts) : end])
+        ranges = [ByteRange(a, min(a + self._part, end)) for a in range(start, end, self._part)]
+        if len(ranges) == 1:
+            parts.append(self._fetch(ranges[0], stop=stop))
+        elif ranges:
+            pool = self._ensure_pool()
+            futures = [pool.submit(self._fetch, r, stop=stop) for r in ranges]
+            try:
+                parts += [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+        pieces = [part.view(0, len(part)) for part in parts]
+        out = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+        del pieces
+        done: list[Future[_Part]] = []
+        for part in parts:
+            fut: Future[_Part] = Future()
+            fut.set_result(part)
+            done.append(fut)
+        self._recycle(done)
+        return out
+
+    def readall(self) -> bytes:
+        out = bytearray()
+        while True:
+            chunk = self.read(max(self._part, 1))
+            if not chunk:
+                return bytes(out)
+            out += chunk
+
+    def close(self) -> None:
+        if not self.closed:
+            self._closing.set()
+            for stop in self._stops.values():
+                stop.set()
+            for fut in self._parts.values():
+                self._drop(fut)
+            self._parts.clear()
+            self._recycle(self._spent)
+            self._stops.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._whole = None
+        super().close()
+
+    # -- parts ----------------------------------------------------------------------------------------
+
+    def _index_of(self, offset: int) -> int:
+        """The part holding byte ``offset``: part 0 is ``[0, first)``, then parts of ``part_size_bytes``."""
+        return 0 if offset < self._first else 1 + (offset - self._first) // self._part
+
+    def _range_of(self, index: int, *, clip: bool = True) -> ByteRange:
+        start = 0 if index == 0 else self._first + (index - 1) * self._part
+        end = self._first if index == 0 else start + self._part
+        if clip:
+            assert self._size is not None
+            end = min(end, self._size)
+        return ByteRange(start, end)
+
+    def _retain(self, index: int) -> None:
+        """Keep parts ``index .. index+window-1`` scheduled; cancel or drop every other part."""
+        assert self._size is not None
+        if self._whole is not None:  # a 200 brought the whole object: parts still queued are useless
+            for i in list(self._parts):
+                self._drop(self._parts.pop(i))
+                stop = self._stops.pop(i, None)
+                if stop is not None:
+                    stop.set()
+            return
+        last = self._index_of(self._size - 1) if self._size else -1
+        wanted = range(index, min(index + self._window, last + 1))
+        for i in [i for i in self._parts if i not in wanted]:
+            self._drop(self._parts.pop(i))
+            stop = self._stops.pop(i, None)
+            if stop is not None:
+                stop.set()  # a part already running stops retrying
+        if self._pool is None and len(wanted) > 1:
+            self._ensure_pool()
+        for i in wanted:
+            if i not in self._parts:
+                r = self._range_of(i)
+                if self._pool is None:
+                    fut: Future[_Part] = Future()
+                    try:
+                        fut.set_result(self._fetch(r))
+                    except BaseException as exc:
+                        fut.set_exception(exc)
+                    self._parts[i] = fut
+                else:
+                    stop = self._stops[i] = threading.Event()
+                    self._parts[i] = self._pool.submit(self._fetch, r, stop=stop)
+
+    def _drop(self, fut: Future[_Part]) -> None:
+        """Cancel a part no longer wanted; a finished one's buffer is recycled by :meth:`_recycle`."""
+        if not fut.cancel() and fut.done():
+            self._spent.append(fut)
+
+    def _recycle(self, futures: list[Future[_Part]]) -> None:
+        """Hand the buffers of finished, dropped parts to the process pool (no view of them may remain)."""
+        cap = (self._window + 1) * self._part  # the reader's own memory bound
+        pool = process_pool()
+        for fut in futures:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                part = fut.result()
+                if part.pooled:
+                    pool.give(part.buf, cap)  # type: ignore[arg-type]
+        futures.clear()
+
+    def _first_read(self, pos: int) -> None:
+        """The first GET: learns size and ETag from its response, keeps its bytes as a part. With a window
+        of several parts it runs on the pool and returns once its response head has given size and ETag, so
+        the other parts start while its body still streams (a 200 with the whole object is awaited)."""
+        index = self._index_of(pos)
+        asked = self._range_of(index, clip=False)
+        if self._window > 1:
+            sized = threading.Event()
+            fut = self._ensure_pool().submit(self._fetch, asked, first=True, sized=sized)
+            fut.add_done_callback(lambda _: sized.set())  # a failure or a whole-object 200 wakes us too
+            sized.wait()
+            if fut.done():
+                try:
+                    fut.result()
+                except _PastEnd:
+                    self._head()
+                    return
+            if self._whole is None:
+                self._parts[index] = fut
+            return
+        try:
+            data = self._fetch(asked, first=True)
+        except _PastEnd:
+            self._head()
+            return
+        if self._whole is None:
+            done: Future[_Part] = Future()
+            done.set_result(data)
+            self._parts[index] = done
+
+    def _ensure_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self._config.max_concurrency, thread_name_prefix="fastload-s3"
+                )
+            return self._pool
+
+    def _head(self) -> None:
+        def attempt() -> None:
+            started = self._clock()
+            body = self._object.head(self._headers())
+            body.close()
+            STATS.request_done(self._clock() - started, 0)
+            if body.content_length is None:
+                raise BadResponse(Failure(Fault.BAD_RANGE, body.status, "HEAD answer without Content-Length"))
+            self._learn(int(body.content_length), body.etag)
+
+        self._retrying(attempt, ByteRange(0, 1), "HEAD")
+
+    def _headers(self, byte_range: ByteRange | None = None) -> dict[str, str]:
+        """Range and If-Match (once the ETag is known; a pinned version needs none)."""
+        headers = {"Range": byte_range.header()} if byte_range is not None else {}
+        if self._etag and not self._version_id:
+            headers["If-Match"] = self._etag
+        return headers
+
+    def _learn(self, size: int, etag: str | None) -> None:
+        with self._lock:
+            if self._etag is not None and etag is not None and etag != self._etag:
+                raise ObjectChangedError(
+                    f"{self.url} changed while being read (ETag {self._etag} became {etag}); open it again "
+                    "to read the new version",
+                    bucket=self.bucket,
+                    key=self.key,
+                )
+            if self._size is not None and size != self._size:
+                raise ObjectChangedError(
+                    f"{self.url} changed size while being read ({self._size} -> {size}); open it again",
+                    bucket=self.bucket,
+                    key=self.key,
+                )
+            self._size = size
+            self._etag = self._etag or etag
+
+    def _fetch(
+        self,
+        asked: ByteRange,
+        *,
+        first: bool = False,
+        stop: threading.Event | None = None,
+        sized: threading.Event | None = None,
+    ) -> _Part:
+        """Bytes of ``asked`` (clipped to the object on the first request), retried until complete; every
+        retry asks only for the bytes after the last good one, read into the same buffer. ``sized`` is set
+        once a ranged answer has given the object's size and ETag (before its body is read)."""
+        state: dict[str, Any] = {"buf": None, "got": 0}
+
+        def attempt() -> _Part:
+            got = state["got"]
+            cur = ByteRange(asked.start + got, asked.end)
+            started = self._clock()
+            try:
+                body = self._object.get(self._headers(cur))
+            except BadResponse as exc:
+                if first and exc.failure.status == 416:
+                    raise _PastEnd() from None
+                raise
+            latency = self._clock() - started
+            try:
+                status = body.status
+                check = check_response(status, body.content_range, body.content_length, cur, self._size)
+                if check.verdict is Verdict.BAD:
+                    raise BadResponse(Failure(Fault.BAD_RANGE, status, check.reason))
+                assert check.total is not None
+                self._learn(check.total, body.etag)
+                if check.verdict is Verdict.WHOLE:
+                    whole = _read_whole(body, check.total)
+                    STATS.request_done(latency, len(whole))
+                    self._whole = whole
+                    end = min(asked.end, check.total)
+                    return _Part(bytes(whole[asked.start : end]), max(0, end - asked.start))
+                end = min(asked.end, check.total)
+                want = end - asked.start
+                if sized is not None:
+                    sized.set()
+                if state["buf"] is None:
+                    # parts of one size class share pooled buffers: a short last part uses a whole one
+                    size = self._part if self._first < want <= self._part else want
+                    state["buf"] = process_pool().take(size)
+                view = memoryview(state["buf"])
+                try:
+                    while state["got"] < want:
+                        n = body.readinto(view[state["got"] : want])
+                        if not n:
+                            break
+                        state["got"] += n
+                finally:
+                    STATS.request_done(latency, state["got"] - got)
+                if state["got"] < want:
+                    raise BadResponse(
+                        Failure(
+                            Fault.SHORT_BODY,
+                            status,
+                            f"body ended after {state['got'] - got} of {end - cur.start} bytes",
+                        )
+                    )
+                if body.readinto(memoryview(bytearray(1))):
+                    raise BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
+                return _Part(state["buf"], want, pooled=True)
+            finally:
+                body.close()
+
+        return self._retrying(attempt, asked, "GET", stop=stop)
+
+    def _retrying(
+        self, attempt: Callable[[], T], asked: ByteRange, verb: str, *, stop: threading.Event | None = None
+    ) -> T:
+        def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
+            if failure.fault is Fault.CHANGED:
+                return ObjectChangedError(
+                    f"{self.url} was overwritten while being read ({failure.message} on If-Match "
+                    f"{self._etag}); open it again to read the new version",
+                    bucket=self.bucket,
+                    key=self.key,
+                )
+            if failure.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
+                return fail_fast_error(failure, self.bucket, self.key)
+            end = asked.end if self._size is None else min(asked.end, self._size)
+            return RangeReadError(
+                bucket=self.bucket,
+                key=self.key,
+                start=asked.start,
+                end=max(end, asked.start + 1),
+                attempts=tries,
+                elapsed_s=elapsed_s,
+                last_error=f"{verb}: {failure.message}",
+                cause=failure.fault.value,
+            )
+
+        return self._retrier.call(attempt, give_up, stop=stop or self._closing)
+
+
+class _PastEnd(Exception):
+    """416 on the first request: the read position is at or past the end of the object."""
+
+
+def _read_whole(body: Body, size: int) -> memoryview:
+    """A 200's whole-object body, read into one buffer."""
+    view = memoryview(new_buffer(size)) if size else memoryview(b"")
+    got = 0
+    while got < size:
+        n = body.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    if got != size:
+        raise BadResponse(Failure(Fault.SHORT_BODY, 200, f"whole-object body has {got} of {size} bytes"))
+    return view

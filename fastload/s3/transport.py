@@ -1,0 +1,387 @@
+"""The reader's transport: ranged GETs and HEADs of one object, answered as :class:`Body` values.
+
+Two implementations behind one interface, chosen by ``S3Config.transport``:
+
+- ``"direct"`` (default), :class:`DirectTransport`: ``http.client`` connections from a small per-process
+  pool (kept alive, checked for a closed peer before reuse), each request signed with botocore's SigV4
+  signer and the botocore client's own credentials, endpoint, addressing style and region (resolved once per
+  object, see :func:`~fastload.s3.client.resolve_target`); the body is read with ``readinto1`` straight into
+  the caller's buffer, so a stalled body keeps every byte that arrived. Per GiB this costs a fraction of
+  botocore's request pipeline (event hooks, parsing, urllib3) and one copy less.
+- ``"botocore"``, :class:`BotocoreTransport`: ``client.get_object``/``head_object``, for setups the direct
+  path does not cover (a non-SigV4 signer, botocore plugins, region redirects).
+
+Both raise :class:`~fastload.s3.retrying.BadResponse` for an HTTP error status (classified with
+``core.retry``, the S3 error code parsed from the XML body), and let timeouts, resets and cut bodies
+through as exceptions that :func:`~fastload.s3.client.classify_exception` knows. No credential material
+reaches a message.
+"""
+
+from __future__ import annotations
+
+import atexit
+import http.client
+import os
+import re
+import select
+import socket
+import ssl
+import threading
+import urllib.request
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from fastload.config import S3Config
+from fastload.core.retry import classify_status
+from fastload.s3.client import (
+    Failure,
+    ObjectTarget,
+    Signer,
+    ca_bundle,
+    classify_exception,
+    get_client,
+    is_no_credentials,
+    no_credentials_error,
+    resolve_target,
+)
+from fastload.s3.retrying import BadResponse
+
+_ERROR_BODY_BYTES = 64 << 10
+_CODE = re.compile(rb"<Code>\s*([^<\s]+)\s*</Code>")
+
+
+class Body(Protocol):
+    """One response: status and range headers, and its body read piece by piece."""
+
+    status: int
+    content_range: str | None
+    content_length: int | None
+    etag: str | None
+
+    def readinto(self, view: memoryview) -> int:
+        """Bytes that have arrived (at least one, up to ``len(view)``), written to ``view``; 0 at the end.
+        Raises on a reset, or after ``read_timeout_s`` without a byte."""
+
+    def close(self) -> None:
+        """Done with the body (the connection is reused only if it was read to its end)."""
+
+
+class ObjectIO(Protocol):
+    """Requests on one object (one version, if given)."""
+
+    def get(self, headers: dict[str, str]) -> Body:
+        """A GET with ``headers`` (Range, If-Match); raises :class:`BadResponse` on an error status."""
+
+    def head(self, headers: dict[str, str]) -> Body:
+        """A HEAD (its body is empty); raises :class:`BadResponse` on an error status."""
+
+
+def error_failure(status: int, body: bytes) -> Failure:
+    """The classified failure of an error response, from its status and the XML error ``<Code>``."""
+    match = _CODE.search(body)
+    code = match.group(1).decode("ascii", "replace")[:64] if match else None
+    return Failure(classify_status(status, code), status, f"HTTP {status} {code or ''}".strip())
+
+
+# -- direct: http.client ---------------------------------------------------------------------------------
+
+
+class _Pool:
+    """Idle keep-alive connections to one ``scheme://host:port``, most recently used first."""
+
+    def __init__(self, scheme: str, host: str, port: int, config: S3Config, context: ssl.SSLContext | None):
+        self.scheme, self.host, self.port = scheme, host, port
+        self._config, self._context = config, context
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._max_idle = max(config.process_max_concurrency, config.max_concurrency) + 4
+        self.created = 0  # connections opened (tests check reuse)
+
+    def take(self) -> http.client.HTTPConnection:
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return self._connect()
+            if _usable(conn):
+                return conn
+            conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections (those in use close when their requests end)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        timeout = self._config.connect_timeout_s
+        conn: http.client.HTTPConnection
+        if self.scheme == "https":
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=self._context)
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.connect()
+        except (TimeoutError, ConnectionError, ssl.SSLError):
+            conn.close()
+            raise
+        except OSError as exc:  # unreachable host, failed DNS lookup: retried like a refused connection
+            conn.close()
+            raise ConnectionError(f"cannot connect to {self.host}:{self.port} ({exc})") from exc
+        assert conn.sock is not None
+        conn.sock.settimeout(self._config.read_timeout_s)  # from now on: the inactivity timeout
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        with self._lock:
+            self.created += 1
+        return conn
+
+
+def _usable(conn: http.client.HTTPConnection) -> bool:
+    """An idle connection whose peer has not closed it (nothing readable while no request is out)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
+
+
+class _DirectBody:
+    """A response on a pooled connection; its body is read straight off the socket's buffered reader."""
+
+    def __init__(self, pool: _Pool, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse):
+        self._pool, self._conn, self._resp = pool, conn, resp
+        self.status = resp.status
+        self.content_range = resp.getheader("Content-Range")
+        length = resp.getheader("Content-Length")
+        self.content_length = int(length) if length is not None and length.isdigit() else None
+        self.etag = resp.getheader("ETag")
+        # bytes left to read, when the body is delimited by Content-Length (S3's answers always are)
+        self._left = resp.length if not resp.chunked and resp.length is not None else None
+
+    def readinto(self, view: memoryview) -> int:
+        if self._left is None:  # chunked or close-delimited: http.client decodes it (one copy more)
+            data = self._resp.read1(len(view))
+            view[: len(data)] = data
+            return len(data)
+        if not self._left or not len(view):
+            return 0
+        fp = self._resp.fp
+        assert fp is not None
+        n = fp.readinto1(view[: self._left])
+        self._left -= n
+        return n
+
+    def close(self) -> None:
+        resp, conn = self._resp, self._conn
+        # read to its end: by our count (Content-Length bodies read off fp), or http.client's (it closes a
+        # response whose body it has delivered completely)
+        finished = self._left == 0 if self._left is not None else resp.isclosed()
+        reusable = finished and not resp.will_close
+        resp.close()
+        if reusable:
+            self._pool.give_back(conn)
+        else:
+            conn.close()
+
+
+class DirectTransport:
+    """Signed requests over pooled ``http.client`` connections (see the module docstring)."""
+
+    def __init__(self, config: S3Config, client: Any) -> None:
+        self._config, self._client = config, client
+        self._signer = Signer(client)
+        verify = ca_bundle(client)
+        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        if verify is False:  # the client was told not to verify (botocore's verify=False)
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        self._context = context
+        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        self._lock = threading.Lock()
+        self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY, as botocore reads them
+
+    def proxied(self, url: str) -> bool:
+        """Whether botocore would send requests for ``url`` through an HTTP proxy (not spoken here)."""
+        parts = urlsplit(url)
+        return parts.scheme in self._proxies and not urllib.request.proxy_bypass(parts.hostname or "")
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    def target(self, bucket: str, key: str, version_id: str | None) -> ObjectTarget:
+        if not self._signer.has_credentials:
+            raise no_credentials_error(bucket, key)
+        return resolve_target(self._client, bucket, key, version_id)
+
+    def pool(self, url: str) -> _Pool:
+        parts = urlsplit(url)
+        scheme, host = parts.scheme, parts.hostname or ""
+        port = parts.port or (443 if scheme == "https" else 80)
+        ident = (scheme, host, port)
+        with self._lock:
+            pool = self._pools.get(ident)
+            if pool is None:
+                context = self._context if scheme == "https" else None
+                pool = self._pools[ident] = _Pool(scheme, host, port, self._config, context)
+            return pool
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        with self._lock:
+            pools = list(self._pools.values())
+        for pool in pools:
+            pool.close()
+
+    def request(self, method: str, target: ObjectTarget, headers: dict[str, str]) -> _DirectBody:
+        signed = self._signer.headers(method, target, headers)
+        parts = urlsplit(target.url)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        pool = self.pool(target.url)
+        conn = pool.take()
+        try:
+            conn.request(method, path, headers=signed)
+            resp = conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+        body = _DirectBody(pool, conn, resp)
+        if resp.status >= 300:
+            try:
+                data = resp.read(_ERROR_BODY_BYTES) if method != "HEAD" else b""
+            except (OSError, http.client.HTTPException):
+                data = b""
+            body._left = None  # read by http.client: finished once it has closed the response
+            body.close()
+            raise BadResponse(error_failure(resp.status, data))
+        return body
+
+
+# -- botocore ---------------------------------------------------------------------------------------------
+
+
+class _BotocoreBody:
+    def __init__(self, resp: dict[str, Any]) -> None:
+        self.status = int(resp["ResponseMetadata"]["HTTPStatusCode"])
+        self.content_range = resp.get("ContentRange")
+        self.content_length = resp.get("ContentLength")
+        self.etag = resp.get("ETag")
+        self._body = resp.get("Body")
+        raw = getattr(self._body, "_raw_stream", None)
+        read1 = getattr(raw, "read1", None)
+        # urllib3's read1 returns what has arrived, so a stalled body loses nothing already received
+        self._read = read1 if callable(read1) else getattr(self._body, "read", None)
+
+    def readinto(self, view: memoryview) -> int:
+        if self._read is None:
+            return 0
+        data = self._read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if self._body is not None:
+            self._body.close()
+
+
+class BotocoreObject:
+    """``get_object``/``head_object`` on the botocore client."""
+
+    def __init__(self, client: Any, bucket: str, key: str, version_id: str | None) -> None:
+        self._client, self._params = client, {"Bucket": bucket, "Key": key}
+        if version_id:
+            self._params["VersionId"] = version_id
+
+    def _call(self, method: Any, headers: dict[str, str]) -> Any:
+        params = dict(self._params)
+        if "If-Match" in headers:
+            params["IfMatch"] = headers["If-Match"]
+        if "Range" in headers:
+            params["Range"] = headers["Range"]
+        try:
+            return method(**params)
+        except Exception as exc:
+            if is_no_credentials(exc):
+                raise no_credentials_error(self._params["Bucket"], self._params["Key"]) from None
+            failure = classify_exception(exc)
+            if failure is not None and failure.status:
+                raise BadResponse(failure) from exc
+            raise
+
+    def get(self, headers: dict[str, str]) -> Body:
+        return _BotocoreBody(self._call(self._client.get_object, headers))
+
+    def head(self, headers: dict[str, str]) -> Body:
+        return _BotocoreBody({**self._call(self._client.head_object, headers), "Body": None})
+
+
+class DirectObject:
+    """The direct transport on one object; its URL and region are resolved on the first request. Behind an
+    HTTP proxy (``HTTPS_PROXY``/``HTTP_PROXY`` for the endpoint) requests go through botocore instead."""
+
+    def __init__(self, transport: DirectTransport, bucket: str, key: str, version_id: str | None) -> None:
+        self._transport = transport
+        self._where = (bucket, key, version_id)
+        self._target: ObjectTarget | None = None
+        self._fallback: BotocoreObject | None = None
+
+    def _resolved(self) -> ObjectTarget:
+        if self._target is None:  # two threads may both resolve: same answer, no harm
+            target = self._transport.target(*self._where)
+            if self._transport.proxied(target.url):
+                self._fallback = BotocoreObject(self._transport.client, *self._where)
+            self._target = target
+        return self._target
+
+    def get(self, headers: dict[str, str]) -> Body:
+        target = self._resolved()
+        if self._fallback is not None:
+            return self._fallback.get(headers)
+        return self._transport.request("GET", target, headers)
+
+    def head(self, headers: dict[str, str]) -> Body:
+        target = self._resolved()
+        if self._fallback is not None:
+            return self._fallback.head(headers)
+        return self._transport.request("HEAD", target, headers)
+
+
+_lock = threading.Lock()
+_transports: dict[tuple[int, S3Config], DirectTransport] = {}
+
+
+def direct_transport(config: S3Config) -> DirectTransport:
+    """The process's direct transport for ``config`` (a new one, with no connections, after fork)."""
+    ident = (os.getpid(), config)
+    transport = _transports.get(ident)
+    if transport is None:
+        with _lock:
+            transport = _transports.get(ident)
+            if transport is None:
+                transport = _transports[ident] = DirectTransport(config, get_client(config))
+    return transport
+
+
+@atexit.register
+def _close_idle_connections() -> None:
+    """Close pooled connections at exit (instead of leaving them to the garbage collector)."""
+    for transport in list(_transports.values()):
+        transport.close()
+
+
+def open_object(config: S3Config, bucket: str, key: str, version_id: str | None = None) -> ObjectIO:
+    """Requests on ``s3://bucket/key`` over the transport ``config.transport`` names."""
+    if config.transport == "botocore":
+        return BotocoreObject(get_client(config), bucket, key, version_id)
+    return DirectObject(direct_transport(config), bucket, key, version_id)

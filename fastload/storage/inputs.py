@@ -1,0 +1,140 @@
+"""What shard writers read: the files of a sample, opened (and, for remote sources, fetched) ahead of the
+writer by a bounded pool, so per-object latency overlaps with writing."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import BinaryIO, Protocol
+
+from fastload.core.keys import Sample
+from fastload.errors import Skip
+from fastload.storage.listing import FileEntry, display
+
+
+class Opener(Protocol):
+    """A source that can open one of its listed entries: the file (at offset 0) and its current size."""
+
+    def open(self, entry: FileEntry) -> tuple[BinaryIO, int]: ...
+
+
+@dataclass(frozen=True)
+class Input:
+    """A listed file together with the source that can open it."""
+
+    source: Opener
+    entry: FileEntry
+
+    @property
+    def relpath(self) -> str:
+        return self.entry.relpath
+
+    @property
+    def shown(self) -> str:
+        """The path or URL as printed in messages."""
+        return display(self.entry.path)
+
+    def open(self) -> tuple[BinaryIO, int]:
+        return self.source.open(self.entry)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One opened member of a sample: its field, file object, size and the input it came from."""
+
+    field: str
+    file: BinaryIO
+    size: int
+    item: Input
+
+
+class ShrunkError(OSError):
+    """A file gave fewer bytes than its size said (it shrank while being read)."""
+
+
+def read_exactly(f: BinaryIO, view: memoryview) -> None:
+    """Fill ``view`` from ``f`` or raise :class:`ShrunkError`; never leaves a short read unnoticed."""
+    got = 0
+    total = len(view)
+    while got < total:
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            raise ShrunkError(f"file ended after {got} of {total} bytes (it shrank while being packed)")
+        got += n
+
+
+def read_problem(exc: BaseException) -> str:
+    """Plain words for an error met while opening or reading a listed file."""
+    if isinstance(exc, ShrunkError):
+        return str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return "vanished after it was listed (deleted or moved during the pack)"
+    if isinstance(exc, PermissionError):
+        return "unreadable: permission denied; fix its permissions"
+    if isinstance(exc, IsADirectoryError):
+        return "became a folder after it was listed"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"unreadable: {exc.strerror}"
+    return f"unreadable: {exc}"
+
+
+def close_all(members: Iterable[Member]) -> None:
+    for m in members:
+        with contextlib.suppress(OSError):
+            m.file.close()
+
+
+def open_sample(sample: Sample[Input]) -> tuple[list[Member], Skip | None]:
+    """Open every member of ``sample``; on the first failure close the rest and say why."""
+    members: list[Member] = []
+    for field_name, item in sample.members:
+        try:
+            f, size = item.open()
+        except OSError as exc:
+            close_all(members)
+            return [], Skip(item.shown, read_problem(exc))
+        members.append(Member(field_name, f, size, item))
+        if size != item.entry.size:
+            close_all(members)
+            change = "emptied" if size == 0 else ("shrank" if size < item.entry.size else "grew")
+            return [], Skip(
+                item.shown,
+                f"changed after it was listed ({change}: {item.entry.size} -> {size} bytes); "
+                "pack again once the files stop changing",
+            )
+    return members, None
+
+
+Opened = tuple[Sample[Input], list[Member], Skip | None]
+
+
+def open_ahead(samples: Sequence[Sample[Input]], *, threads: int, window_bytes: int) -> Iterator[Opened]:
+    """``open_sample`` for each sample, in order. With ``threads > 0`` samples are opened by a pool ahead
+    of the consumer, keeping at most ``window_bytes`` (by listed size, at least one sample) opened ahead."""
+    if threads <= 0:
+        for sample in samples:
+            yield (sample, *open_sample(sample))
+        return
+    pending: deque[tuple[Sample[Input], int, Future[tuple[list[Member], Skip | None]]]] = deque()
+    ahead = 0
+    nxt = 0
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fastload-open") as pool:
+        try:
+            while nxt < len(samples) or pending:
+                while nxt < len(samples) and (not pending or ahead < window_bytes):
+                    sample = samples[nxt]
+                    size = sum(item.entry.size for _, item in sample.members)
+                    pending.append((sample, size, pool.submit(open_sample, sample)))
+                    ahead += size
+                    nxt += 1
+                sample, size, fut = pending.popleft()
+                ahead -= size
+                yield (sample, *fut.result())
+        finally:
+            for _, _, fut in pending:
+                if not fut.cancel():
+                    with contextlib.suppress(Exception):
+                        close_all(fut.result()[0])
