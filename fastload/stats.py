@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastload.s3.stats import STATS
+from fastload.s3 import runtime
 
 
 def s3_stats(*, reset: bool = False) -> dict[str, Any]:
     """This process's S3 counters: requests, bytes, retries by cause, throttles, the current concurrency
     limit and requests in flight, and first-byte latency percentiles (ms). ``reset`` zeroes them after."""
-    snap = STATS.snapshot()
+    stats = runtime.current().stats
+    snap = stats.snapshot()
     if reset:
-        STATS.reset()
+        stats.reset()
     return snap

@@ -1,13 +1,12 @@
-"""The only place that imports boto3/botocore: clients (one per process and config, fork-safe), the
+"""The only place that imports boto3/botocore: clients (one per process and config, kept by
+:mod:`fastload.s3.runtime`), the
 translation of botocore's exceptions into retry faults and fastload errors, and what the reader's direct
 transport (``io.s3get``) borrows from a client: object URL and signing region, SigV4 headers, TLS setting."""
 
 from __future__ import annotations
 
 import http.client
-import os
 import ssl
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +22,7 @@ import urllib3.exceptions
 from fastload.config import S3Config
 from fastload.core.retry import Fault, classify_status
 from fastload.errors import AccessDeniedError, ConfigError, S3Error, S3NotFoundError
-
-_lock = threading.Lock()
-_clients: dict[tuple[int, S3Config], Any] = {}
+from fastload.s3 import runtime
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -39,41 +36,34 @@ def parse_s3_url(url: str) -> tuple[str, str]:
 
 
 def get_client(config: S3Config) -> Any:
-    """A botocore S3 client for ``config``, created lazily in each process (never shared across fork)."""
-    ident = (os.getpid(), config)
-    client = _clients.get(ident)
-    if client is not None:
-        return client
-    with _lock:
-        client = _clients.get(ident)
-        if client is None:
-            session = (
-                boto3.session.Session(profile_name=config.profile)
-                if config.profile
-                else boto3.session.Session()
-            )
-            client = session.client(
-                "s3",
-                endpoint_url=config.endpoint_url,
-                region_name=config.region,
-                config=botocore.config.Config(
-                    s3={"addressing_style": config.addressing_style},
-                    # what botocore signs requests with anyway; said explicitly so that presigned URLs (used
-                    # by resolve_target to learn URL and region) are SigV4 too
-                    signature_version="s3v4",
-                    connect_timeout=config.connect_timeout_s,
-                    read_timeout=config.read_timeout_s,
-                    retries={"total_max_attempts": 1, "mode": "standard"},
-                    max_pool_connections=max(config.process_max_concurrency, config.max_concurrency) + 4,
-                    tcp_keepalive=True,
-                    # fastload sends its own checksums (see io/s3upload.py); botocore's automatic ones use
-                    # aws-chunked trailers that several S3-compatible stores reject.
-                    request_checksum_calculation="when_required",
-                    response_checksum_validation="when_required",
-                ),
-            )
-            _clients[ident] = client
-    return client
+    """This process's botocore S3 client for ``config``, created on first use (a forked child makes its
+    own: clients are never shared across fork)."""
+    return runtime.current().clients.get(config, lambda: new_client(config))
+
+
+def new_client(config: S3Config) -> Any:
+    """A new botocore S3 client for ``config`` (use :func:`get_client`, which keeps one per process)."""
+    session = boto3.session.Session(profile_name=config.profile or None)
+    return session.client(
+        "s3",
+        endpoint_url=config.endpoint_url,
+        region_name=config.region,
+        config=botocore.config.Config(
+            s3={"addressing_style": config.addressing_style},
+            # what botocore signs requests with anyway; said explicitly so that presigned URLs (used by
+            # resolve_target to learn URL and region) are SigV4 too
+            signature_version="s3v4",
+            connect_timeout=config.connect_timeout_s,
+            read_timeout=config.read_timeout_s,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=max(config.process_max_concurrency, config.max_concurrency) + 4,
+            tcp_keepalive=True,
+            # fastload sends its own checksums (see s3/upload.py); botocore's automatic ones use aws-chunked
+            # trailers that several S3-compatible stores reject.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
 
 
 @dataclass(frozen=True)

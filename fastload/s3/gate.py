@@ -1,22 +1,24 @@
-"""A process-wide gate on requests in flight, sized by the AIMD controller (fork-safe)."""
+"""A gate on requests in flight, sized by the AIMD controller; this process's gates are in
+:mod:`fastload.s3.runtime` (one per limit, shared by every reader)."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 from fastload.core.throttle import Aimd
-from fastload.s3.stats import STATS
+from fastload.s3.stats import S3Stats
 
 
 class ConcurrencyGate:
-    """Blocks ``acquire`` while the in-flight count is at the current AIMD limit."""
+    """Blocks ``acquire`` while the in-flight count is at the current AIMD limit; reports the limit and the
+    count to ``stats``."""
 
-    def __init__(self, max_limit: int) -> None:
+    def __init__(self, max_limit: int, *, stats: S3Stats | None = None) -> None:
         self._cond = threading.Condition()
         self._aimd = Aimd(max_limit=max_limit)
         self._in_flight = 0
+        self._stats = stats if stats is not None else S3Stats()
 
     @property
     def limit(self) -> int:
@@ -27,7 +29,7 @@ class ConcurrencyGate:
             while self._in_flight >= self._aimd.allowed:
                 self._cond.wait(0.5)
             self._in_flight += 1
-            STATS.set_concurrency(self._aimd.allowed, self._in_flight)
+            self._stats.set_concurrency(self._aimd.allowed, self._in_flight)
 
     def release(self, *, throttled: bool = False, succeeded: bool = False) -> None:
         with self._cond:
@@ -36,19 +38,5 @@ class ConcurrencyGate:
                 self._aimd.on_throttle(time.monotonic())
             elif succeeded:
                 self._aimd.on_success()
-            STATS.set_concurrency(self._aimd.allowed, self._in_flight)
+            self._stats.set_concurrency(self._aimd.allowed, self._in_flight)
             self._cond.notify_all()
-
-
-_gates: dict[tuple[int, int], ConcurrencyGate] = {}
-_lock = threading.Lock()
-
-
-def process_gate(max_limit: int) -> ConcurrencyGate:
-    """The gate shared by all readers of this process (a new one after fork)."""
-    ident = (os.getpid(), max_limit)
-    with _lock:
-        gate = _gates.get(ident)
-        if gate is None:
-            gate = _gates[ident] = ConcurrencyGate(max_limit)
-        return gate

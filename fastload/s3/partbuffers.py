@@ -1,4 +1,4 @@
-"""Reusable part buffers for the ranged reader, one pool per process.
+"""Reusable part buffers for the ranged reader (this process's pool is in :mod:`fastload.s3.runtime`).
 
 A fresh buffer costs a page fault per 4 KiB the first time it is written (measured: ~7 ms per 8 MiB on a
 small VM, about ten times the copy out of it), so the buffers of parts the reader has finished with are
@@ -9,7 +9,6 @@ anonymous ``mmap`` pages: the kernel zeroes them as the socket read first writes
 from __future__ import annotations
 
 import mmap
-import os
 import threading
 
 Buffer = bytearray | mmap.mmap
@@ -56,17 +55,3 @@ class BufferPool:
         with self._lock:
             self._free.clear()
             self._bytes = 0
-
-
-_pools: dict[int, BufferPool] = {}
-_lock = threading.Lock()
-
-
-def process_pool() -> BufferPool:
-    """This process's pool (a new, empty one after fork)."""
-    pid = os.getpid()
-    pool = _pools.get(pid)
-    if pool is None:
-        with _lock:
-            pool = _pools.setdefault(pid, BufferPool())
-    return pool

@@ -22,10 +22,10 @@ from fastload.config import S3Config
 from fastload.core.ranges import ByteRange, Verdict, check_response
 from fastload.core.retry import Fault
 from fastload.errors import ObjectChangedError, RangeReadError
+from fastload.s3 import runtime
 from fastload.s3.client import Failure, fail_fast_error, get_client
-from fastload.s3.partbuffers import Buffer, new_buffer, process_pool
+from fastload.s3.partbuffers import Buffer, new_buffer
 from fastload.s3.retrying import BadResponse, Retrier
-from fastload.s3.stats import STATS
 from fastload.s3.transport import Body, BotocoreObject, ObjectIO, open_object
 
 T = TypeVar("T")
@@ -68,6 +68,7 @@ class RangedReader(io.RawIOBase):
         super().__init__()
         self.bucket, self.key = bucket, key
         self._config = config or S3Config()
+        self._runtime = runtime.current()  # this process's gate, part buffers and counters
         self._own_client = client
         self._client = client if client is not None else get_client(self._config)
         self._version_id = version_id
@@ -96,6 +97,7 @@ class RangedReader(io.RawIOBase):
         if pid == self._pid:
             return
         self._pid = pid
+        self._runtime = runtime.current()
         self._client = self._own_client if self._own_client is not None else get_client(self._config)
         self._object = self._open_object()
         self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=self._sleep, clock=self._clock)
@@ -342,7 +344,7 @@ class RangedReader(io.RawIOBase):
     def _recycle(self, futures: list[Future[_Part]]) -> None:
         """Hand the buffers of finished, dropped parts to the process pool (no view of them may remain)."""
         cap = (self._window + 1) * self._part  # the reader's own memory bound
-        pool = process_pool()
+        pool = self._runtime.buffers
         for fut in futures:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 part = fut.result()
@@ -393,7 +395,7 @@ class RangedReader(io.RawIOBase):
             started = self._clock()
             body = self._object.head(self._headers())
             body.close()
-            STATS.request_done(self._clock() - started, 0)
+            self._runtime.stats.request_done(self._clock() - started, 0)
             if body.content_length is None:
                 raise BadResponse(Failure(Fault.BAD_RANGE, body.status, "HEAD answer without Content-Length"))
             self._learn(int(body.content_length), body.etag)
@@ -458,7 +460,7 @@ class RangedReader(io.RawIOBase):
                 self._learn(check.total, body.etag)
                 if check.verdict is Verdict.WHOLE:
                     whole = _read_whole(body, check.total)
-                    STATS.request_done(latency, len(whole))
+                    self._runtime.stats.request_done(latency, len(whole))
                     self._whole = whole
                     end = min(asked.end, check.total)
                     return _Part(bytes(whole[asked.start : end]), max(0, end - asked.start))
@@ -469,7 +471,7 @@ class RangedReader(io.RawIOBase):
                 if state["buf"] is None:
                     # parts of one size class share pooled buffers: a short last part uses a whole one
                     size = self._part if self._first < want <= self._part else want
-                    state["buf"] = process_pool().take(size)
+                    state["buf"] = self._runtime.buffers.take(size)
                 view = memoryview(state["buf"])
                 try:
                     while state["got"] < want:
@@ -478,7 +480,7 @@ class RangedReader(io.RawIOBase):
                             break
                         state["got"] += n
                 finally:
-                    STATS.request_done(latency, state["got"] - got)
+                    self._runtime.stats.request_done(latency, state["got"] - got)
                 if state["got"] < want:
                     raise BadResponse(
                         Failure(

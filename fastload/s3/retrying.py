@@ -13,9 +13,10 @@ from typing import TypeVar
 
 from fastload.config import S3Config
 from fastload.core.retry import Fault, RetryPolicy
+from fastload.s3 import runtime
 from fastload.s3.client import Failure, classify_exception, fail_fast_error
-from fastload.s3.gate import ConcurrencyGate, process_gate
-from fastload.s3.stats import STATS
+from fastload.s3.gate import ConcurrencyGate
+from fastload.s3.stats import S3Stats
 
 T = TypeVar("T")
 GiveUp = Callable[[Failure, int, float], Exception]
@@ -44,13 +45,15 @@ class BadResponse(Exception):
 
 @dataclass
 class Retrier:
-    """Runs attempts of one request under the process gate until success or the policy gives up."""
+    """Runs attempts of one request under the process gate until success or the policy gives up; failures
+    are counted in ``stats`` (the gate's process's counters by :meth:`from_config`)."""
 
     policy: RetryPolicy
     gate: ConcurrencyGate
     rng: random.Random = field(default_factory=random.Random)
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
+    stats: S3Stats = field(default_factory=S3Stats)
 
     @classmethod
     def from_config(cls, config: S3Config, **kwargs: object) -> Retrier:
@@ -60,7 +63,9 @@ class Retrier:
             max_backoff_s=config.max_backoff_s,
             deadline_s=config.deadline_s,
         )
-        return cls(policy, process_gate(config.process_max_concurrency), **kwargs)  # type: ignore[arg-type]
+        process = runtime.current()
+        kwargs.setdefault("stats", process.stats)
+        return cls(policy, process.gate(config.process_max_concurrency), **kwargs)  # type: ignore[arg-type]
 
     def call(self, attempt: Callable[[], T], give_up: GiveUp, *, stop: threading.Event | None = None) -> T:
         """Result of the first successful ``attempt()``; ``give_up(failure, tries, elapsed_s)`` builds the
@@ -93,7 +98,7 @@ class Retrier:
             finally:  # the slot is freed on every path, KeyboardInterrupt included
                 self.gate.release(throttled=outcome == "throttle", succeeded=outcome == "ok")
             delay = self.policy.decide(failure.fault, tries, self.clock() - began, self.rng)
-            STATS.request_failed(failure.fault, retried=delay is not None)
+            self.stats.request_failed(failure.fault, retried=delay is not None)
             if delay is None:
                 raise give_up(failure, tries, self.clock() - began) from cause
             if stop is not None and self.sleep is time.sleep:

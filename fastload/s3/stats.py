@@ -1,4 +1,5 @@
-"""Per-process S3 counters: requests, bytes, retries by cause, throttles, concurrency, latency percentiles."""
+"""S3 counters: requests, bytes, retries by cause, throttles, concurrency, latency percentiles (this
+process's are in :mod:`fastload.s3.runtime`)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,3 @@ class S3Stats:
                 "in_flight": self.in_flight,
                 "first_byte_latency": pct,
             }
-
-
-STATS = S3Stats()

@@ -19,9 +19,7 @@ reaches a message.
 
 from __future__ import annotations
 
-import atexit
 import http.client
-import os
 import re
 import select
 import socket
@@ -33,6 +31,7 @@ from urllib.parse import urlsplit
 
 from fastload.config import S3Config
 from fastload.core.retry import classify_status
+from fastload.s3 import runtime
 from fastload.s3.client import (
     Failure,
     ObjectTarget,
@@ -357,27 +356,13 @@ class DirectObject:
         return self._transport.request("HEAD", target, headers)
 
 
-_lock = threading.Lock()
-_transports: dict[tuple[int, S3Config], DirectTransport] = {}
-
-
 def direct_transport(config: S3Config) -> DirectTransport:
-    """The process's direct transport for ``config`` (a new one, with no connections, after fork)."""
-    ident = (os.getpid(), config)
-    transport = _transports.get(ident)
-    if transport is None:
-        with _lock:
-            transport = _transports.get(ident)
-            if transport is None:
-                transport = _transports[ident] = DirectTransport(config, get_client(config))
+    """This process's direct transport for ``config`` (a new one, with no connections, after fork), kept by
+    :mod:`fastload.s3.runtime` (which closes its idle connections at exit)."""
+    transport: DirectTransport = runtime.current().transports.get(
+        config, lambda: DirectTransport(config, get_client(config))
+    )
     return transport
-
-
-@atexit.register
-def _close_idle_connections() -> None:
-    """Close pooled connections at exit (instead of leaving them to the garbage collector)."""
-    for transport in list(_transports.values()):
-        transport.close()
 
 
 def open_object(config: S3Config, bucket: str, key: str, version_id: str | None = None) -> ObjectIO:

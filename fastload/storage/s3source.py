@@ -10,11 +10,11 @@ from typing import Any, BinaryIO
 from fastload.config import S3Config
 from fastload.core.retry import Fault
 from fastload.errors import RangeReadError, Skip
+from fastload.s3 import runtime
 from fastload.s3.client import Failure, get_client, parse_s3_url
 from fastload.s3.listing import ObjectInfo, list_objects
 from fastload.s3.reader import RangedReader
 from fastload.s3.retrying import BadResponse, Retrier, give_up_on
-from fastload.s3.stats import STATS
 from fastload.storage.listing import FileEntry
 
 
@@ -81,7 +81,7 @@ def get_whole(bucket: str, key: str, *, config: S3Config, client: Any = None) ->
             raise BadResponse(
                 Failure(Fault.SHORT_BODY, 200, f"body has {len(data)} of {resp['ContentLength']} bytes")
             )
-        STATS.add_bytes(len(data))
+        runtime.current().stats.add_bytes(len(data))
         return bytes(data)
 
     def spent(failure: Failure, tries: int, elapsed_s: float) -> Exception:

@@ -26,7 +26,7 @@ from botocore.config import Config
 import fastload
 from fastload.core.index import DatasetIndex, parse_index
 from fastload.errors import VerifyError
-from fastload.s3 import client as s3client
+from fastload.s3 import runtime
 from fastload.storage import cache as shardcache
 from fastload.storage.cache import ShardCache, file_crc32c
 
@@ -68,11 +68,9 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    before = set(s3client._clients)
     fastload.s3_stats(reset=True)
     yield
-    for ident in set(s3client._clients) - before:
-        s3client._clients.pop(ident).close()
+    runtime.reset()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from botocore.config import Config
 
 import fastload
-from fastload.s3 import client as s3client
+from fastload.s3 import runtime
 
 from .helpers import Packed, make_loader, pack_files, small_files
 
@@ -53,10 +53,8 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    before = set(s3client._clients)
     yield
-    for ident in set(s3client._clients) - before:
-        s3client._clients.pop(ident).close()
+    runtime.reset()
 
 
 def samples(source: Any, **kw: Any) -> list[dict[str, Any]]:

@@ -42,13 +42,11 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """The workers' dummy credentials in this process too (the driver talks to S3 as well); afterwards the
     S3 clients fastload cached in this process are closed."""
-    from fastload.s3 import client as s3client
+    from fastload.s3 import runtime
 
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
     for name, value in worker_env(tmp_path).items():
         monkeypatch.setenv(name, value)
-    before = set(s3client._clients)
     yield
-    for ident in set(s3client._clients) - before:
-        s3client._clients.pop(ident).close()
+    runtime.reset()

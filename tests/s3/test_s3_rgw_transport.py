@@ -12,8 +12,7 @@ from s3util import MIB, payload, s3_config
 
 import fastload
 from fastload.errors import AccessDeniedError
-from fastload.s3 import client as s3client
-from fastload.s3 import transport as s3get
+from fastload.s3 import runtime
 
 KEYS = ("plain.bin", "with space/and+plus=eq&amp.bin", "ünïcode/ключ~tilde.bin", "a//double-slash.bin")
 
@@ -56,7 +55,4 @@ def test_rgw_refuses_a_wrong_secret_on_the_direct_path(
             f.read()
         assert "not-the-secret" not in str(info.value)
     finally:  # this config's client and connections hold the wrong secret: not for other tests
-        for ident in [i for i in s3get._transports if i[1] == config]:
-            s3get._transports.pop(ident).close()
-        for ident in [i for i in s3client._clients if i[1] == config]:
-            s3client._clients.pop(ident).close()
+        runtime.current().forget(config)

@@ -31,8 +31,7 @@ import pytest
 from botocore.config import Config
 
 import fastload
-from fastload.s3 import client as s3client
-from fastload.s3 import transport as s3get
+from fastload.s3 import runtime
 from fastload.testing.faultproxy import FaultProxy
 
 from .helpers import BUCKET, PART, REGION, SECRET_KEY, quiesce
@@ -141,17 +140,13 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.fixture(autouse=True)
 def fresh_stats() -> Iterator[None]:
-    """Zeroed counters for the test; afterwards the S3 clients fastload cached for the test's configs (each
-    test has its own proxy port) are closed and dropped, or the session would keep dozens of botocore clients
-    and their service models alive."""
-    fastload.s3_stats(reset=True)
-    clients_before = set(s3client._clients)
-    transports_before = set(s3get._transports)
+    """A fresh S3 runtime for the test (zeroed counters, no clients, connections or gates); afterwards the
+    clients and connections made for the test's configs (each test has its own proxy port) are closed and
+    dropped, or the session would keep dozens of botocore clients and their service models alive."""
+    runtime.reset()
+    assert fastload.s3_stats()["requests"] == 0
     yield
-    for ident in set(s3client._clients) - clients_before:
-        s3client._clients.pop(ident).close()
-    for ident in set(s3get._transports) - transports_before:
-        s3get._transports.pop(ident).close()
+    runtime.reset()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import fastload
-from fastload.s3 import client as s3client
+from fastload.s3 import runtime
 from fastload.s3 import transport as s3get
 from fastload.testing.faultproxy import FaultProxy
 
@@ -79,6 +79,7 @@ def test_child_opens_and_reads_with_a_client_of_its_own(
         assert parent.read(PART + 1) == data[: PART + 1]  # client, pool and connections exist
         parent_client = parent._client  # type: ignore[attr-defined]
         parent_transport = s3get.direct_transport(config)
+        parent_runtime = runtime.current()
 
         def child() -> dict[str, Any]:
             with fastload.open(url(KEY), config=config) as f:
@@ -88,8 +89,9 @@ def test_child_opens_and_reads_with_a_client_of_its_own(
             return {
                 "pid": os.getpid(),
                 "sha": sha(got),
-                "pids": sorted({pid for pid, _ in s3client._clients}),
-                "own_client": client is s3client._clients.get((os.getpid(), config)),
+                "runtime_pid": runtime.current().pid,
+                "parents_runtime": runtime.current() is parent_runtime,
+                "own_client": client is runtime.current().clients.peek(config),
                 "parents_client": client is parent_client,
                 "parents_transport": transport is parent_transport,
                 "connections": transport.pool(config.endpoint_url or "").created,
@@ -99,7 +101,8 @@ def test_child_opens_and_reads_with_a_client_of_its_own(
         assert "error" not in result and "hung" not in result, result
         assert result["sha"] == sha(data)
         assert result["pid"] != os.getpid()
-        assert result["pids"] == sorted({os.getpid(), result["pid"]})
+        assert result["runtime_pid"] == result["pid"] and not result["parents_runtime"]
+        assert runtime.current() is parent_runtime and parent_runtime.clients.peek(config) is parent_client
         assert result["own_client"] and not result["parents_client"]
         assert not result["parents_transport"] and result["connections"] >= 1  # connections of its own
         assert parent.read() == data[PART + 1 :]  # the parent's reader still works
@@ -124,7 +127,7 @@ def test_reader_opened_in_the_parent_keeps_working_in_the_child(
             rest = f.read()
             return {
                 "sha": sha(head + rest),
-                "own_client": f._client is s3client._clients.get((os.getpid(), config)),  # type: ignore[attr-defined]
+                "own_client": f._client is runtime.current().clients.peek(config),  # type: ignore[attr-defined]
                 "own_transport": f._object._transport is s3get.direct_transport(config),  # type: ignore[attr-defined]
             }
 

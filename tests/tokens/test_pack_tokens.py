@@ -199,7 +199,7 @@ def test_s3_destination_and_read_back(tmp_path: Path, moto_url: str, monkeypatch
     """pack-tokens into s3:// (moto), then ShardDataset -> PackedSequences from S3: every token once."""
     import boto3
 
-    from fastload.s3 import client as s3client
+    from fastload.s3 import runtime
 
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
@@ -215,7 +215,6 @@ def test_s3_destination_and_read_back(tmp_path: Path, moto_url: str, monkeypatch
     client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
     client.close()
-    before = set(s3client._clients)
     try:
         docs = documents(lognormal_lengths(40, seed=9, median=30, cap=200))
         write_jsonl(tmp_path / "src.jsonl", docs)
@@ -231,8 +230,7 @@ def test_s3_destination_and_read_back(tmp_path: Path, moto_url: str, monkeypatch
 
         assert_exactly_once(docs, blocks, seq_len=128)
     finally:
-        for ident in set(s3client._clients) - before:
-            s3client._clients.pop(ident).close()
+        runtime.reset()
 
 
 def test_parquet_nulls_are_named_by_row(tmp_path: Path) -> None:

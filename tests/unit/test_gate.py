@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fastload.s3.gate import ConcurrencyGate, process_gate
+from fastload.s3.gate import ConcurrencyGate
 
 JOIN_S = 10.0
 
@@ -134,8 +134,3 @@ def test_a_lowered_limit_holds_back_new_requests_while_old_ones_drain() -> None:
     gate.release()
     gate.release()
 
-
-def test_process_gate_is_shared_per_limit() -> None:
-    assert process_gate(7) is process_gate(7)
-    assert process_gate(7) is not process_gate(9)
-    assert process_gate(9).limit == 9
