@@ -241,12 +241,3 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
                 f"{where}: parquet shard {shard.name} lacks row groups; re-run `fastload pack`"
             )
     return index
-
-
-def locate(shard: ShardEntry, sample: int) -> tuple[int, int]:
-    """Byte range ``(offset, size)`` holding sample ``sample`` of a tar or TFRecord shard."""
-    if not 0 <= sample < shard.samples:
-        raise IndexError(f"sample {sample} out of range for shard {shard.name} ({shard.samples} samples)")
-    if not shard.offsets:
-        raise IndexFormatError(f"shard {shard.name} has no per-sample offsets (it is not a tar shard)")
-    return shard.offsets[sample], shard.sizes[sample]

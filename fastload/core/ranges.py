@@ -1,4 +1,5 @@
-"""Byte-range planning and the range contract every ranged GET response must meet.
+"""Byte-range planning (how the ranged reader cuts an object into parts) and the range contract every
+ranged GET response must meet.
 
 Ranges are half-open ``[start, end)`` here; HTTP's ``bytes=a-b`` is inclusive, so ``b = end - 1``.
 """
@@ -33,18 +34,48 @@ class ByteRange:
         return f"bytes {self.start}-{self.end - 1}"
 
 
-def plan_ranges(size: int, part_size: int, *, start: int = 0) -> list[ByteRange]:
-    """Cut ``[start, size)`` into consecutive ranges of ``part_size`` bytes (the last may be shorter)."""
+def plan_ranges(end: int, part_size: int, *, start: int = 0) -> list[ByteRange]:
+    """Cut ``[start, end)`` into consecutive ranges of ``part_size`` bytes (the last may be shorter)."""
     if part_size <= 0:
         raise ValueError(f"{part_size=} must be > 0")
-    if not 0 <= start <= size:
-        raise ValueError(f"{start=} must be within [0, {size=}]")
-    return [ByteRange(a, min(a + part_size, size)) for a in range(start, size, part_size)]
+    if not 0 <= start <= end:
+        raise ValueError(f"{start=} must be within [0, {end=}]")
+    return [ByteRange(a, min(a + part_size, end)) for a in range(start, end, part_size)]
 
 
-def part_index(offset: int, part_size: int) -> int:
-    """Index of the part (of a plan starting at 0) that holds byte ``offset``."""
-    return offset // part_size
+@dataclass(frozen=True)
+class PartLayout:
+    """How the ranged reader cuts an object into numbered parts: part 0 is ``[0, first_bytes)`` (small, so
+    that its answer brings the object's size and ETag quickly), then parts of ``part_bytes``."""
+
+    part_bytes: int
+    first_bytes: int
+
+    def __post_init__(self) -> None:
+        part_bytes, first_bytes = self.part_bytes, self.first_bytes
+        if part_bytes <= 0:
+            raise ValueError(f"{part_bytes=} must be > 0")
+        if not 0 < first_bytes <= part_bytes:
+            raise ValueError(f"{first_bytes=} must be within [1, {part_bytes=}]")
+
+    def index_of(self, offset: int) -> int:
+        """The part holding byte ``offset``."""
+        return 0 if offset < self.first_bytes else 1 + (offset - self.first_bytes) // self.part_bytes
+
+    def start_of(self, index: int) -> int:
+        """The first byte of part ``index``."""
+        return 0 if index == 0 else self.first_bytes + (index - 1) * self.part_bytes
+
+    def range_of(self, index: int, size: int | None = None) -> ByteRange:
+        """The bytes of part ``index``, clipped to an object of ``size`` bytes when given (the part must
+        then hold at least one of its bytes)."""
+        start = self.start_of(index)
+        end = self.first_bytes if index == 0 else start + self.part_bytes
+        return ByteRange(start, end if size is None else min(end, size))
+
+    def last_index(self, size: int) -> int:
+        """The last part of an object of ``size`` bytes (-1 when it is empty)."""
+        return self.index_of(size - 1) if size > 0 else -1
 
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+([0-9]+)-([0-9]+)/([0-9]+|\*)\s*$")

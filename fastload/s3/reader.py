@@ -1,10 +1,11 @@
 """The parallel ranged-GET reader: a seekable, read-only binary file over one S3 object.
 
-Parts of ``part_size_bytes`` are fetched concurrently (up to ``max_concurrency`` per reader, and the
-process-wide AIMD gate across readers) with ``Range`` and ``If-Match``; every response is checked against
-the range contract (``core.ranges``); failures are retried per range by ``core.retry`` (resuming after the
-last good byte); a part is handed to the reader only when complete and correct. Requests travel over the
-transport ``S3Config.transport`` names (``io.s3get``); each part's body is read straight into its own buffer.
+Parts of ``part_size_bytes`` (cut by ``core.ranges.PartLayout``, a small first part then full ones) are
+fetched concurrently (up to ``max_concurrency`` per reader, and the process-wide AIMD gate across readers)
+with ``Range`` and ``If-Match``; every response is checked against the range contract (``core.ranges``);
+failures are retried per range by ``core.retry`` (resuming after the last good byte); a part is handed to
+the reader only when complete and correct. Requests travel over the transport ``S3Config.transport`` names
+(``s3.transport``); each part's body is read straight into its own buffer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastload.config import S3Config
-from fastload.core.ranges import ByteRange, Verdict, check_response
+from fastload.core.ranges import ByteRange, PartLayout, Verdict, check_response, plan_ranges
 from fastload.core.retry import Fault
 from fastload.errors import ObjectChangedError, RangeReadError
 from fastload.s3 import runtime
@@ -79,6 +80,7 @@ class RangedReader(io.RawIOBase):
         self._part = self._config.part_size_bytes
         # a small first part: its answer (size, ETag) arrives quickly and lets every other part start
         self._first = min(self._part, FIRST_PART_BYTES)
+        self._layout = PartLayout(self._part, self._first)
         self._window = self._config.readahead_parts
         self._lock = threading.Lock()
         self._size: int | None = None
@@ -154,7 +156,7 @@ class RangedReader(io.RawIOBase):
             raise ValueError(f"negative seek position {pos}")
         self._pos = pos
         if self._size is not None:
-            self._retain(self._index_of(pos))
+            self._retain(self._layout.index_of(pos))
         return pos
 
     def readinto(self, buffer: Any) -> int:
@@ -174,10 +176,10 @@ class RangedReader(io.RawIOBase):
                 n = min(len(view) - got, self._size - self._pos)
                 view[got : got + n] = self._whole[self._pos : self._pos + n]
             else:
-                index = self._index_of(self._pos)
+                index = self._layout.index_of(self._pos)
                 self._retain(index)
                 part = self._parts[index].result()
-                offset = self._pos - self._range_of(index).start
+                offset = self._pos - self._layout.start_of(index)
                 n = min(len(view) - got, len(part) - offset)
                 view[got : got + n] = part.view(offset, n)
             self._pos += n
@@ -207,10 +209,10 @@ class RangedReader(io.RawIOBase):
         pieces: list[memoryview] = []
         left = size
         while left:
-            index = self._index_of(self._pos)
+            index = self._layout.index_of(self._pos)
             self._retain(index)
             part = self._parts[index].result()
-            offset = self._pos - self._range_of(index).start
+            offset = self._pos - self._layout.start_of(index)
             take = min(left, len(part) - offset)
             pieces.append(part.view(offset, take))
             self._pos += take
@@ -243,7 +245,7 @@ class RangedReader(io.RawIOBase):
         end = min(end, self._size)
         if self._whole is not None:
             return bytes(self._whole[start - sum(len(p) for p in parts) : end])
-        ranges = [ByteRange(a, min(a + self._part, end)) for a in range(start, end, self._part)]
+        ranges = plan_ranges(end, self._part, start=start) if start < end else []
         if len(ranges) == 1:
             parts.append(self._fetch(ranges[0], stop=stop))
         elif ranges:
@@ -291,18 +293,6 @@ class RangedReader(io.RawIOBase):
 
     # -- parts ----------------------------------------------------------------------------------------
 
-    def _index_of(self, offset: int) -> int:
-        """The part holding byte ``offset``: part 0 is ``[0, first)``, then parts of ``part_size_bytes``."""
-        return 0 if offset < self._first else 1 + (offset - self._first) // self._part
-
-    def _range_of(self, index: int, *, clip: bool = True) -> ByteRange:
-        start = 0 if index == 0 else self._first + (index - 1) * self._part
-        end = self._first if index == 0 else start + self._part
-        if clip:
-            assert self._size is not None
-            end = min(end, self._size)
-        return ByteRange(start, end)
-
     def _retain(self, index: int) -> None:
         """Keep parts ``index .. index+window-1`` scheduled; cancel or drop every other part."""
         assert self._size is not None
@@ -313,7 +303,7 @@ class RangedReader(io.RawIOBase):
                 if stop is not None:
                     stop.set()
             return
-        last = self._index_of(self._size - 1) if self._size else -1
+        last = self._layout.last_index(self._size)
         wanted = range(index, min(index + self._window, last + 1))
         for i in [i for i in self._parts if i not in wanted]:
             self._drop(self._parts.pop(i))
@@ -324,7 +314,7 @@ class RangedReader(io.RawIOBase):
             self._ensure_pool()
         for i in wanted:
             if i not in self._parts:
-                r = self._range_of(i)
+                r = self._layout.range_of(i, self._size)
                 if self._pool is None:
                     fut: Future[_Part] = Future()
                     try:
@@ -356,8 +346,8 @@ class RangedReader(io.RawIOBase):
         """The first GET: learns size and ETag from its response, keeps its bytes as a part. With a window
         of several parts it runs on the pool and returns once its response head has given size and ETag, so
         the other parts start while its body still streams (a 200 with the whole object is awaited)."""
-        index = self._index_of(pos)
-        asked = self._range_of(index, clip=False)
+        index = self._layout.index_of(pos)
+        asked = self._layout.range_of(index)
         if self._window > 1:
             sized = threading.Event()
             fut = self._ensure_pool().submit(self._fetch, asked, first=True, sized=sized)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastload.core.index import DatasetIndex, ShardEntry, locate, parse_index
+from fastload.core.index import DatasetIndex, ShardEntry, parse_index
 from fastload.errors import FastloadError, IndexFormatError
 
 SETTINGS = settings(max_examples=120, deadline=None)
@@ -283,23 +283,3 @@ def test_any_corruption_is_an_index_format_error(data: st.DataObject, value: Any
     target[path[-1]] = value
     with contextlib.suppress(IndexFormatError):
         parse_index(_dump(corrupt))
-
-
-# --- locate -----------------------------------------------------------------------------
-
-
-def test_locate() -> None:
-    shard = parse_index(_dump(_valid())).shards[0]
-    assert [locate(shard, i) for i in range(3)] == [(0, 1024), (1024, 1024), (2048, 2048)]
-
-
-def test_locate_on_a_parquet_shard() -> None:
-    shard = ShardEntry("p.parquet", 10, "00000000", ["a"], row_groups=[(4, 6, 1)])
-    with pytest.raises(IndexFormatError, match=r"p\.parquet"):
-        locate(shard, 0)
-
-
-def test_locate_out_of_range() -> None:
-    shard = parse_index(_dump(_valid())).shards[1]
-    with pytest.raises((IndexError, IndexFormatError)):
-        locate(shard, 1)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from fastload.core.ranges import (
     ByteRange,
+    PartLayout,
     Verdict,
     check_response,
     parse_content_range,
@@ -94,6 +95,41 @@ def test_plan_ranges_cover_large_objects(size: int, part_size: int, start_frac: 
         assert a.length == part_size
     assert 0 < ranges[-1].length <= part_size
     assert sum(r.length for r in ranges) == size - start
+
+
+# --- PartLayout (the reader's parts) -------------------------------------------------------------------
+
+
+def test_part_layout_examples() -> None:
+    layout = PartLayout(part_bytes=8, first_bytes=3)
+    assert [layout.index_of(o) for o in (0, 2, 3, 10, 11, 19)] == [0, 0, 1, 1, 2, 3]
+    assert [layout.start_of(i) for i in range(4)] == [0, 3, 11, 19]
+    assert layout.range_of(0) == ByteRange(0, 3)
+    assert layout.range_of(2) == ByteRange(11, 19)
+    assert layout.range_of(2, 15) == ByteRange(11, 15)  # clipped to the object
+    assert [layout.last_index(n) for n in (0, 1, 3, 4, 11, 12, 19, 20)] == [-1, 0, 0, 1, 1, 2, 2, 3]
+    plain = PartLayout(part_bytes=4, first_bytes=4)  # no small first part: parts of a plan starting at 0
+    assert [plain.range_of(i, 10) for i in range(plain.last_index(10) + 1)] == plan_ranges(10, 4)
+
+
+@pytest.mark.parametrize(("part_bytes", "first_bytes"), [(0, 0), (4, 0), (4, 5), (-1, 1)])
+def test_part_layout_rejects_bad_sizes(part_bytes: int, first_bytes: int) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        PartLayout(part_bytes, first_bytes)
+
+
+@SETTINGS
+@given(size=st.integers(0, 5_000), part_bytes=st.integers(1, 1_500), data=st.data())
+def test_part_layout_covers_every_byte_once_in_order(size: int, part_bytes: int, data: st.DataObject) -> None:
+    layout = PartLayout(part_bytes, data.draw(st.integers(1, part_bytes), label="first_bytes"))
+    parts = [layout.range_of(i, size) for i in range(layout.last_index(size) + 1)]
+    assert [o for r in parts for o in range(r.start, r.end)] == list(range(size))
+    for i, r in enumerate(parts):
+        assert r.start == layout.start_of(i)
+        assert {layout.index_of(o) for o in (r.start, r.end - 1)} == {i}
+        assert r.length <= (layout.first_bytes if i == 0 else part_bytes)
+        if r.end < size:  # every part but the last is whole
+            assert r == layout.range_of(i)
 
 
 # --- parse_content_range -----------------------------------------------------------------------------
