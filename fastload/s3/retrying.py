@@ -46,7 +46,7 @@ class BadResponse(Exception):
 @dataclass
 class Retrier:
     """Runs attempts of one request under the process gate until success or the policy gives up; failures
-    are counted in ``stats`` (the gate's process's counters by :meth:`from_config`)."""
+    are counted in ``stats`` (this process's counters, when built by :meth:`from_config`)."""
 
     policy: RetryPolicy
     gate: ConcurrencyGate
