@@ -7,6 +7,7 @@ import json
 import os
 import select
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,7 +44,9 @@ def fresh_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def in_child(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``body()`` run in a forked child; its JSON result, or ``{"hung": True}`` after JOIN_S."""
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python >= 3.12 warns of fork() with threads: that is the point here
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         os.close(read_fd)
         try:
