@@ -133,4 +133,3 @@ def test_a_lowered_limit_holds_back_new_requests_while_old_ones_drain() -> None:
     assert done.wait(JOIN_S)
     gate.release()
     gate.release()
-
