@@ -6,6 +6,9 @@ with ``Range`` and ``If-Match``; every response is checked against the range con
 failures are retried per range by ``core.retry`` (resuming after the last good byte); a part is handed to
 the reader only when complete and correct. Requests travel over the transport ``S3Config.transport`` names
 (``s3.transport``); each part's body is read straight into its own buffer.
+
+(Over 400 lines on purpose: one class whose read-ahead window, first-request handshake and per-part retries
+share the object's state (size, ETag, parts in flight); split apart, they would reach into each other.)
 """
 
 from __future__ import annotations
