@@ -87,4 +87,3 @@ def runs(positions: Sequence[int]) -> list[tuple[int, int]]:
         else:
             out.append((p, p + 1))
     return out
-
