@@ -141,11 +141,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def cache(self) -> ShardCache | None:
         """This process's view of the shard cache (None without ``cache_dir``)."""
-        if self.caching.dir is None:
+        folder = self.caching.dir
+        if folder is None:
             return None
         if self._cache_obj is None or self._cache_obj[0] != os.getpid():
             c = self.caching
-            cache = ShardCache(c.dir, limit_bytes=c.limit_bytes, verify=c.verify, config=self.s3_config)
+            cache = ShardCache(folder, limit_bytes=c.limit_bytes, verify=c.verify, config=self.s3_config)
             self._cache_obj = (os.getpid(), cache)
         return self._cache_obj[1]
 
@@ -264,7 +265,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         must match on restore; in a DataLoader worker also ``worker``: its slot and how many of its own
         samples it has passed (torchdata's ``StatefulDataLoader`` keeps one such state per worker)."""
         live = self._live or self._pending
-        in_worker = torch.utils.data.get_worker_info() is not None
+        info = torch.utils.data.get_worker_info()
         if live is None:
             resumed, epoch, start, consumed = self.resumed_from(), self.epoch, self.start, 0
         else:
@@ -272,7 +273,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         rank, world = self.rank_world()
         state: dict[str, Any] = {
             "epoch": epoch,
-            "delivered": start if in_worker else start + consumed,
+            "delivered": start if info is not None else start + consumed,
             "seed": self.seed,
             "world_size": world,
             "rank": rank,
@@ -281,10 +282,14 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         }
         if resumed is not None:
             state["resumed_from"] = {"world_size": resumed[0], "delivered": resumed[1]}
-        if in_worker:
-            info = torch.utils.data.get_worker_info()
-            state["worker"] = {"id": info.id, "count": info.num_workers, "chunk": self.batch_size}
-            state["worker"]["consumed"] = consumed if live is not None and live.worker == info.id else 0
+        if info is not None:
+            mine = live is not None and live.worker == info.id
+            state["worker"] = {
+                "id": info.id,
+                "count": info.num_workers,
+                "chunk": self.batch_size,
+                "consumed": consumed if mine else 0,
+            }
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
