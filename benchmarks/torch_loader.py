@@ -32,6 +32,7 @@ import os
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -95,6 +96,9 @@ def main() -> None:
     p.add_argument("--cache-dir", default=default_cache_dir())
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    # every fresh ShardDataset read by torch's workers without batch_size= says once that its order depends
+    # on num_workers: known here (forked workers inherit the filter)
+    warnings.filterwarnings("ignore", message="fastload.ShardDataset is read by")
 
     data = ensure_synthetic(args.cache_dir, args.images, progress=print)
     endpoint = Endpoint(data.root, latency_s=args.latency_ms / 1000, conn_bytes_per_s=args.conn_mbps * 1e6)

@@ -264,7 +264,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         """Where reading stands: epoch, ``delivered`` (samples of this rank's order delivered before), what
         must match on restore; in a DataLoader worker also ``worker``: its slot and how many of its own
         samples it has passed (torchdata's ``StatefulDataLoader`` keeps one such state per worker)."""
-        live = self._live or self._pending
+        live = next((x for x in (self._pending, self._live) if x is not None and x.mine()), None)
         info = torch.utils.data.get_worker_info()
         if live is None:
             resumed, epoch, start, consumed = self.resumed_from(), self.epoch, self.start, 0
@@ -357,7 +357,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         pending, self._pending = self._pending, None
-        if pending is not None and (pending.worker, pending.workers) == (worker, workers):
+        if pending is not None and pending.mine() and (pending.worker, pending.workers) == (worker, workers):
             live = pending
         else:
             live = Iteration(self.epoch, self.start, self.resumed_from(), worker, workers, self.batch_size)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 
 class _Fields(ctypes.Structure):
@@ -67,7 +68,8 @@ class SharedPosition:
 class Iteration:
     """One pass of one process: epoch, the rank-level position it started from, its worker slot, how its
     positions were dealt (``chunk``: None for one contiguous stretch per worker), and ``consumed``: how many
-    of its own positions it has passed (delivered or skipped)."""
+    of its own positions it has passed (delivered or skipped). ``pid``: the process it belongs to (a forked
+    worker inherits the training process's objects; their passes are not its own)."""
 
     epoch: int
     start: int
@@ -76,3 +78,7 @@ class Iteration:
     workers: int
     chunk: int | None
     consumed: int = 0
+    pid: int = field(default_factory=os.getpid)
+
+    def mine(self) -> bool:
+        return self.pid == os.getpid()
