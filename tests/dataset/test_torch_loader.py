@@ -217,3 +217,28 @@ def test_the_loader_state_restores_into_the_dataset_it_was_given(uneven: Packed)
     fresh = fastload.ShardDataset(uneven.root, **KW)
     fastload.DataLoader(fresh, batch_size=4).load_state_dict(state)
     assert (fresh.epoch, fresh.start, len(fresh)) == (2, 12, len(uneven.keys) - 12)
+
+
+@IGNORE_ORDER_WARNING
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+def test_a_forked_worker_does_not_report_the_training_process_pass(uneven: Packed) -> None:
+    """A worker forked after the training process began a pass of its own over the same dataset starts
+    from its own beginning, and says so in its state (a checkpoint taken before it delivered anything)."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader(ds: fastload.ShardDataset) -> Any:
+        return stateful.StatefulDataLoader(
+            ds, batch_size=4, num_workers=2, collate_fn=list, timeout=WORKER_TIMEOUT_S
+        )
+
+    full = keys_of(loader(fastload.ShardDataset(uneven.root, decode=False, **KW)))
+    ds = fastload.ShardDataset(uneven.root, decode=False, **KW)
+    take(iter(ds), 30)  # a pass in this process, left unfinished
+    first = loader(ds)
+    it = iter(first)
+    head = keys_of(take(it, 1))  # worker 0's first batch; worker 1's state is still its initial one
+    state = first.state_dict()
+    del it
+    again = loader(fastload.ShardDataset(uneven.root, decode=False, **KW))
+    again.load_state_dict(state)
+    assert head + keys_of(again) == full
