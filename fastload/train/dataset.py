@@ -53,7 +53,7 @@ ORDER_WARNING = (
 ORDER_KEYWORDS = {k: k for k in ("seed", "shuffle_buffer", "even", "rank", "world_size", "batch_size")}
 DECODE_KEYWORDS = {k: k for k in ("decode", "images", "allow_pickle", "map", "columns", "on_error")}
 PREFETCH_KEYWORDS = {"prefetch_bytes": "max_bytes", "prefetch_threads": "threads", "prefetch_runs": "runs"}
-CACHE_KEYWORDS = {"cache_dir": "dir", "cache_limit_bytes": "limit_bytes", "cache_verify": "verify"}
+CACHE_KEYWORDS = {"cache_dir": "path", "cache_limit_bytes": "limit_bytes", "cache_verify": "verify"}
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -119,7 +119,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
         self.prefetch = wanted.resolved(remote=storage.is_remote(self.root))
         self._cache_obj: tuple[int, ShardCache] | None = None
-        if self.caching.dir is not None:
+        if self.caching.path is not None:
             self.cache()  # a bad folder fails here, not in a worker
         self._shared = SharedPosition()  # shared with DataLoader workers, persistent ones included
         self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
@@ -141,7 +141,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def cache(self) -> ShardCache | None:
         """This process's view of the shard cache (None without ``cache_dir``)."""
-        folder = self.caching.dir
+        folder = self.caching.path
         if folder is None:
             return None
         if self._cache_obj is None or self._cache_obj[0] != os.getpid():

@@ -101,18 +101,18 @@ class PrefetchConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class CacheConfig:
-    """Whole remote shards kept on local disk under ``dir`` (None: no cache), at most ``limit_bytes``
+    """Whole remote shards kept on local disk in the folder ``path`` (None: no cache), at most ``limit_bytes``
     (least recently used evicted), checked against the index's CRC32C when ``verify``."""
 
-    dir: str | None = None
+    path: str | os.PathLike[str] | None = None
     limit_bytes: int | None = None
     verify: bool = True
 
     def __post_init__(self) -> None:
-        if self.limit_bytes is not None and self.dir is None:
+        if self.limit_bytes is not None and self.path is None:
             raise ConfigError("cache_limit_bytes= needs cache_dir= (the folder to keep shards in)")
-        if self.dir is not None:
-            object.__setattr__(self, "dir", os.path.abspath(os.fspath(self.dir)))
+        if self.path is not None:
+            object.__setattr__(self, "path", os.path.abspath(os.fspath(self.path)))
 
 
 C = TypeVar("C", OrderConfig, DecodeConfig, PrefetchConfig, CacheConfig)
