@@ -11,7 +11,7 @@ from botocore.config import Config
 
 import fastload
 
-from .conftest import ACCESS_KEY, BUCKET, REGION, SECRET_KEY
+from .conftest import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, s3_env  # noqa: F401 (tests/tfrecord imports s3_env here)
 from .helpers import Packed, make_loader, pack_files, small_files
 
 
