@@ -19,6 +19,7 @@ with ``state_dict()``/``load_state_dict()`` (the ``Stateful`` protocol of torchd
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import os
 import warnings
@@ -160,7 +161,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if batch_size < 1:
             raise ConfigError(f"batch_size={batch_size} must be >= 1")
         handle = copy.copy(self)
-        handle.order = OrderConfig(**{**vars(self.order), "batch_size": batch_size})
+        handle.order = dataclasses.replace(self.order, batch_size=batch_size)
         handle._chunked = True
         handle._pending = handle._live = None
         return handle
@@ -283,13 +284,8 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if resumed is not None:
             state["resumed_from"] = {"world_size": resumed[0], "delivered": resumed[1]}
         if info is not None:
-            mine = live is not None and live.worker == info.id
-            state["worker"] = {
-                "id": info.id,
-                "count": info.num_workers,
-                "chunk": self.batch_size,
-                "consumed": consumed if mine else 0,
-            }
+            slot = {"id": info.id, "count": info.num_workers, "chunk": self.batch_size}
+            state["worker"] = {**slot, "consumed": consumed}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
