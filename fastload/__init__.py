@@ -46,10 +46,14 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     """The training-side names import torch, so they load on first use."""
-    if name in ("ShardDataset", "DataLoader"):
+    if name == "ShardDataset":
         from fastload.train import dataset
 
-        return getattr(dataset, name)
+        return dataset.ShardDataset
+    if name == "DataLoader":
+        from fastload.train import loader
+
+        return loader.DataLoader
     if name == "PackedSequences":
         from fastload.train import packed
 

@@ -109,7 +109,8 @@ def fastload_loader(
 ) -> Callable[[int], Loader]:
     def make(workers: int) -> Loader:
         import fastload
-        from fastload.train.dataset import DataLoader, ShardDataset
+        from fastload.train.dataset import ShardDataset
+        from fastload.train.loader import DataLoader
 
         dataset = ShardDataset(url, decode=False, map=transform, s3_config=config, **options)
         face = getattr(fastload, "loader", None)

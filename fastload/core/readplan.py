@@ -87,8 +87,3 @@ def runs(positions: Sequence[int]) -> list[tuple[int, int]]:
         else:
             out.append((p, p + 1))
     return out
-
-
-def last_use(tasks: Sequence[ReadTask]) -> dict[int, int]:
-    """For each shard, the number of the last task that reads it (when its reader can be closed)."""
-    return {t.shard: n for n, t in enumerate(tasks)}

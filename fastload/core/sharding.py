@@ -2,10 +2,12 @@
 
 Everything is a pure function of (sample counts per shard, seed, epoch, rank, world size, worker, number
 of workers, chunk size, samples already delivered). The canonical order of a rank is defined without
-reference to DataLoader workers: workers take turns over *chunks* of that order (``chunk`` = the batch
-size), which is exactly how ``DataLoader`` interleaves its workers' batches, so the order reaching the
-training loop does not depend on ``num_workers``. Resuming skips the first ``start`` samples of the
-rank's order, so a job continues with exactly the samples it had not yet received.
+reference to DataLoader workers. When the batch size is known, workers take turns over *chunks* of that
+order (``chunk`` = the batch size), which is exactly how ``DataLoader`` interleaves its workers' batches,
+so the order reaching the training loop does not depend on ``num_workers`` (:func:`worker_positions`).
+When it is not, each worker takes one contiguous stretch (:func:`worker_span`): long runs of consecutive
+samples, read with few requests, in an order that depends on ``num_workers``. Resuming skips the first
+``start`` samples of the rank's order, so a job continues with exactly the samples it had not yet received.
 """
 
 from __future__ import annotations
@@ -169,6 +171,18 @@ def worker_positions(total: int, *, worker: int, workers: int, chunk: int, start
     for a in range(first, total, workers * chunk):
         out.extend(range(a, min(a + chunk, total)))
     return out
+
+
+def worker_span(total: int, *, worker: int, workers: int, start: int = 0) -> tuple[int, int]:
+    """``(first, stop)``: the positions of ``[start, total)`` that DataLoader worker ``worker`` of
+    ``workers`` reads when the batch size is unknown: ``[start, total)`` cut into ``workers`` contiguous
+    stretches whose sizes differ by at most one."""
+    if workers < 1 or not 0 <= worker < workers:
+        raise ValueError(f"need 0 <= {worker=} < {workers=}")
+    if not 0 <= start <= total:
+        raise ValueError(f"{start=} must be within [0, {total=}]")
+    n = total - start
+    return start + n * worker // workers, start + n * (worker + 1) // workers
 
 
 def resumed_rank_order(

@@ -1,61 +1,63 @@
-"""``fastload.ShardDataset`` and ``fastload.DataLoader``: exactly-once, deterministic, resumable reading of
-packed datasets in ``torch.utils.data.DataLoader`` (the only torch import besides ``decode``).
+"""``fastload.ShardDataset``: exactly-once, deterministic, resumable reading of a packed dataset, in the
+training process or in ``torch.utils.data.DataLoader`` workers (``fastload.DataLoader``: :mod:`.loader`).
 
-The order of samples is decided by ``core.sharding`` from (seed, epoch, rank, world size): workers take
-turns over chunks of ``batch_size`` samples of the rank's order, the same way DataLoader takes turns over
-its workers, so the order reaching the training loop does not depend on ``num_workers``. Resuming skips
-the samples already delivered, which :class:`DataLoader` counts.
+The order of samples is decided by ``core.sharding`` from (seed, epoch, rank, world size). How a rank's
+order is dealt to DataLoader workers:
+
+- ``batch_size`` given (``fastload.DataLoader`` always gives its own): workers take turns over chunks of
+  ``batch_size`` samples, the same way DataLoader takes turns over its workers, so the order reaching the
+  training loop is the rank's order for any ``num_workers``;
+- ``batch_size`` None under ``torch.utils.data.DataLoader`` with several workers: each worker reads one
+  contiguous stretch of the rank's order (runs of consecutive samples, one ranged read each), exactly once,
+  deterministically; the order reaching the loop depends on ``num_workers``, which a warning says once.
+
+Position (epoch, resume point) is shared with every worker through shared memory and saved and restored
+with ``state_dict()``/``load_state_dict()`` (the ``Stateful`` protocol of torchdata's
+``StatefulDataLoader``, which calls them in each worker).
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import copy
+import dataclasses
+import hashlib
 import os
-import time
-import traceback
 import warnings
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.utils.data
 
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex
-from fastload.core.readplan import plan_reads
-from fastload.core.sharding import (
-    EVEN_POLICIES,
-    RankPlan,
-    rank_order,
-    resumed_rank_order,
-    worker_positions,
-)
-from fastload.errors import ConfigError, FastloadError, NotFoundError
+from fastload.core.index import INDEX_NAME
+from fastload.core.sharding import RankPlan, rank_order, resumed_rank_order, worker_positions, worker_span
+from fastload.errors import ConfigError
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 from fastload.storage.cache import ShardCache
-from fastload.train.decode import decode_sample
-from fastload.train.prefetch import Prefetcher
-from fastload.train.shardread import RawSample, ShardReaders
-from fastload.train.shmbatch import MainSlots, stackable, worker_slots
+from fastload.train.chunks import chunks_of
+from fastload.train.options import CacheConfig, DecodeConfig, OrderConfig, PrefetchConfig, merge
+from fastload.train.position import Iteration, SharedPosition
+from fastload.train.reading import read_samples
+from fastload.train.source import open_index
 
-_SKIPPED = object()
-DEFAULT_PREFETCH_BYTES = 64 << 20
+ORDER_WARNING = (
+    "fastload.ShardDataset is read by {workers} DataLoader workers without batch_size=, so each worker "
+    "reads its own contiguous stretch of the epoch: every sample still comes exactly once and the order is "
+    "deterministic, but it depends on num_workers. For the same order with any num_workers, give the "
+    "dataset the DataLoader's batch size too (ShardDataset(..., batch_size=B)), or use fastload.DataLoader."
+)
 
 
-class _Chunk:
-    """One chunk of a worker's share: the samples that decoded, how many were skipped, or the error that
-    ended the worker's share (carried as a value so it reaches the training process with its type)."""
-
-    __slots__ = ("error", "samples", "skipped")
-
-    def __init__(self, samples: list[Any], skipped: int, error: FastloadError | None = None) -> None:
-        self.samples, self.skipped, self.error = samples, skipped, error
+# ShardDataset's flat keywords, by option group: keyword -> the group's field
+ORDER_KEYWORDS = {k: k for k in ("seed", "shuffle_buffer", "even", "rank", "world_size", "batch_size")}
+DECODE_KEYWORDS = {k: k for k in ("decode", "images", "allow_pickle", "map", "columns", "on_error")}
+PREFETCH_KEYWORDS = {"prefetch_bytes": "max_bytes", "prefetch_threads": "threads", "prefetch_runs": "runs"}
+CACHE_KEYWORDS = {"cache_dir": "path", "cache_limit_bytes": "limit_bytes", "cache_verify": "verify"}
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if (rank is None) != (world_size is None):
-        raise ConfigError(f"give both rank= and world_size= (got rank={rank}, world_size={world_size})")
     if rank is not None and world_size is not None:
         return rank, world_size
     dist = torch.distributed
@@ -64,77 +66,17 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def _is_shard_file(url: str) -> bool:
-    from fastload.formats.tfrecord.codec import is_tfrecord_name
-
-    return url.endswith(".tar") or is_tfrecord_name(url)
-
-
-def open_index(
-    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, s3_config: S3Config | None = None
-) -> tuple[str, DatasetIndex]:
-    """``(root, index)`` of a dataset: its ``index.json``; or, for tar or TFRecord shards without one (a
-    folder or prefix of them, one file, or a list of URLs), an index built by reading the shards once, with
-    a warning that says how to avoid that cost."""
-    from fastload.storage.manifest import load_index
-
-    if isinstance(source, (str, os.PathLike)):
-        root = storage.normalise(source)
-        if not _is_shard_file(root):
-            try:
-                return root, load_index(root, s3_config=s3_config)
-            except NotFoundError as missing:
-                found = storage.list_files(root, "", config=s3_config) if storage.is_folder(root) else []
-                urls = [u for u in found if _is_shard_file(u) and "/." not in u[len(root) :]]
-                if not urls:
-                    raise missing from None
-                if len({u.endswith(".tar") for u in urls}) > 1:
-                    raise ConfigError(
-                        f"{root} has no index.json and holds both tar and TFRecord files; give a list of "
-                        "the shards to read, or run `fastload index` on a folder of one kind"
-                    ) from None
-        else:
-            urls = [root]
-    else:
-        urls = [storage.normalise(u) for u in source]
-        if not urls:
-            raise ConfigError("the list of shards is empty")
-    started = time.monotonic()
-    if all(u.endswith(".tar") for u in urls):
-        from fastload.formats.tar.index import index_tar_shards
-
-        root, index = index_tar_shards(urls, config=s3_config)
-    else:
-        from fastload.formats.tfrecord.index import index_tfrecord_files
-
-        root, index = index_tfrecord_files(urls, config=s3_config)
-    seconds = time.monotonic() - started
-    warnings.warn(
-        f"{root}: no index.json, so {len(index.shards)} {index.shard_format} shard(s) ({index.bytes:,} "
-        f"bytes) were read once to index {index.samples:,} samples in memory ({seconds:.1f}s, in every "
-        "process that opens the dataset). Write the index once with `fastload index` (or pack with "
-        "`fastload pack`) to skip this.",
-        UserWarning,
-        stacklevel=3,
-    )
-    return root, index
-
-
 class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
-    """Samples of a packed dataset (a folder or ``s3://`` prefix with ``index.json``), as WebDataset-style
-    dicts with ``__key__``, ``__shard__``, ``__index__`` and one entry per field.
+    """Samples of a packed dataset (a folder or ``s3://`` prefix with ``index.json``; tar or TFRecord
+    shards without one), as WebDataset-style dicts with ``__key__``, ``__shard__``, ``__index__`` and one
+    entry per field.
 
-    ``seed`` shuffles shard order and, with ``shuffle_buffer`` > 1, samples within a bounded window; None
-    keeps index order. ``even`` equalises per-rank counts so DDP never hangs (see
-    :func:`fastload.core.sharding.rank_plan`); :meth:`epoch_report` says which samples it dropped or
-    repeated. ``batch_size`` must equal the DataLoader's (:class:`DataLoader` sets it) for the order to be
-    independent of ``num_workers`` and for exact resume.
-
-    Prefetch: ``prefetch_threads`` fetch the worker's planned reads ahead, in order, holding at most
-    ``prefetch_bytes`` not yet consumed (default: 64 MiB for ``s3://`` datasets; 0, i.e. reads in the
-    consuming thread, for local ones, where the page cache and kernel readahead already hide the disk and
-    extra threads only compete for the GIL). ``cache_dir``/``cache_limit_bytes`` keep remote shards on
-    local disk (see :class:`fastload.storage.cache.ShardCache`).
+    Options, by group (each also takes a config object, e.g. ``order=OrderConfig(...)``, see
+    :mod:`fastload.train.options`): order ``seed``, ``shuffle_buffer``, ``even``, ``rank``, ``world_size``,
+    ``batch_size``; decoding ``decode``, ``images``, ``allow_pickle``, ``map``, ``columns``, ``on_error``;
+    prefetch ``prefetch_bytes``, ``prefetch_threads``, ``prefetch_runs``; cache ``cache_dir``,
+    ``cache_limit_bytes``, ``cache_verify``. :meth:`epoch_report` says which samples ``even`` dropped or
+    repeated.
     """
 
     def __init__(
@@ -146,7 +88,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         even: str = "split",
         rank: int | None = None,
         world_size: int | None = None,
-        batch_size: int = 1,
+        batch_size: int | None = None,
         decode: bool = True,
         images: bool = True,
         allow_pickle: bool = False,
@@ -160,49 +102,37 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         cache_limit_bytes: int | None = None,
         cache_verify: bool = True,
         s3_config: S3Config | None = None,
+        order: OrderConfig | None = None,
+        decoding: DecodeConfig | None = None,
+        prefetch: PrefetchConfig | None = None,
+        caching: CacheConfig | None = None,
     ) -> None:
         super().__init__()
-        if even not in EVEN_POLICIES:
-            raise ConfigError(f"even={even!r}; choose one of {', '.join(EVEN_POLICIES)}")
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error={on_error!r}; choose 'raise' or 'skip'")
-        if batch_size < 1 or prefetch_runs < 1 or prefetch_threads < 1 or shuffle_buffer < 0:
-            raise ConfigError(
-                f"{batch_size=}, {prefetch_runs=} and {prefetch_threads=} must be >= 1 and "
-                f"{shuffle_buffer=} >= 0"
-            )
-        if prefetch_bytes is not None and prefetch_bytes < 0:
-            raise ConfigError(f"{prefetch_bytes=} must be >= 0 (0 turns prefetch off)")
-        if cache_limit_bytes is not None and cache_dir is None:
-            raise ConfigError("cache_limit_bytes= needs cache_dir= (the folder to keep shards in)")
+        flat = locals()
+        self.order = merge(order, OrderConfig, flat, ORDER_KEYWORDS)
+        self.decoding = merge(decoding, DecodeConfig, flat, DECODE_KEYWORDS)
+        wanted = merge(prefetch, PrefetchConfig, flat, PREFETCH_KEYWORDS)
+        self.caching = merge(caching, CacheConfig, flat, CACHE_KEYWORDS)
         self.s3_config = s3_config
         with gc_paused():  # a big index is many small objects
             self.root, self.index = open_index(source, s3_config=s3_config)
-        if columns is not None and self.index.shard_format != "parquet":
+        if self.decoding.columns is not None and self.index.shard_format != "parquet":
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
-        self.seed, self.shuffle_buffer, self.even = seed, shuffle_buffer, even
-        self._rank, self._world = rank, world_size
-        self.batch_size = batch_size
-        self.decode, self.images, self.allow_pickle = decode, images, allow_pickle
-        self.map, self.columns, self.on_error = map, columns, on_error
-        if prefetch_bytes is None:  # local reads are served by the page cache and kernel readahead
-            prefetch_bytes = DEFAULT_PREFETCH_BYTES if storage.is_remote(self.root) else 0
-        self.prefetch_bytes, self.prefetch_threads, self.prefetch_runs = (
-            prefetch_bytes,
-            prefetch_threads,
-            prefetch_runs,
-        )
-        self.cache_dir = None if cache_dir is None else os.path.abspath(os.fspath(cache_dir))
-        self.cache_limit_bytes, self.cache_verify = cache_limit_bytes, cache_verify
+        self.prefetch = wanted.resolved(remote=storage.is_remote(self.root))
         self._cache_obj: tuple[int, ShardCache] | None = None
-        if self.cache_dir is not None:
+        if self.caching.path is not None:
             self.cache()  # a bad folder fails here, not in a worker
-        # shared with DataLoader workers (persistent ones included): epoch, resume position, and for an
-        # epoch resumed under another world size: the old world size (0: none), its delivered count, epoch
-        self._state = multiprocessing.get_context("spawn").RawArray("q", 5)
-        self._resume_epoch: int | None = None
-        self.skipped = 0
-        self._emit_chunks = False  # set by fastload.DataLoader: yield one list of samples per chunk
+        self._shared = SharedPosition()  # shared with DataLoader workers, persistent ones included
+        self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
+        self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
+        self._chunked = False  # a handle from in_chunks(): yields one Chunk per batch_size samples
+
+    # the options most often read back, by their keyword names
+    seed = property(lambda self: self.order.seed)
+    shuffle_buffer = property(lambda self: self.order.shuffle_buffer)
+    even = property(lambda self: self.order.even)
+    batch_size = property(lambda self: self.order.batch_size)
+    map = property(lambda self: self.decoding.map)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -212,63 +142,68 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def cache(self) -> ShardCache | None:
         """This process's view of the shard cache (None without ``cache_dir``)."""
-        if self.cache_dir is None:
+        folder = self.caching.path
+        if folder is None:
             return None
         if self._cache_obj is None or self._cache_obj[0] != os.getpid():
-            cache = ShardCache(
-                self.cache_dir,
-                limit_bytes=self.cache_limit_bytes,
-                verify=self.cache_verify,
-                config=self.s3_config,
-            )
+            c = self.caching
+            cache = ShardCache(folder, limit_bytes=c.limit_bytes, verify=c.verify, config=self.s3_config)
             self._cache_obj = (os.getpid(), cache)
         return self._cache_obj[1]
 
     def __repr__(self) -> str:
         return f"ShardDataset({self.root!r}, {len(self.index.shards)} shards, {self.index.samples} samples)"
 
-    # -- epoch and resume ---------------------------------------------------------------------------------
+    def in_chunks(self, batch_size: int) -> ShardDataset:
+        """Another handle on this dataset (the same epoch, position and skip count) whose iteration yields
+        one :class:`~fastload.train.chunks.Chunk` per ``batch_size`` samples of the rank's order, dealt to
+        workers in turns: what ``fastload.DataLoader`` reads. This dataset itself is left as it was."""
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size} must be >= 1")
+        handle = copy.copy(self)
+        handle.order = dataclasses.replace(self.order, batch_size=batch_size)
+        handle._chunked = True
+        handle._pending = handle._live = None
+        return handle
+
+    # -- epoch and position -------------------------------------------------------------------------------
 
     @property
     def epoch(self) -> int:
-        return int(self._state[0])
+        return int(self._shared.fields.epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning (call before iterating, as with DistributedSampler).
-        After :meth:`DataLoader.load_state_dict`, setting the restored epoch keeps the restored position."""
-        if self._resume_epoch == epoch:
-            self._resume_epoch = None
-            self._state[0] = epoch
-            return
-        self._resume_epoch = None
-        self._state[0] = epoch
-        self._state[1] = 0
-        self._state[2] = 0
-        self.skipped = 0
-
-    def _set_start(self, start: int) -> None:
-        self._state[1] = start
+        After :meth:`load_state_dict`, setting the restored epoch keeps the restored position."""
+        self._shared.set_epoch(epoch)
 
     @property
     def start(self) -> int:
         """Samples of this epoch already delivered before the current iteration (resume position)."""
-        return int(self._state[1])
+        return int(self._shared.fields.start)
+
+    def rewind(self) -> None:
+        """Start the current epoch from its beginning at the next iteration (after a complete pass)."""
+        self._shared.rewind()
+
+    @property
+    def skipped(self) -> int:
+        """Samples left out with ``on_error="skip"`` this epoch (by this process, or reported by
+        ``fastload.DataLoader`` for its workers)."""
+        return int(self._shared.fields.skipped)
+
+    def count_skipped(self, n: int) -> None:
+        """Add ``n`` samples skipped on error (what ``fastload.DataLoader`` reports from its workers)."""
+        self._shared.fields.skipped += n
 
     def resumed_from(self) -> tuple[int, int] | None:
         """``(old world size, samples each old rank had delivered)`` when the current epoch was resumed
         from a checkpoint taken under another world size, else None."""
-        if self._state[2] > 0 and self._state[4] == self._state[0]:
-            return int(self._state[2]), int(self._state[3])
-        return None
-
-    def _resume_from_world(self, epoch: int, old_world: int, delivered: int) -> None:
-        self._state[2], self._state[3], self._state[4] = old_world, delivered, epoch
+        return self._shared.resumed_from()
 
     def order_fingerprint(self, world_size: int | None = None) -> str:
         """A digest of everything that decides the sample order (shards, counts, seed, policies, world size
         (default: this run's))."""
-        import hashlib
-
         world = self.rank_world()[1] if world_size is None else world_size
         settings = repr((self.seed, self.shuffle_buffer, self.even, world))
         cached = self.__dict__.get("_fingerprint")
@@ -281,44 +216,30 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         return self._fingerprint[1]
 
     def rank_world(self) -> tuple[int, int]:
-        return _rank_and_world(self._rank, self._world)
+        return _rank_and_world(self.order.rank, self.order.world_size)
 
     def plan(self, epoch: int | None = None) -> RankPlan:
-        """This rank's samples for ``epoch`` (default: the current one) in canonical order (the last one
-        is kept: treat it as read-only)."""
-        rank, world = self.rank_world()
+        """This rank's samples for ``epoch`` (default: the current one) in canonical order, resumed as the
+        shared position says (the last plan is kept: treat it as read-only)."""
         epoch = self.epoch if epoch is None else epoch
-        resumed = self.resumed_from() if epoch == self.epoch else None
+        return self._plan(epoch, self.resumed_from() if epoch == self.epoch else None)
+
+    def _plan(self, epoch: int, resumed: tuple[int, int] | None) -> RankPlan:
+        rank, world = self.rank_world()
         key = (rank, world, epoch, resumed)
         cached = self.__dict__.get("_plan_cache")
         if cached is not None and cached[0] == key:
             return cached[1]  # type: ignore[no-any-return]
-        plan = self._make_plan(rank, world, epoch, resumed)
+        counts = [s.samples for s in self.index.shards]
+        o = self.order
+        common: dict[str, Any] = {"rank": rank, "world_size": world, "seed": o.seed, "epoch": epoch}
+        common.update(even=o.even, shuffle_buffer=o.shuffle_buffer)
+        if resumed is not None:
+            plan = resumed_rank_order(counts, old_world_size=resumed[0], delivered=resumed[1], **common)
+        else:
+            plan = rank_order(counts, **common)
         self._plan_cache = (key, plan)
         return plan
-
-    def _make_plan(self, rank: int, world: int, epoch: int, resumed: tuple[int, int] | None) -> RankPlan:
-        if resumed is not None:
-            return resumed_rank_order(
-                [s.samples for s in self.index.shards],
-                rank=rank,
-                world_size=world,
-                old_world_size=resumed[0],
-                delivered=resumed[1],
-                seed=self.seed,
-                epoch=epoch,
-                even=self.even,
-                shuffle_buffer=self.shuffle_buffer,
-            )
-        return rank_order(
-            [s.samples for s in self.index.shards],
-            rank=rank,
-            world_size=world,
-            seed=self.seed,
-            epoch=epoch,
-            even=self.even,
-            shuffle_buffer=self.shuffle_buffer,
-        )
 
     def epoch_report(self, epoch: int | None = None) -> dict[str, Any]:
         """Which samples the even policy dropped or repeated this epoch, as (shard name, key) pairs."""
@@ -338,190 +259,33 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.plan().samples) - self.start
 
-    # -- iteration ------------------------------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[Any]:
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        with gc_paused():  # tens of thousands of small tuples, no cycles (see fastload.gcpause)
-            plan = self.plan()
-            positions = worker_positions(
-                len(plan.samples), worker=worker, workers=workers, chunk=self.batch_size, start=self.start
-            )
-            refs = [plan.samples[p] for p in positions]
-        if not self._emit_chunks:
-            yield from self._samples(refs)
-            return
-        # one item per chunk of the rank's order, however many of its samples survive decoding, so the
-        # DataLoader's turn-taking over workers stays aligned with the canonical order
-        samples = self._samples(refs, track=True)
-        for first in range(0, len(refs), self.batch_size):
-            size = min(self.batch_size, len(refs) - first)
-            chunk: list[Any] = []
-            skipped = 0
-            try:
-                for _ in range(size):
-                    out = next(samples)
-                    if out is _SKIPPED:
-                        skipped += 1
-                    else:
-                        chunk.append(out)
-            except FastloadError as exc:
-                if info is None:
-                    raise
-                add_note = getattr(exc, "add_note", None)  # Python >= 3.11
-                if add_note is not None:
-                    add_note(f"(raised in DataLoader worker {worker}:\n{traceback.format_exc()})")
-                samples.close()
-                yield _Chunk([], 0, exc)
-                return
-            yield _Chunk(chunk, skipped)
-
-    def _samples(self, refs: list[tuple[int, int]], *, track: bool = False) -> Generator[Any, None, None]:
-        # without prefetch nothing is held ahead, and local shards stream sample by sample: bigger tasks
-        # only mean fewer of them
-        task_bytes = (
-            16 << 20 if self.prefetch_bytes == 0 else max(1 << 20, min(16 << 20, self.prefetch_bytes // 4))
-        )
-        with gc_paused():
-            tasks = plan_reads(refs, self.index.shards, max_task_bytes=task_bytes)
-        readers = ShardReaders(
-            self.root,
-            self.index.shards,
-            tasks,
-            columns=self.columns,
-            config=self.s3_config,
-            cache=self.cache(),
-            defer=self.prefetch_bytes == 0,
-        )
-        prefetcher = Prefetcher(
-            tasks,
-            readers.fetch,
-            max_bytes=self.prefetch_bytes,
-            max_tasks=self.prefetch_runs,
-            threads=self.prefetch_threads,
-            release=readers.release,
-        )
-        try:
-            plain = not self.decode and self.map is None
-            for task, parse in prefetcher:
-                name = self.index.shards[task.shard].name
-                if plain:  # nothing to decode or map: nothing can fail or be skipped
-                    for raw in parse():
-                        raw["__shard__"] = name
-                        yield raw
-                    continue
-                for raw in parse():
-                    raw["__shard__"] = name
-                    out = self._finish(raw)
-                    if out is not _SKIPPED or track:
-                        yield out
-        finally:
-            prefetcher.close()
-            readers.close()
-
-    def _finish(self, raw: RawSample) -> Any:
-        try:
-            sample = (
-                decode_sample(raw, images=self.images, allow_pickle=self.allow_pickle) if self.decode else raw
-            )
-            return self.map(sample) if self.map is not None else sample
-        except Exception as exc:
-            if self.on_error == "skip":
-                if not self._emit_chunks:  # with fastload.DataLoader the loader counts (across workers)
-                    self.skipped += 1
-                return _SKIPPED
-            raise FastloadError(
-                f"shard {raw.get('__shard__')}, sample {raw.get('__key__')!r}: decoding failed ({exc!r}); "
-                "fix the data, pass decode=False, or on_error='skip'"
-            ) from exc
-
-
-class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
-    """``torch.utils.data.DataLoader`` for a :class:`ShardDataset` that can save and restore its position.
-
-    The one line a training script adds: save ``loader.state_dict()`` with the checkpoint, and call
-    ``loader.load_state_dict(state)`` after building the loader on restart. Batches already delivered are
-    never delivered again; none are lost.
-    """
-
-    def __init__(
-        self,
-        dataset: ShardDataset,
-        batch_size: int = 1,
-        *,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        drop_last: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        if not isinstance(dataset, ShardDataset):
-            raise ConfigError("fastload.DataLoader needs a fastload.ShardDataset")
-        if kwargs.get("in_order") is False:
-            raise ConfigError("fastload.DataLoader needs in_order=True (the default) for exact resume")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size} must be >= 1")
-        dataset.batch_size = batch_size
-        dataset._emit_chunks = True
-        collate = collate_fn or torch.utils.data.default_collate
-        self.fastload_batch_size = batch_size
-        self.fastload_drop_last = drop_last
-        # the dataset yields whole chunks; they are collated in the worker, with the skip count alongside
-        super().__init__(dataset, batch_size=None, collate_fn=_ChunkCollate(collate), **kwargs)  # type: ignore[arg-type]
-        self._delivered = 0
-        self.skipped = 0
-        self._slots = MainSlots(pin_memory=bool(self.pin_memory) and torch.cuda.is_available())
-
-    def __len__(self) -> int:
-        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
-        left = len(dataset)
-        return (
-            left // self.fastload_batch_size
-            if self.fastload_drop_last
-            else -(-left // self.fastload_batch_size)
-        )
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
-        total = len(dataset.plan().samples)
-        start = dataset.start
-        self._delivered = 0
-        slots = self._slots
-        try:
-            for batch, size, skipped, error, slot in super().__iter__():
-                if error is not None:
-                    raise error
-                if slot is not None:
-                    batch = slots.unpack(batch, slot)
-                if size < self.fastload_batch_size and self.fastload_drop_last:
-                    break
-                self.skipped += skipped
-                dataset.skipped += skipped
-                self._delivered = min(total - start, self._delivered + self.fastload_batch_size)
-                if batch is not None:
-                    yield batch
-        finally:
-            if not self.persistent_workers:  # the next epoch's workers make new slots
-                slots.close()
-        dataset._set_start(0)
-        self._delivered = 0
+    # -- the Stateful protocol ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch, samples of it delivered so far, and what must match on restore."""
-        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
-        rank, world = dataset.rank_world()
+        """Where reading stands: epoch, ``delivered`` (samples of this rank's order delivered before), what
+        must match on restore; in a DataLoader worker also ``worker``: its slot and how many of its own
+        samples it has passed (torchdata's ``StatefulDataLoader`` keeps one such state per worker)."""
+        live = next((x for x in (self._pending, self._live) if x is not None and x.mine()), None)
+        info = torch.utils.data.get_worker_info()
+        if live is None:
+            resumed, epoch, start, consumed = self.resumed_from(), self.epoch, self.start, 0
+        else:
+            resumed, epoch, start, consumed = live.resumed, live.epoch, live.start, live.consumed
+        rank, world = self.rank_world()
         state: dict[str, Any] = {
-            "epoch": dataset.epoch,
-            "delivered": dataset.start + self._delivered,
-            "seed": dataset.seed,
+            "epoch": epoch,
+            "delivered": start if info is not None else start + consumed,
+            "seed": self.seed,
             "world_size": world,
             "rank": rank,
-            "batch_size": dataset.batch_size,
-            "samples": dataset.index.samples,
-            "order": dataset.order_fingerprint(),
+            "samples": self.index.samples,
+            "order": self.order_fingerprint(),
         }
-        resumed = dataset.resumed_from()
         if resumed is not None:
             state["resumed_from"] = {"world_size": resumed[0], "delivered": resumed[1]}
+        if info is not None:
+            slot = {"id": info.id, "count": info.num_workers, "chunk": self.batch_size}
+            state["worker"] = {**slot, "consumed": consumed}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -530,71 +294,108 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         A checkpoint taken under another world size resumes too (synchronous data parallelism keeps every
         rank's delivered count equal, so any rank's state describes all of them): the old ranks' remaining
         samples are dealt to the new ranks (see :func:`fastload.core.sharding.resumed_rank_order`)."""
-        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
-        _, world = dataset.rank_world()
-        old_world = state.get("world_size")
+        _, world = self.rank_world()
+        old_world = state.get("world_size", world)
         for name, mine in (
-            ("seed", dataset.seed),
-            ("samples", dataset.index.samples),
-            ("order", dataset.order_fingerprint(old_world if isinstance(old_world, int) else None)),
+            ("seed", self.seed),
+            ("samples", self.index.samples),
+            ("order", self.order_fingerprint(old_world if isinstance(old_world, int) else None)),
         ):
-            if state.get(name) != mine:
+            if name in state and state[name] != mine:
                 raise ConfigError(
                     f"cannot resume: the checkpoint has {name}={state.get(name)!r}, this run has "
                     f"{mine!r}; resume with the same dataset, seed, shuffle and even settings"
                 )
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
-        resumed = state.get("resumed_from")
+        earlier = state.get("resumed_from")
         if old_world == world:
-            dataset.set_epoch(epoch)
-            if resumed is not None:
-                dataset._resume_from_world(epoch, int(resumed["world_size"]), int(resumed["delivered"]))
-            dataset._set_start(delivered)
-        elif resumed is not None:
+            resumed = None if earlier is None else (int(earlier["world_size"]), int(earlier["delivered"]))
+            start = delivered
+        elif earlier is not None:
             raise ConfigError(
                 f"cannot resume: this checkpoint already continues an epoch with world_size={old_world} "
-                f"(resumed from world_size={resumed['world_size']}); finish epoch {epoch} with "
+                f"(resumed from world_size={earlier['world_size']}); finish epoch {epoch} with "
                 f"world_size={old_world}, or resume from the checkpoint taken before"
             )
         else:
-            dataset.set_epoch(epoch)
-            dataset._resume_from_world(epoch, int(old_world), delivered)  # type: ignore[arg-type]
-            dataset._set_start(0)
+            resumed, start = (int(old_world), delivered), 0
             try:
-                dataset.plan()
+                self._plan(epoch, resumed)
             except ValueError as exc:
-                dataset.set_epoch(epoch)  # undo: nothing half-restored
                 raise ConfigError(f"cannot resume from this checkpoint: {exc}") from None
-        dataset._resume_epoch = epoch
+        info = torch.utils.data.get_worker_info()
+        worker = state.get("worker")
+        if info is None:
+            if worker is not None:
+                raise ConfigError(
+                    f"this state describes DataLoader worker {worker.get('id')} of {worker.get('count')}; "
+                    "restore it through the same DataLoader (StatefulDataLoader) with as many workers"
+                )
+            self._shared.restore(epoch, start, resumed)
+            return
+        # in a worker: this copy's next pass only (the shared position belongs to the training process)
+        consumed = 0
+        if worker is not None:
+            slot = (info.id, info.num_workers, self.batch_size)
+            if (worker.get("id"), worker.get("count"), worker.get("chunk")) != slot:
+                raise ConfigError(
+                    f"cannot resume: the checkpoint's worker {worker.get('id')} of {worker.get('count')} "
+                    f"read chunks of {worker.get('chunk')}; this is worker {slot[0]} of {slot[1]} with "
+                    f"batch_size={slot[2]}; resume with the same num_workers and batch_size"
+                )
+            consumed = int(worker.get("consumed", 0))
+        self._pending = Iteration(epoch, start, resumed, info.id, info.num_workers, self.batch_size, consumed)
 
+    # -- iteration ----------------------------------------------------------------------------------------
 
-class _ChunkCollate:
-    """Collates one chunk in the worker: ``(batch, chunk size, skips, error, slot)``; batch is None if all
-    were skipped (or an error ended the worker's share). In a DataLoader worker the batch's bytes lists and
-    small tensors travel through reusable shared memory (:mod:`fastload.train.shmbatch`); ``slot`` describes
-    where."""
+    def _begin(self) -> tuple[Iteration, list[tuple[int, int]]]:
+        """This process's pass: its position and the references it reads, in order."""
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.mine() and (pending.worker, pending.workers) == (worker, workers):
+            live = pending
+        else:
+            live = Iteration(self.epoch, self.start, self.resumed_from(), worker, workers, self.batch_size)
+        self._live = live
+        if live.chunk is None and workers > 1 and worker == 0 and not self._shared.fields.warned:
+            self._shared.fields.warned = 1
+            warnings.warn(ORDER_WARNING.format(workers=workers), UserWarning, stacklevel=3)
+        with gc_paused():  # tens of thousands of small tuples, no cycles (see fastload.gcpause)
+            samples = self._plan(live.epoch, live.resumed).samples
+            if live.chunk is None or workers == 1:  # one contiguous stretch, sliced
+                first, stop = worker_span(len(samples), worker=worker, workers=workers, start=live.start)
+                refs = samples[first + live.consumed : stop]
+            else:
+                positions = worker_positions(
+                    len(samples), worker=worker, workers=workers, chunk=live.chunk, start=live.start
+                )
+                refs = [samples[p] for p in positions[live.consumed :]]
+        return live, refs
 
-    def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
-        self.collate = collate
-
-    def __call__(self, chunk: _Chunk) -> tuple[Any, int, int, FastloadError | None, dict[str, Any] | None]:
-        size = len(chunk.samples) + chunk.skipped
-        samples = chunk.samples
+    def __iter__(self) -> Iterator[Any]:
+        live, refs = self._begin()
         in_worker = torch.utils.data.get_worker_info() is not None
-        stacks: dict[str, list[Any]] = {}
-        if in_worker and samples and self.collate is torch.utils.data.default_collate:
-            # big same-shape tensors (decoded images) are stacked straight into a shared-memory slot
-            stacks = {k: [s[k] for s in samples] for k in stackable(samples)}
-            if stacks:
-                samples = [{k: v for k, v in s.items() if k not in stacks} for s in samples]
-        batch = self.collate(samples) if samples else None
-        if stacks:  # the fields in their order; the stacked ones filled in by pack
-            collated: Any = batch
-            batch = {k: None if k in stacks else collated[k] for k in chunk.samples[0]}
-        slot = None
-        if batch is not None and in_worker:
-            batch, slot = worker_slots().pack(batch, stacks)
-        return batch, size, chunk.skipped, chunk.error, slot
+        samples = read_samples(
+            refs,
+            root=self.root,
+            shards=self.index.shards,
+            decoding=self.decoding,
+            prefetch=self.prefetch,
+            s3_config=self.s3_config,
+            cache=self.cache(),
+            progress=live,
+            mark_skipped=self._chunked,
+            on_skip=None if in_worker else lambda: self.count_skipped(1),
+        )
+        if self._chunked:  # fastload.DataLoader counts what it delivers and rewinds at the end
+            size = live.chunk or len(refs) or 1
+            yield from chunks_of(samples, len(refs), size, worker=live.worker if in_worker else None)
+            return
+        yield from samples
+        if not in_worker:  # a complete pass in this process: the next one starts the epoch afresh
+            self._shared.rewind()
+            self._live = None
 
 
-__all__ = ["INDEX_NAME", "DataLoader", "ShardDataset"]
+__all__ = ["INDEX_NAME", "ShardDataset"]

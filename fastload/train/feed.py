@@ -241,7 +241,8 @@ def loader(
     available, ``prefetch_factor=4`` and ``persistent_workers=True`` with workers. ``device`` (e.g.
     ``"cuda"``) moves each batch there ahead of time on a side stream; None leaves batches on the CPU.
     """
-    from fastload.train.dataset import DataLoader, ShardDataset
+    from fastload.train.dataset import ShardDataset
+    from fastload.train.loader import DataLoader
 
     if batch_size < 1:
         raise ConfigError(f"batch_size={batch_size} must be >= 1")

@@ -68,30 +68,23 @@ class _Live:
 
 
 class _Upstream:
-    """The upstream's position: its own ``state_dict`` when it has one (``fastload.DataLoader``), the
-    epoch position of a :class:`~fastload.ShardDataset` read in this process, else a count of items to
-    skip when iterating it again (a list, or any iterable that yields the same items every time)."""
+    """The upstream's position: its own ``state_dict`` when it has one (a :class:`~fastload.ShardDataset`
+    read in this process, ``fastload.DataLoader``, any ``Stateful``), else a count of items to skip when
+    iterating it again (a list, or any iterable that yields the same items every time)."""
 
     def __init__(self, source: Iterable[Any]) -> None:
-        from fastload.train.dataset import ShardDataset
-
         self.source = source
         if callable(getattr(source, "state_dict", None)) and callable(
             getattr(source, "load_state_dict", None)
         ):
             self.kind = "stateful"
-        elif isinstance(source, ShardDataset):
-            self.kind = "shard_dataset"
         else:
             self.kind = "replay"
-        self.base = 0
         self.skip = 0
 
     def start(self) -> Iterator[Any]:
         it = iter(self.source)
-        if self.kind == "shard_dataset":
-            self.base = self.source.start  # type: ignore[attr-defined]
-        elif self.kind == "replay" and self.skip:
+        if self.kind == "replay" and self.skip:
             for n in range(self.skip):
                 if next(it, _END) is _END:
                     raise ConfigError(
@@ -102,40 +95,30 @@ class _Upstream:
 
     def idle(self) -> dict[str, Any]:
         """The position while no iteration is under way."""
-        if self.kind == "shard_dataset":
-            ds: Any = self.source
-            return {"kind": self.kind, "epoch": ds.epoch, "delivered": ds.start}
         return self.snapshot(0)
 
     def snapshot(self, consumed: int) -> dict[str, Any]:
         """The position after ``consumed`` items of the current iteration."""
         if self.kind == "stateful":
             return {"kind": self.kind, "state": self.source.state_dict()}  # type: ignore[attr-defined]
-        if self.kind == "shard_dataset":
-            return {"kind": self.kind, "epoch": self.source.epoch, "delivered": self.base + consumed}  # type: ignore[attr-defined]
         return {"kind": self.kind, "consumed": self.skip + consumed}
 
     def restore(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind:
+        kind = state.get("kind")
+        if kind == "shard_dataset" and self.kind == "stateful":  # a checkpoint of fastload <= 0.1.0
+            kind, state = "stateful", {"state": {"epoch": state["epoch"], "delivered": state["delivered"]}}
+        if kind != self.kind:
             raise ConfigError(
                 f"cannot resume: the checkpoint's upstream is {state.get('kind')!r}, this one is "
                 f"{self.kind!r}; wrap the same kind of dataset or loader"
             )
         if self.kind == "stateful":
             self.source.load_state_dict(state["state"])  # type: ignore[attr-defined]
-        elif self.kind == "shard_dataset":
-            ds: Any = self.source
-            epoch = int(state["epoch"])
-            ds.set_epoch(epoch)
-            ds._set_start(int(state["delivered"]))
-            ds._resume_epoch = epoch  # a following ds.set_epoch(epoch) keeps the position, as with DataLoader
         else:
             self.skip = int(state["consumed"])
 
     def finished(self) -> None:
-        """A complete pass: the next one starts from the beginning."""
-        if self.kind == "shard_dataset":
-            self.source._set_start(0)  # type: ignore[attr-defined]
+        """A complete pass: the next one starts from the beginning (a stateful upstream rewinds itself)."""
         self.skip = 0
 
 
@@ -272,8 +255,13 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
     # -- iteration ----------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if torch.utils.data.get_worker_info() is not None and (
-            self._upstream.kind == "stateful" or isinstance(self.dataset, Sequence)
+        from fastload.train.dataset import ShardDataset
+
+        splits = isinstance(self.dataset, ShardDataset)  # it deals itself to workers
+        if (
+            torch.utils.data.get_worker_info() is not None
+            and not splits
+            and (self._upstream.kind == "stateful" or isinstance(self.dataset, Sequence))
         ):
             raise ConfigError(
                 f"PackedSequences over a {type(self.dataset).__name__} in DataLoader workers would hand "

@@ -14,12 +14,19 @@ import gc
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 import torch.utils.data
+from botocore.config import Config
+
+from fastload.s3 import runtime
 
 from .helpers import UNEVEN_OPTIONS, UNEVEN_SHARD_COUNTS, Packed, pack_files, small_files, uneven_files
 
 HERE = Path(__file__).resolve().parent
+BUCKET = "fastload-dataset-tests"
+REGION = "us-east-1"
+ACCESS_KEY, SECRET_KEY = "AKIDDATASETTESTS", "dataset-tests-secret"
 WORKER_COUNT_WARNING = "ignore:This DataLoader will create:UserWarning"
 
 
@@ -51,3 +58,39 @@ def prompt_worker_shutdown(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.5)
     yield
     gc.collect()
+
+
+@pytest.fixture(scope="module")
+def uploaded(moto_url: str, uneven: Packed) -> str:
+    """``uneven`` uploaded as is (shards and index.json) under s3://BUCKET/ds."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_url,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    client.create_bucket(Bucket=BUCKET)
+    for path in sorted(p for p in uneven.root.rglob("*") if p.is_file()):
+        rel = path.relative_to(uneven.root).as_posix()
+        if not rel.startswith("."):
+            client.put_object(Bucket=BUCKET, Key=f"ds/{rel}", Body=path.read_bytes())
+    client.close()
+    return f"s3://{BUCKET}/ds"
+
+
+@pytest.fixture
+def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """Dummy credentials in the environment (inherited by forked workers), nothing from this machine's AWS
+    configuration; afterwards the S3 clients fastload cached in this process are closed."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    yield
+    runtime.reset()

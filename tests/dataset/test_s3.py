@@ -3,8 +3,6 @@ as the same dataset on local disk."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -12,49 +10,9 @@ import pytest
 from botocore.config import Config
 
 import fastload
-from fastload.s3 import runtime
 
+from .conftest import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, s3_env  # noqa: F401 (tests/tfrecord imports s3_env here)
 from .helpers import Packed, make_loader, pack_files, small_files
-
-BUCKET = "fastload-dataset-tests"
-REGION = "us-east-1"
-ACCESS_KEY, SECRET_KEY = "AKIDDATASETTESTS", "dataset-tests-secret"
-
-
-@pytest.fixture(scope="module")
-def uploaded(moto_url: str, uneven: Packed) -> str:
-    """``uneven`` uploaded as is (shards and index.json) under s3://BUCKET/ds."""
-    client = boto3.client(
-        "s3",
-        endpoint_url=moto_url,
-        region_name=REGION,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        config=Config(s3={"addressing_style": "path"}),
-    )
-    client.create_bucket(Bucket=BUCKET)
-    for path in sorted(p for p in uneven.root.rglob("*") if p.is_file()):
-        rel = path.relative_to(uneven.root).as_posix()
-        if not rel.startswith("."):
-            client.put_object(Bucket=BUCKET, Key=f"ds/{rel}", Body=path.read_bytes())
-    client.close()
-    return f"s3://{BUCKET}/ds"
-
-
-@pytest.fixture
-def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """Dummy credentials in the environment (inherited by forked workers), nothing from this machine's AWS
-    configuration; afterwards the S3 clients fastload cached in this process are closed."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("AWS_REGION", REGION)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    yield
-    runtime.reset()
 
 
 def samples(source: Any, **kw: Any) -> list[dict[str, Any]]:

@@ -209,7 +209,23 @@ def test_resume_over_a_shard_dataset(token_dataset: TokenDataset, cut: int) -> N
     # fastload.DataLoader; the training loop moves on with set_epoch(epoch + 1)
     assert same_blocks(head + list(second), whole if cut <= len(whole) else whole + whole)
     assert ds2.start == 0, "a complete pass leaves the dataset at the start of the epoch"
-    assert second.state_dict()["upstream"] == {"kind": "shard_dataset", "epoch": 0, "delivered": 0}
+    upstream = second.state_dict()["upstream"]  # the dataset's own state_dict (its Stateful protocol)
+    assert upstream["kind"] == "stateful"
+    assert (upstream["state"]["epoch"], upstream["state"]["delivered"]) == (0, 0)
+
+
+def test_resume_from_a_checkpoint_of_the_previous_upstream_format(token_dataset: TokenDataset) -> None:
+    """Checkpoints written before ShardDataset had state_dict() held ``{"kind": "shard_dataset", "epoch",
+    "delivered"}``: they still restore, to the same blocks."""
+    whole = list(packed(_shard_dataset(token_dataset.root)))
+    first = packed(_shard_dataset(token_dataset.root))
+    head = list(islice(iter(first), 23))
+    state = roundtrip(first.state_dict())
+    inner = state["upstream"]["state"]
+    state["upstream"] = {"kind": "shard_dataset", "epoch": inner["epoch"], "delivered": inner["delivered"]}
+    second = packed(_shard_dataset(token_dataset.root))
+    second.load_state_dict(state)
+    assert same_blocks(head + list(second), whole)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -239,6 +255,9 @@ def test_resume_over_a_fastload_dataloader(token_dataset: TokenDataset, workers:
     assert np.array_equal(np.sort(torch.cat(real).numpy()), np.sort(np.concatenate(token_dataset.docs)))
 
 
+# blocks come from each worker's own stretch of the documents, in an order that depends on num_workers: the
+# dataset says so once (tests/dataset/test_torch_loader.py checks that warning)
+@pytest.mark.filterwarnings("ignore:fastload.ShardDataset is read by 2 DataLoader workers")
 def test_workers_need_an_upstream_that_splits_itself(
     token_dataset: TokenDataset, monkeypatch: pytest.MonkeyPatch
 ) -> None:

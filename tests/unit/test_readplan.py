@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastload.core.index import ShardEntry
-from fastload.core.readplan import ReadTask, last_use, plan_reads
+from fastload.core.readplan import ReadTask, plan_reads
 
 SETTINGS = settings(max_examples=100, deadline=None)
 
@@ -172,17 +172,3 @@ def test_no_references_no_tasks() -> None:
 def test_max_task_bytes_below_one_raises(cap: int) -> None:
     with pytest.raises(ValueError, match="max_task_bytes"):
         plan_reads([(0, 0)], [tar_entry(0, [5])], max_task_bytes=cap)
-
-
-@SETTINGS
-@given(plans())
-def test_last_use_is_the_last_task_of_each_shard(
-    plan: tuple[list[ShardEntry], list[tuple[int, int]], int],
-) -> None:
-    entries, refs, cap = plan
-    tasks = plan_reads(refs, entries, max_task_bytes=cap)
-    last = last_use(tasks)
-    assert set(last) == {t.shard for t in tasks}
-    for shard, n in last.items():
-        assert tasks[n].shard == shard
-        assert all(t.shard != shard for t in tasks[n + 1 :])

@@ -1,8 +1,10 @@
 """Who reads which sample: even policies partition the epoch, shard order and the bounded shuffle are
-permutations, and chunked worker positions merge back into the rank's order for any number of workers."""
+permutations, chunked worker positions merge back into the rank's order for any number of workers, and
+worker stretches (batch size unknown) partition it into near-equal contiguous pieces."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 
@@ -19,6 +21,7 @@ from fastload.core.sharding import (
     resumed_rank_order,
     shard_order,
     worker_positions,
+    worker_span,
 )
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -340,6 +343,48 @@ def test_worker_positions_rejects_bad_arguments(kwargs: dict) -> None:
     kwargs = {"chunk": 4, **kwargs}
     with pytest.raises(ValueError):
         worker_positions(10, **kwargs)
+
+
+# --- worker_span ------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(total=st.integers(0, 250), workers=st.integers(1, 9), data=st.data())
+def test_worker_spans_cut_the_rest_of_the_order_into_near_equal_stretches(
+    total: int, workers: int, data: st.DataObject
+) -> None:
+    start = data.draw(st.integers(0, total))
+    spans = [worker_span(total, worker=w, workers=workers, start=start) for w in range(workers)]
+    # consecutive, covering [start, total) exactly once, in worker order
+    assert spans[0][0] == start and spans[-1][1] == total
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+    sizes = [stop - first for first, stop in spans]
+    assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
+    # one worker reads what worker_positions gives it with any chunk
+    assert list(range(*worker_span(total, worker=0, workers=1, start=start))) == worker_positions(
+        total, worker=0, workers=1, chunk=3, start=start
+    )
+
+
+def test_worker_span_example() -> None:
+    assert [worker_span(10, worker=w, workers=3) for w in range(3)] == [(0, 3), (3, 6), (6, 10)]
+    assert [worker_span(10, worker=w, workers=2, start=4) for w in range(2)] == [(4, 7), (7, 10)]
+    assert worker_span(2, worker=2, workers=3) == (1, 2)  # more workers than samples: some read nothing
+    assert worker_span(2, worker=0, workers=3) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"worker": 0, "workers": 0},
+        {"worker": 2, "workers": 2},
+        {"worker": 0, "workers": 1, "start": -1},
+        {"worker": 0, "workers": 1, "start": 11},
+    ],
+)
+def test_worker_span_rejects_bad_arguments(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        worker_span(10, **kwargs)
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,0 +1,106 @@
+"""``fastload.DataLoader``: ``torch.utils.data.DataLoader`` for a :class:`~fastload.ShardDataset` that can
+save and restore its position by batches delivered to the training loop.
+
+It reads through :meth:`ShardDataset.in_chunks` (a handle on the same dataset that yields one chunk per
+batch; the dataset given is left as it was), collates in the workers, moves batches through shared memory
+(:mod:`fastload.train.chunks`), counts the samples it delivers, and saves and restores the position with
+the dataset's own ``state_dict()``/``load_state_dict()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from fastload.errors import ConfigError
+from fastload.train.chunks import ChunkCollate
+from fastload.train.dataset import ShardDataset
+from fastload.train.shmbatch import MainSlots
+
+
+class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+    """``torch.utils.data.DataLoader`` for a :class:`ShardDataset` that can save and restore its position.
+
+    The one line a training script adds: save ``loader.state_dict()`` with the checkpoint, and call
+    ``loader.load_state_dict(state)`` after building the loader on restart. Batches already delivered are
+    never delivered again; none are lost. The order is the rank's order for any ``num_workers``.
+    ``loader.dataset`` is a handle on the dataset given (the same epoch and position).
+    """
+
+    def __init__(
+        self,
+        dataset: ShardDataset,
+        batch_size: int = 1,
+        *,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, ShardDataset):
+            raise ConfigError("fastload.DataLoader needs a fastload.ShardDataset")
+        if kwargs.get("in_order") is False:
+            raise ConfigError("fastload.DataLoader needs in_order=True (the default) for exact resume")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size} must be >= 1")
+        collate = collate_fn or torch.utils.data.default_collate
+        self.fastload_batch_size = batch_size
+        self.fastload_drop_last = drop_last
+        # the handle yields whole chunks; they are collated in the worker, with the skip count alongside
+        chunks = dataset.in_chunks(batch_size)
+        super().__init__(chunks, batch_size=None, collate_fn=ChunkCollate(collate), **kwargs)  # type: ignore[arg-type]
+        self._delivered = 0
+        self.skipped = 0
+        self._slots = MainSlots(pin_memory=bool(self.pin_memory) and torch.cuda.is_available())
+
+    def __len__(self) -> int:
+        left = len(self.dataset)  # type: ignore[arg-type]
+        size = self.fastload_batch_size
+        return left // size if self.fastload_drop_last else -(-left // size)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        total = len(dataset.plan().samples)
+        start = dataset.start
+        self._delivered = 0
+        slots = self._slots
+        try:
+            for batch, size, skipped, error, slot in super().__iter__():
+                if error is not None:
+                    raise error
+                if slot is not None:
+                    batch = slots.unpack(batch, slot)
+                if size < self.fastload_batch_size and self.fastload_drop_last:
+                    break
+                self.skipped += skipped
+                if skipped:
+                    dataset.count_skipped(skipped)
+                self._delivered = min(total - start, self._delivered + self.fastload_batch_size)
+                if batch is not None:
+                    yield batch
+        finally:
+            if not self.persistent_workers:  # the next epoch's workers make new slots
+                slots.close()
+        dataset.rewind()
+        self._delivered = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's state (epoch, what must match on restore), with ``delivered`` the samples of the
+        epoch delivered to the training loop so far."""
+        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        state = dataset.state_dict()
+        state["delivered"] = dataset.start + self._delivered
+        state["batch_size"] = self.fastload_batch_size
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields exactly the samples not yet delivered (see
+        :meth:`ShardDataset.load_state_dict`; the batch size and ``num_workers`` may differ)."""
+        if "worker" in state:
+            raise ConfigError(
+                "this is one DataLoader worker's state, not fastload.DataLoader's; pass loader.state_dict()"
+            )
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
+        self._delivered = 0

@@ -1,0 +1,84 @@
+"""Where a ``ShardDataset`` stands in its epochs: the state every copy of it shares, and one iteration's.
+
+:class:`SharedPosition` lives in shared memory, so DataLoader workers (persistent ones too, forked or
+spawned) see ``set_epoch`` and a restore made in the training process. :class:`Iteration` is one pass of
+one process (a worker, or the training process itself): which positions of the rank's order it reads and
+how many of them it has consumed, which is what ``ShardDataset.state_dict()`` reports while it runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+from dataclasses import dataclass, field
+
+
+class _Fields(ctypes.Structure):
+    _fields_ = [
+        ("epoch", ctypes.c_int64),
+        ("start", ctypes.c_int64),  # samples of the epoch's order delivered before (resume position)
+        ("old_world", ctypes.c_int64),  # an epoch resumed under another world size: the old one (0: none)
+        ("old_delivered", ctypes.c_int64),  # ... each old rank's delivered count
+        ("resumed_epoch", ctypes.c_int64),  # ... and which epoch that was
+        ("restored_epoch", ctypes.c_int64),  # epoch + 1 of a restore not yet started (0: none)
+        ("skipped", ctypes.c_int64),  # samples left out with on_error="skip" this epoch
+        ("warned", ctypes.c_int64),  # the order warning was given
+    ]
+
+
+class SharedPosition:
+    """Epoch, resume position and counters shared by every copy of one dataset (``copy``, pickling to a
+    spawned worker, fork)."""
+
+    def __init__(self) -> None:
+        self.fields = multiprocessing.get_context("spawn").RawValue(_Fields)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning; after a restore of ``epoch``, keep the restored position."""
+        f = self.fields
+        if f.restored_epoch == epoch + 1:
+            f.restored_epoch = 0
+            f.epoch = epoch
+            return
+        f.restored_epoch = 0
+        f.epoch, f.start, f.old_world, f.skipped = epoch, 0, 0, 0
+
+    def restore(self, epoch: int, start: int, resumed: tuple[int, int] | None) -> None:
+        """Continue ``epoch`` after ``start`` samples (of the order resumed from ``resumed``, if given)."""
+        self.set_epoch(epoch)
+        f = self.fields
+        f.old_world, f.old_delivered, f.resumed_epoch = (resumed or (0, 0)) + (epoch,)
+        f.start = start
+        f.restored_epoch = epoch + 1
+
+    def rewind(self) -> None:
+        """The next pass starts the current epoch from its beginning (a pass ran to its end)."""
+        self.fields.start = 0
+        self.fields.restored_epoch = 0
+
+    def resumed_from(self) -> tuple[int, int] | None:
+        f = self.fields
+        if f.old_world > 0 and f.resumed_epoch == f.epoch:
+            return int(f.old_world), int(f.old_delivered)
+        return None
+
+
+@dataclass
+class Iteration:
+    """One pass of one process: epoch, the rank-level position it started from, its worker slot, how its
+    positions were dealt (``chunk``: None for one contiguous stretch per worker), and ``consumed``: how many
+    of its own positions it has passed (delivered or skipped). ``pid``: the process it belongs to (a forked
+    worker inherits the training process's objects; their passes are not its own)."""
+
+    epoch: int
+    start: int
+    resumed: tuple[int, int] | None
+    worker: int
+    workers: int
+    chunk: int | None
+    consumed: int = 0
+    pid: int = field(default_factory=os.getpid)
+
+    def mine(self) -> bool:
+        return self.pid == os.getpid()

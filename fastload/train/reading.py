@@ -1,0 +1,97 @@
+"""From sample references to samples: plan the reads (``core.readplan``), fetch them ahead
+(:class:`~fastload.train.prefetch.Prefetcher`), parse them (:class:`~fastload.train.shardread.ShardReaders`),
+then decode and map each sample."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+from fastload.config import S3Config
+from fastload.core.index import ShardEntry
+from fastload.core.readplan import plan_reads
+from fastload.errors import FastloadError
+from fastload.gcpause import gc_paused
+from fastload.storage.cache import ShardCache
+from fastload.train.decode import decode_sample
+from fastload.train.options import DecodeConfig, PrefetchConfig
+from fastload.train.position import Iteration
+from fastload.train.prefetch import Prefetcher
+from fastload.train.shardread import RawSample, ShardReaders
+
+SKIPPED = object()  # in the stream of read_samples(mark_skipped=True): a sample on_error="skip" left out
+
+
+def read_samples(
+    refs: Sequence[tuple[int, int]],
+    *,
+    root: str,
+    shards: Sequence[ShardEntry],
+    decoding: DecodeConfig,
+    prefetch: PrefetchConfig,
+    s3_config: S3Config | None,
+    cache: ShardCache | None,
+    progress: Iteration,
+    mark_skipped: bool = False,
+    on_skip: Callable[[], None] | None = None,
+) -> Generator[Any, None, None]:
+    """The samples of ``refs`` (``(shard, position)`` pairs) in order, decoded and mapped.
+
+    ``progress.consumed`` counts the references passed so far (delivered or skipped). A skipped sample is
+    yielded as :data:`SKIPPED` with ``mark_skipped``, else reported to ``on_skip`` and left out.
+    """
+    max_bytes = prefetch.max_bytes or 0
+    # without prefetch nothing is held ahead, and local shards stream sample by sample: bigger tasks only
+    # mean fewer of them
+    task_bytes = 16 << 20 if max_bytes == 0 else max(1 << 20, min(16 << 20, max_bytes // 4))
+    with gc_paused():
+        tasks = plan_reads(refs, shards, max_task_bytes=task_bytes)
+    readers = ShardReaders(
+        root, shards, tasks, columns=decoding.columns, config=s3_config, cache=cache, defer=max_bytes == 0
+    )
+    prefetcher = Prefetcher(
+        tasks,
+        readers.fetch,
+        max_bytes=max_bytes,
+        max_tasks=prefetch.runs,
+        threads=prefetch.threads,
+        release=readers.release,
+    )
+    try:
+        for task, parse in prefetcher:
+            name = shards[task.shard].name
+            if decoding.plain:  # nothing to decode or map: nothing can fail or be skipped
+                for raw in parse():
+                    raw["__shard__"] = name
+                    progress.consumed += 1
+                    yield raw
+                continue
+            for raw in parse():
+                raw["__shard__"] = name
+                out = finish(raw, decoding)
+                progress.consumed += 1
+                if out is not SKIPPED or mark_skipped:
+                    yield out
+                elif on_skip is not None:
+                    on_skip()
+    finally:
+        prefetcher.close()
+        readers.close()
+
+
+def finish(raw: RawSample, decoding: DecodeConfig) -> Any:
+    """One raw sample decoded and mapped; :data:`SKIPPED` if that failed and ``on_error="skip"``."""
+    try:
+        sample = (
+            decode_sample(raw, images=decoding.images, allow_pickle=decoding.allow_pickle)
+            if decoding.decode
+            else raw
+        )
+        return decoding.map(sample) if decoding.map is not None else sample
+    except Exception as exc:
+        if decoding.on_error == "skip":
+            return SKIPPED
+        raise FastloadError(
+            f"shard {raw.get('__shard__')}, sample {raw.get('__key__')!r}: decoding failed ({exc!r}); "
+            "fix the data, pass decode=False, or on_error='skip'"
+        ) from exc

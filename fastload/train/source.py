@@ -1,0 +1,70 @@
+"""Where a ``ShardDataset``'s index comes from: the dataset's ``index.json``, or tar or TFRecord shards
+without one, indexed in memory by reading them once (with a warning that says how to avoid that cost)."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Sequence
+
+from fastload.config import S3Config
+from fastload.core.index import DatasetIndex
+from fastload.errors import ConfigError, NotFoundError
+from fastload.storage import access as storage
+
+
+def _is_shard_file(url: str) -> bool:
+    from fastload.formats.tfrecord.codec import is_tfrecord_name
+
+    return url.endswith(".tar") or is_tfrecord_name(url)
+
+
+def open_index(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, s3_config: S3Config | None = None
+) -> tuple[str, DatasetIndex]:
+    """``(root, index)`` of a dataset: its ``index.json``; or, for tar or TFRecord shards without one (a
+    folder or prefix of them, one file, or a list of URLs), an index built by reading the shards once, with
+    a warning that says how to avoid that cost."""
+    from fastload.storage.manifest import load_index
+
+    if isinstance(source, (str, os.PathLike)):
+        root = storage.normalise(source)
+        if not _is_shard_file(root):
+            try:
+                return root, load_index(root, s3_config=s3_config)
+            except NotFoundError as missing:
+                found = storage.list_files(root, "", config=s3_config) if storage.is_folder(root) else []
+                urls = [u for u in found if _is_shard_file(u) and "/." not in u[len(root) :]]
+                if not urls:
+                    raise missing from None
+                if len({u.endswith(".tar") for u in urls}) > 1:
+                    raise ConfigError(
+                        f"{root} has no index.json and holds both tar and TFRecord files; give a list of "
+                        "the shards to read, or run `fastload index` on a folder of one kind"
+                    ) from None
+        else:
+            urls = [root]
+    else:
+        urls = [storage.normalise(u) for u in source]
+        if not urls:
+            raise ConfigError("the list of shards is empty")
+    started = time.monotonic()
+    if all(u.endswith(".tar") for u in urls):
+        from fastload.formats.tar.index import index_tar_shards
+
+        root, index = index_tar_shards(urls, config=s3_config)
+    else:
+        from fastload.formats.tfrecord.index import index_tfrecord_files
+
+        root, index = index_tfrecord_files(urls, config=s3_config)
+    seconds = time.monotonic() - started
+    warnings.warn(
+        f"{root}: no index.json, so {len(index.shards)} {index.shard_format} shard(s) ({index.bytes:,} "
+        f"bytes) were read once to index {index.samples:,} samples in memory ({seconds:.1f}s, in every "
+        "process that opens the dataset). Write the index once with `fastload index` (or pack with "
+        "`fastload pack`) to skip this.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return root, index
