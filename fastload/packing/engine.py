@@ -1,0 +1,112 @@
+"""The public engine interface: who writes a pack's planned shards.
+
+A pack (of files, or of token documents) is planned into :class:`ShardJob` s: each knows its number, its
+final name and how to write its shard to a local file. An :class:`Engine` runs a stream of jobs; whoever runs
+a job does it through :func:`publish_shard` (write to a temporary name, publish under the final name, record
+it in the resume journal), so a shard appears whole or not at all whatever the engine.
+
+Engines: :class:`LocalEngine` (threads of this process) here, and
+:class:`fastload.packing.ray_engine.RayEngine` (Ray tasks on a cluster); the output is the same, byte for
+byte.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Protocol
+
+from fastload.formats.tar.writer import ShardResult
+from fastload.packing.dest import Destination
+from fastload.packing.journal import PackJournal, shard_record
+
+Advance = Callable[[int, int], None]  # (payload bytes, files) written since the last call
+Done = Callable[[int, ShardResult], None]  # (shard number, its result) once the shard is published
+
+
+class ShardJob(Protocol):
+    """One planned shard, able to write itself (picklable: the Ray engine ships it to a task)."""
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def write(self, tmp_path: str, *, on_sample: Advance, open_threads: int) -> ShardResult:
+        """Write the shard at ``tmp_path`` (removed again on error); ``on_sample`` reports progress;
+        ``open_threads`` > 0 opens (fetches) inputs ahead with that many threads."""
+        ...
+
+    def local_folders(self) -> set[str]:
+        """Local folders the job reads from (a Ray node must see them at the same path)."""
+        ...
+
+
+class Engine(Protocol):
+    """Runs jobs, each through :func:`publish_shard`, calling ``done`` as each shard is published. On a
+    failure it stops taking jobs and raises; shards published so far stay in the journal for resume."""
+
+    def write(self, jobs: Iterable[ShardJob], *, advance: Advance, done: Done) -> None: ...
+
+
+def publish_shard(
+    job: ShardJob, dest: Destination, journal: PackJournal, *, on_sample: Advance, open_threads: int
+) -> ShardResult:
+    """Write ``job`` to a temporary file in ``dest``, publish it under its final name, then journal it."""
+    tmp = os.path.join(dest.tmp_dir, f"{job.number:06d}.part")
+    result = job.write(tmp, on_sample=on_sample, open_threads=open_threads)
+    dest.publish(tmp, job.name)
+    journal.record(shard_record(job.number, result))
+    return result
+
+
+class LocalEngine:
+    """Jobs written by up to ``workers`` threads of this process.
+
+    The job stream is consumed in the calling thread, one job ahead of the writers: a job produced by
+    reading (pack-tokens) is built while earlier ones are written, and at most ``workers + 1`` jobs exist
+    at once.
+    """
+
+    def __init__(
+        self, dest: Destination, journal: PackJournal, *, workers: int, open_threads: int = 0
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"{workers=} must be >= 1")
+        self.dest = dest
+        self.journal = journal
+        self.workers = workers
+        self.open_threads = open_threads
+
+    def write(self, jobs: Iterable[ShardJob], *, advance: Advance, done: Done) -> None:
+        running: dict[Future[ShardResult], int] = {}
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="fastload-pack") as pool:
+            try:
+                for job in jobs:
+                    fut = pool.submit(
+                        publish_shard,
+                        job,
+                        self.dest,
+                        self.journal,
+                        on_sample=advance,
+                        open_threads=self.open_threads,
+                    )
+                    running[fut] = job.number
+                    if len(running) >= self.workers:
+                        _collect(running, done)
+                while running:
+                    _collect(running, done)
+            except BaseException:
+                for fut in running:
+                    fut.cancel()
+                raise
+
+
+def _collect(running: dict[Future[ShardResult], int], done: Done) -> None:
+    """Wait for at least one job to finish; hand on its result, or raise its error."""
+    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+    for fut in finished:
+        number = running.pop(fut)
+        done(number, fut.result())
