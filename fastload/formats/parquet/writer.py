@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -107,6 +107,40 @@ def write_parquet_shard(
         with contextlib.suppress(OSError):
             os.unlink(tmp_path)
         raise
+    _finish_entry(entry, tmp_path, rows_per_group)
+    return result
+
+
+def write_row_groups(
+    name: str, tmp_path: str, schema: pa.Schema, groups: Iterable[pa.Table], *, compression: str = "none"
+) -> ShardEntry:
+    """Write ready-made row groups (tables of ``schema``, ``__key__`` first, one row group each) as a Parquet
+    shard at ``tmp_path``, without dictionaries or statistics; return its index entry (named ``name``), whose
+    ``keys`` the caller fills (it holds them as a list already). The file is removed on any error."""
+    entry = ShardEntry(name=name, bytes=0, checksum="", keys=[])
+    rows_per_group: list[int] = []
+    writer = None
+    try:
+        writer = pq.ParquetWriter(
+            tmp_path, schema, compression=compression, use_dictionary=False, write_statistics=False
+        )
+        for table in groups:
+            writer.write_table(table, row_group_size=table.num_rows)
+            rows_per_group.append(table.num_rows)
+        writer.close()
+    except BaseException:
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_path)
+        raise
+    _finish_entry(entry, tmp_path, rows_per_group)
+    return entry
+
+
+def _finish_entry(entry: ShardEntry, tmp_path: str, rows_per_group: list[int]) -> None:
+    """Size, CRC32C and row groups ``(first byte, bytes, rows)`` of a written shard, into its entry."""
     crc, entry.bytes = file_crc32c(tmp_path)
     entry.checksum = f"{crc:08x}"
     meta = pq.read_metadata(tmp_path)
@@ -122,7 +156,6 @@ def write_parquet_shard(
             starts.append(first)
             total += col.total_compressed_size
         entry.row_groups.append((min(starts), total, rows))
-    return result
 
 
 def _row_group(
