@@ -65,9 +65,10 @@ def publish_shard(
 class LocalEngine:
     """Jobs written by up to ``workers`` threads of this process.
 
-    The job stream is consumed in the calling thread, one job ahead of the writers: a job produced by
-    reading (pack-tokens) is built while earlier ones are written, and at most ``workers + 1`` jobs exist
-    at once.
+    The job stream is consumed in the calling thread: a job is submitted as soon as a writer is free, and
+    the stream is asked for the next one only then, so at most ``workers + 1`` jobs exist at once. A job
+    may still be fed by the stream while it runs (pack-tokens streams a shard's row groups to its writer):
+    the stream keeps running between submissions; if the engine stops early it closes the stream.
     """
 
     def __init__(
@@ -82,9 +83,12 @@ class LocalEngine:
 
     def write(self, jobs: Iterable[ShardJob], *, advance: Advance, done: Done) -> None:
         running: dict[Future[ShardResult], int] = {}
+        iterator = iter(jobs)
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="fastload-pack") as pool:
             try:
-                for job in jobs:
+                for job in iterator:
+                    while len(running) >= self.workers:
+                        _collect(running, done)
                     fut = pool.submit(
                         publish_shard,
                         job,
@@ -94,13 +98,14 @@ class LocalEngine:
                         open_threads=self.open_threads,
                     )
                     running[fut] = job.number
-                    if len(running) >= self.workers:
-                        _collect(running, done)
                 while running:
                     _collect(running, done)
             except BaseException:
                 for fut in running:
                     fut.cancel()
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()  # a generator producing jobs cleans up (e.g. aborts a shard it feeds)
                 raise
 
 

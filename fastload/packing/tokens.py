@@ -41,10 +41,10 @@ from fastload.packing.token_inputs import (
     list_inputs,
     load_tokenizer,
 )
-from fastload.packing.token_shards import ShardCutter, TokenShard
+from fastload.packing.token_shards import ShardCutter, TokenGroup, TokenShard
 
 DTYPES = {"uint16": "u16", "int32": "i32"}  # --dtype name -> field extension
-DEFAULT_WORKERS = 4  # writers when not given: each holds a shard; reading, in one thread, is the usual limit
+DEFAULT_WORKERS = 4  # writers when not given; reading, in one thread, is the usual limit
 
 
 @dataclass
@@ -138,12 +138,13 @@ def pack_tokens(
     ``vocab_size`` (or the dtype's range) is an error. Documents that are not token ids are left out and
     listed; unless ``allow_skip``, :class:`~fastload.errors.SkippedInputError` is raised after writing.
 
-    One reader cuts documents into shards while ``workers`` threads (default: up to 4) write and publish
-    them; the output does not depend on ``workers``. Memory: about ``(workers + 1) x shard_size_bytes`` of
-    stored token ids (a shard is held whole until written) plus one input chunk. A missing column fails
-    before anything is written; if the run is interrupted later (killed, disk full), the shards published
-    so far are journaled: ``resume=True`` with the same inputs and options keeps them and writes the rest,
-    giving the bytes of an uninterrupted run (it refuses if the inputs or options changed).
+    One reader cuts documents into row groups and shards and streams each shard's groups to a writer
+    thread; up to ``workers`` (default: up to 4) shards are written and published at once, so finishing
+    and uploading one overlaps with reading the next. The output does not depend on ``workers``. Memory:
+    about ``workers x 4 x row_group_bytes`` of token ids plus one input chunk (4,096 documents). A missing
+    column fails before anything is written; if the run is interrupted later (killed, disk full), the shards
+    published so far are journaled: ``resume=True`` with the same inputs and options keeps them and writes
+    the rest, giving the bytes of an uninterrupted run (it refuses if the inputs or options changed).
     """
     began = time.monotonic()
     chosen, explicit = _dtype_for(dtype, vocab_size)
@@ -208,13 +209,7 @@ def pack_tokens(
     totals = _Totals()
     cutter = ShardCutter(dtype=np_dtype, row_group_bytes=row_group_bytes, shard_size_bytes=shard_size_bytes)
 
-    def jobs() -> Iterator[TokenShard]:
-        def job(number: int, groups: Any) -> TokenShard:
-            name = _shard_name(prefix, number)
-            return TokenShard(
-                number=number, name=name, field=field_full, groups=groups, compression=compression
-            )
-
+    def documents() -> Iterator[tuple[int, TokenGroup]]:
         for inp in inputs:
             reader = Reader(
                 inp,
@@ -228,8 +223,31 @@ def pack_tokens(
                 chunk = check_range(chunk, reader, limit=limit, vocab_size=vocab_size, dtype=chosen)
                 if chunk.keys:
                     totals.add(chunk)
-                    yield from (job(n, groups) for n, groups in cutter.add(chunk) if n not in kept)
-        yield from (job(n, groups) for n, groups in cutter.finish() if n not in kept)
+                    yield from cutter.add(chunk)
+        yield from cutter.finish()
+
+    def jobs() -> Iterator[TokenShard]:
+        """A job per shard not kept, handed to the engine before its first row group is put."""
+        current: TokenShard | None = None
+        number = -1
+        try:
+            for n, group in documents():
+                if n != number:
+                    if current is not None:
+                        current.close()
+                    current, number = None, n
+                    if n not in kept:
+                        name = _shard_name(prefix, n)
+                        current = TokenShard(number=n, name=name, field=field_full, compression=compression)
+                        yield current
+                if current is not None:
+                    current.put(group)
+            if current is not None:
+                current.close()
+        except BaseException:
+            if current is not None:
+                current.abort()
+            raise
 
     engine = LocalEngine(dest, journal, workers=workers or min(DEFAULT_WORKERS, os.cpu_count() or 1))
     try:

@@ -20,7 +20,7 @@ import pytest
 import fastload
 from fastload.errors import PackError
 from fastload.packing.token_docs import Chunk
-from fastload.packing.token_shards import ShardCutter
+from fastload.packing.token_shards import ShardCutter, TokenGroup
 
 from .conftest import write_jsonl
 from .helpers import documents, lognormal_lengths
@@ -203,15 +203,19 @@ def test_shard_cuts_do_not_depend_on_how_documents_arrive_in_chunks() -> None:
 
     def cut(bounds: list[int]) -> list[tuple[int, list[list[str]], bytes]]:
         cutter = ShardCutter(dtype=np.dtype("<i4"), row_group_bytes=1000, shard_size_bytes=4096)
-        out = []
+        groups = []
         for a, b in itertools.pairwise(bounds):
             chunk = Chunk(
                 [f"d{i}" for i in range(a, b)], list(range(a, b)), ids[offsets[a] : offsets[b]], lengths[a:b]
             )
-            out += cutter.add(chunk)
-        out += cutter.finish()
+            groups += cutter.add(chunk)
+        groups += cutter.finish()
+        assert cutter.shards == groups[-1][0] + 1
+        shards: dict[int, list[TokenGroup]] = {}
+        for n, g in groups:
+            shards.setdefault(n, []).append(g)
         return [
-            (n, [g.keys for g in groups], b"".join(g.values.tobytes() for g in groups)) for n, groups in out
+            (n, [g.keys for g in gs], b"".join(g.values.tobytes() for g in gs)) for n, gs in shards.items()
         ]
 
     whole = cut([0, 700])
@@ -227,3 +231,81 @@ def test_shard_cuts_do_not_depend_on_how_documents_arrive_in_chunks() -> None:
         sizes = [4 * int(lengths[[int(k[1:]) for k in g]].sum()) for g in groups]
         assert all(s <= 1000 or len(g) == 1 for s, g in zip(sizes, groups, strict=True))
         assert sum(sizes) <= 4096 or len(groups) == 1
+
+
+class _Stop(BaseException):
+    """Not an Exception: passes every handler, as Ctrl-C would."""
+
+
+def test_a_reader_failure_mid_shard_stops_the_writers_and_leaves_a_resumable_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "tok.py").write_text(
+        "calls = 0\n"
+        "def encode(text):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    if calls == 6000:\n"
+        "        raise STOP\n"
+        "    return [ord(c) for c in text]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tok", raising=False)
+    import tok  # type: ignore[import-not-found]
+
+    tok.STOP = _Stop()
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"text": "x" * 50}) + "\n" for _ in range(10_000)))
+    dst = tmp_path / "ds"
+    began = time.monotonic()
+    with pytest.raises(_Stop):
+        fastload.pack_tokens(
+            tmp_path / "t.jsonl", dst, tokenizer=tok.encode, shard_size_bytes=16 << 10, row_group_bytes=2048
+        )
+    assert time.monotonic() - began < 30, "the writers must not wait for row groups that never come"
+    assert (dst / STATE_DIR).is_dir() and not (dst / "index.json").exists()
+    assert not list((dst / STATE_DIR / "tmp").glob("*")), "no temporary file is left behind"
+    present = len(shards(dst))  # the first 4,096 documents (one read chunk) were handed on
+    tok.calls = -(10**9)  # the tokenizer works again: resume finishes the pack
+    report = fastload.pack_tokens(
+        tmp_path / "t.jsonl",
+        dst,
+        tokenizer=tok.encode,
+        shard_size_bytes=16 << 10,
+        row_group_bytes=2048,
+        resume=True,
+    )
+    assert report.shards_kept > 0 and report.documents == 10_000
+    fresh = fastload.pack_tokens(
+        tmp_path / "t.jsonl",
+        tmp_path / "fresh",
+        tokenizer=tok.encode,
+        shard_size_bytes=16 << 10,
+        row_group_bytes=2048,
+    )
+    assert snapshot(dst) == snapshot(tmp_path / "fresh") and fresh.documents == 10_000
+    assert 0 < present < len(fresh.index.shards)
+
+
+def test_a_writer_failure_mid_shard_is_raised_without_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastload.formats.parquet import writer
+
+    real = writer.write_row_groups
+
+    def failing(name, tmp_path, schema, groups, **kw):
+        if name.endswith("000002.parquet"):
+            next(iter(groups))
+            raise OSError(28, "No space left on device")
+        return real(name, tmp_path, schema, groups, **kw)
+
+    monkeypatch.setattr(writer, "write_row_groups", failing)
+    write_jsonl(tmp_path / "a.jsonl", documents([100] * 400))
+    began = time.monotonic()
+    with pytest.raises(OSError, match="No space left"):
+        fastload.pack_tokens(
+            tmp_path / "a.jsonl", tmp_path / "ds", shard_size_bytes=4096, row_group_bytes=1000, workers=2
+        )
+    assert time.monotonic() - began < 30
+    assert not (tmp_path / "ds" / "shard-000002.parquet").exists()
+    assert not (tmp_path / "ds" / "index.json").exists()
