@@ -43,6 +43,11 @@ class ShardJob(Protocol):
         """Local folders the job reads from (a Ray node must see them at the same path)."""
         ...
 
+    @property
+    def journal_keys(self) -> bool:
+        """Whether the resume journal keeps the shard's sample keys (False: a resumed run rebuilds them)."""
+        ...
+
 
 class Engine(Protocol):
     """Runs jobs, each through :func:`publish_shard`, calling ``done`` as each shard is published. On a
@@ -58,7 +63,7 @@ def publish_shard(
     tmp = os.path.join(dest.tmp_dir, f"{job.number:06d}.part")
     result = job.write(tmp, on_sample=on_sample, open_threads=open_threads)
     dest.publish(tmp, job.name)
-    journal.record(shard_record(job.number, result))
+    journal.record(shard_record(job.number, result, keys=job.journal_keys))
     return result
 
 

@@ -108,10 +108,13 @@ def prepare_destination(
 def kept_shards(
     dest: Destination, journal: PackJournal, name_of: Callable[[int], str | None]
 ) -> dict[int, ShardResult]:
-    """The journal's finished shards that are still whole in ``dest`` under the name the plan gives them."""
+    """The journal's finished shards that are still whole in ``dest`` under the name the plan gives them
+    (without keys where the journal kept none: see :func:`shard_record`)."""
     kept: dict[int, ShardResult] = {}
     for number, record in journal.finished().items():
         entry = ShardEntry.from_dict(record["entry"])
+        if record.get("keys_omitted"):
+            entry.row_groups = [(int(a), int(b), int(c)) for a, b, c in record["row_groups"]]
         if name_of(number) != entry.name or dest.size(entry.name) != entry.bytes:
             continue
         kept[number] = ShardResult(
@@ -123,11 +126,18 @@ def kept_shards(
     return kept
 
 
-def shard_record(number: int, result: ShardResult) -> dict[str, Any]:
-    """What the journal keeps of a finished shard."""
+def shard_record(number: int, result: ShardResult, *, keys: bool = True) -> dict[str, Any]:
+    """What the journal keeps of a finished shard. Without ``keys`` the entry is kept without its sample
+    keys (a resumed run must supply them); its row groups then travel beside it."""
+    entry = result.entry.to_dict()
+    extra: dict[str, Any] = {}
+    if not keys:
+        extra = {"keys_omitted": True, "row_groups": entry["row_groups"]}
+        entry.update(keys=[], samples=0, row_groups=[])
     return {
+        **extra,
         "number": number,
-        "entry": result.entry.to_dict(),
+        "entry": entry,
         "skipped": [{"path": s.path, "reason": s.reason} for s in result.skipped],
         "payload_bytes": result.payload_bytes,
         "files": result.files,

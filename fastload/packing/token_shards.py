@@ -1,5 +1,6 @@
-"""Cutting ``pack-tokens`` documents into row groups and shards (:class:`ShardCutter`), and the job that
-writes one such shard (:class:`TokenShard`, a :class:`~fastload.packing.engine.ShardJob`).
+"""Cutting ``pack-tokens`` documents into row groups and shards (:class:`ShardCutter`), writing each shard
+as its row groups arrive (:func:`shard_jobs`), and the job that checksums and hands it on for publishing
+(:class:`TokenShard`, a :class:`~fastload.packing.engine.ShardJob`).
 
 Row groups hold up to ``row_group_bytes`` of token data (a larger document gets a group of its own); a shard
 holds whole row groups, up to ``shard_size_bytes`` (or one group, if larger); a document never spans two.
@@ -9,21 +10,17 @@ cuts the same shards, whatever the number of writers, and a resumed run finds th
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fastload.errors import PackError
+from fastload.core.index import ShardEntry
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.engine import Advance
 from fastload.packing.token_docs import Chunk
-
-QUEUE_GROUPS = 2  # row groups handed over ahead of a shard's writer
-_POLL_S = 0.05  # how often a blocked reader or writer looks whether the other side gave up
 
 
 @dataclass(frozen=True)
@@ -35,83 +32,33 @@ class TokenGroup:
     values: np.ndarray
 
 
+@dataclass(frozen=True, kw_only=True)
 class TokenShard:
-    """One Parquet token shard, written as its row groups arrive: ``__key__`` plus one binary column
-    ``field`` of little-endian ids per document (Arrow's binary layout: the flat id buffer plus byte
-    offsets). The reader :meth:`put` s groups and :meth:`close` s it; the writer thread takes them from a
-    queue of ``QUEUE_GROUPS``, so a shard is never held whole. Local engine only (it does not pickle)."""
+    """One Parquet token shard, already written by the reader (see :func:`shard_jobs`) at ``part_path``:
+    the job checksums it and hands it to the engine's publisher. Local engine only."""
 
-    def __init__(self, *, number: int, name: str, field: str, compression: str) -> None:
-        self.number = number
-        self.name = name
-        self.field = field
-        self.compression = compression
-        self._queue: queue.Queue[TokenGroup | None] = queue.Queue(QUEUE_GROUPS)
-        self._aborted = threading.Event()  # the reader failed: the writer gives up
-        self._stopped = threading.Event()  # the writer returned or failed: the reader stops putting
-
-    def put(self, group: TokenGroup) -> None:
-        """Hand the writer the next row group (waits while the queue is full; dropped if it stopped)."""
-        self._offer(group)
-
-    def close(self) -> None:
-        """No more row groups: the writer finishes the shard."""
-        self._offer(None)
-
-    def abort(self) -> None:
-        """The reader failed: the writer stops and removes its file."""
-        self._aborted.set()
-
-    def _offer(self, item: TokenGroup | None) -> None:
-        while not self._stopped.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                return
-            except queue.Full:
-                continue
-
-    def _groups(self) -> Iterator[TokenGroup]:
-        while True:
-            try:
-                group = self._queue.get(timeout=_POLL_S)
-            except queue.Empty:
-                if self._aborted.is_set():
-                    raise PackError(f"shard {self.name}: reading its documents failed; not written") from None
-                continue
-            if group is None:
-                return
-            yield group
+    number: int
+    name: str
+    part_path: str
+    rows_per_group: list[int]
+    keys: list[str]
+    payload_bytes: int
 
     def write(self, tmp_path: str, *, on_sample: Advance, open_threads: int) -> ShardResult:
-        import pyarrow as pa
+        from fastload.formats.parquet.writer import finish_entry
 
-        from fastload.formats.parquet.writer import parquet_schema, write_row_groups
-
-        schema = parquet_schema([self.field])
-        keys: list[str] = []
-        payload = 0
-
-        def tables() -> Iterator[Any]:
-            nonlocal payload
-            for g in self._groups():
-                offsets = np.concatenate(([0], np.cumsum(g.lengths) * g.values.itemsize)).astype(np.int32)
-                column = pa.Array.from_buffers(
-                    pa.binary(), len(g.keys), [None, pa.py_buffer(offsets), pa.py_buffer(g.values)]
-                )
-                yield pa.Table.from_arrays([pa.array(g.keys, type=pa.string()), column], schema=schema)
-                keys.extend(g.keys)
-                payload += g.values.nbytes
-                on_sample(g.values.nbytes, len(g.keys))
-
-        try:
-            entry = write_row_groups(self.name, tmp_path, schema, tables(), compression=self.compression)
-        finally:
-            self._stopped.set()
-        entry.keys = keys
-        return ShardResult(entry, payload_bytes=payload, files=len(keys))
+        os.replace(self.part_path, tmp_path)
+        entry = ShardEntry(name=self.name, bytes=0, checksum="", keys=self.keys)
+        finish_entry(entry, tmp_path, self.rows_per_group)
+        on_sample(self.payload_bytes, len(self.keys))
+        return ShardResult(entry, payload_bytes=self.payload_bytes, files=len(self.keys))
 
     def local_folders(self) -> set[str]:
         return set()
+
+    @property
+    def journal_keys(self) -> bool:
+        return False  # a resumed run reads every document again: shard_jobs gives kept shards' keys
 
 
 class ShardCutter:
@@ -171,3 +118,82 @@ class ShardCutter:
             self._shard_bytes = 0
         self._shard_bytes += group_bytes
         yield self.shards - 1, group
+
+
+def shard_jobs(
+    groups: Iterable[tuple[int, TokenGroup]],
+    *,
+    tmp_dir: str,
+    name_of: Callable[[int], str],
+    field: str,
+    compression: str,
+    skip: Container[int] = (),
+    skipped_keys: dict[int, list[str]] | None = None,
+) -> Iterator[TokenShard]:
+    """Write each shard of ``groups`` (``(shard number, group)`` in order, as :class:`ShardCutter` gives
+    them) into ``tmp_dir`` as its row groups arrive, in this thread (one row group in memory; Arrow and
+    Parquet work stay on one thread), and yield it as a job once complete; shards in ``skip`` are read
+    through and dropped, their keys put in ``skipped_keys``. A shard being written when ``groups`` fails
+    is removed."""
+    from fastload.formats.parquet.writer import parquet_schema, write_tables
+
+    schema = parquet_schema([field])
+    stream = _Runs(groups)
+    while (number := stream.next_run()) is not None:
+        if number in skip:
+            dropped = [k for g in stream.run() for k in g.keys]
+            if skipped_keys is not None:
+                skipped_keys[number] = dropped
+            continue
+        keys: list[str] = []
+        payload = [0]
+        part = os.path.join(tmp_dir, f"{number:06d}.tokens")
+        rows = write_tables(
+            part, schema, _tables(stream.run(), schema, keys, payload), compression=compression
+        )
+        yield TokenShard(
+            number=number,
+            name=name_of(number),
+            part_path=part,
+            rows_per_group=rows,
+            keys=keys,
+            payload_bytes=payload[0],
+        )
+
+
+def _tables(groups: Iterable[TokenGroup], schema: Any, keys: list[str], payload: list[int]) -> Iterator[Any]:
+    """Each group as an Arrow table of ``schema``; adds its keys and token bytes to ``keys``, ``payload``."""
+    import pyarrow as pa
+
+    for g in groups:
+        offsets = np.concatenate(([0], np.cumsum(g.lengths) * g.values.itemsize)).astype(np.int32)
+        column = pa.Array.from_buffers(
+            pa.binary(), len(g.keys), [None, pa.py_buffer(offsets), pa.py_buffer(g.values)]
+        )
+        yield pa.Table.from_arrays([pa.array(g.keys, type=pa.string()), column], schema=schema)
+        keys.extend(g.keys)
+        payload[0] += g.values.nbytes
+
+
+class _Runs:
+    """``(number, item)`` pairs taken as runs of one number at a time."""
+
+    def __init__(self, pairs: Iterable[tuple[int, TokenGroup]]) -> None:
+        self._pairs = iter(pairs)
+        self._head: tuple[int, TokenGroup] | None = None
+        self._done = False
+
+    def next_run(self) -> int | None:
+        """The number of the next run (its items not yet taken), or None at the end."""
+        if self._head is None and not self._done:
+            self._head = next(self._pairs, None)
+            self._done = self._head is None
+        return None if self._head is None else self._head[0]
+
+    def run(self) -> Iterator[TokenGroup]:
+        """The items of the current run."""
+        number = self.next_run()
+        while self._head is not None and self._head[0] == number:
+            yield self._head[1]
+            self._head = None
+            self.next_run()

@@ -41,7 +41,7 @@ from fastload.packing.token_inputs import (
     list_inputs,
     load_tokenizer,
 )
-from fastload.packing.token_shards import ShardCutter, TokenGroup, TokenShard
+from fastload.packing.token_shards import ShardCutter, TokenGroup, shard_jobs
 
 DTYPES = {"uint16": "u16", "int32": "i32"}  # --dtype name -> field extension
 DEFAULT_WORKERS = 4  # writers when not given; reading, in one thread, is the usual limit
@@ -138,10 +138,10 @@ def pack_tokens(
     ``vocab_size`` (or the dtype's range) is an error. Documents that are not token ids are left out and
     listed; unless ``allow_skip``, :class:`~fastload.errors.SkippedInputError` is raised after writing.
 
-    One reader cuts documents into row groups and shards and streams each shard's groups to a writer
-    thread; up to ``workers`` (default: up to 4) shards are written and published at once, so finishing
-    and uploading one overlaps with reading the next. The output does not depend on ``workers``. Memory:
-    about ``workers x 4 x row_group_bytes`` of token ids plus one input chunk (4,096 documents). A missing
+    One reader cuts documents into row groups and shards and writes each shard to a temporary file as its
+    row groups arrive (one row group in memory, plus one input chunk of 4,096 documents); up to ``workers``
+    threads (default: up to 4) checksum, publish (rename, or upload to S3) and journal finished shards, so
+    that overlaps with reading the next ones. The output does not depend on ``workers``. A missing
     column fails before anything is written; if the run is interrupted later (killed, disk full), the shards
     published so far are journaled: ``resume=True`` with the same inputs and options keeps them and writes
     the rest, giving the bytes of an uninterrupted run (it refuses if the inputs or options changed).
@@ -206,6 +206,7 @@ def pack_tokens(
         return _complete(dest, began)
     kept = kept_shards(dest, journal, lambda n: _shard_name(prefix, n)) if resume else {}
     results: dict[int, ShardResult] = dict(kept)
+    kept_keys: dict[int, list[str]] = {}  # the journal keeps no keys of token shards: reading gives them
     totals = _Totals()
     cutter = ShardCutter(dtype=np_dtype, row_group_bytes=row_group_bytes, shard_size_bytes=shard_size_bytes)
 
@@ -226,35 +227,23 @@ def pack_tokens(
                     yield from cutter.add(chunk)
         yield from cutter.finish()
 
-    def jobs() -> Iterator[TokenShard]:
-        """A job per shard not kept, handed to the engine before its first row group is put."""
-        current: TokenShard | None = None
-        number = -1
-        try:
-            for n, group in documents():
-                if n != number:
-                    if current is not None:
-                        current.close()
-                    current, number = None, n
-                    if n not in kept:
-                        name = _shard_name(prefix, n)
-                        current = TokenShard(number=n, name=name, field=field_full, compression=compression)
-                        yield current
-                if current is not None:
-                    current.put(group)
-            if current is not None:
-                current.close()
-        except BaseException:
-            if current is not None:
-                current.abort()
-            raise
-
     engine = LocalEngine(dest, journal, workers=workers or min(DEFAULT_WORKERS, os.cpu_count() or 1))
     try:
-        engine.write(jobs(), advance=_ignore, done=results.__setitem__)
+        jobs = shard_jobs(
+            documents(),
+            tmp_dir=dest.tmp_dir,
+            name_of=lambda n: _shard_name(prefix, n),
+            field=field_full,
+            compression=compression,
+            skip=kept,
+            skipped_keys=kept_keys,
+        )
+        engine.write(jobs, advance=_ignore, done=results.__setitem__)
     except BaseException:
         dest.cleanup()
         raise
+    for number, keys in kept_keys.items():
+        results[number].entry.keys = keys
     if not cutter.shards:
         journal.remove()
         detail = f": {len(skipped)} skipped, first: {skipped[0]}" if skipped else ""

@@ -74,6 +74,10 @@ class FileShard:
         result.entry.partition = self.plan.partition
         return result
 
+    @property
+    def journal_keys(self) -> bool:
+        return True
+
     def local_folders(self) -> set[str]:
         return {
             it.source.root for s in self.samples for _, it in s.members if isinstance(it.source, LocalSource)

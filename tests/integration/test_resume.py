@@ -197,6 +197,8 @@ def test_resume_into_a_new_folder_packs_normally(rich_tree, tmp_path):
 class _Job:
     """A stand-in shard job: writes a few bytes after a short pause; job ``fail`` raises instead."""
 
+    journal_keys = True
+
     def __init__(self, number: int, fail: int, written: list[int]) -> None:
         self.number, self.name, self.fail, self.written = number, f"s-{number:06d}.bin", fail, written
 

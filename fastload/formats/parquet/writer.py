@@ -107,24 +107,23 @@ def write_parquet_shard(
         with contextlib.suppress(OSError):
             os.unlink(tmp_path)
         raise
-    _finish_entry(entry, tmp_path, rows_per_group)
+    finish_entry(entry, tmp_path, rows_per_group)
     return result
 
 
-def write_row_groups(
-    name: str, tmp_path: str, schema: pa.Schema, groups: Iterable[pa.Table], *, compression: str = "none"
-) -> ShardEntry:
+def write_tables(
+    tmp_path: str, schema: pa.Schema, tables: Iterable[pa.Table], *, compression: str = "none"
+) -> list[int]:
     """Write ready-made row groups (tables of ``schema``, ``__key__`` first, one row group each) as a Parquet
-    shard at ``tmp_path``, without dictionaries or statistics; return its index entry (named ``name``), whose
-    ``keys`` the caller fills (it holds them as a list already). The file is removed on any error."""
-    entry = ShardEntry(name=name, bytes=0, checksum="", keys=[])
+    file at ``tmp_path``, without dictionaries or statistics; return the rows of each group (for
+    :func:`finish_entry`). The file is removed on any error, including one raised by ``tables``."""
     rows_per_group: list[int] = []
     writer = None
     try:
         writer = pq.ParquetWriter(
             tmp_path, schema, compression=compression, use_dictionary=False, write_statistics=False
         )
-        for table in groups:
+        for table in tables:
             writer.write_table(table, row_group_size=table.num_rows)
             rows_per_group.append(table.num_rows)
         writer.close()
@@ -135,12 +134,12 @@ def write_row_groups(
         with contextlib.suppress(OSError):
             os.unlink(tmp_path)
         raise
-    _finish_entry(entry, tmp_path, rows_per_group)
-    return entry
+    return rows_per_group
 
 
-def _finish_entry(entry: ShardEntry, tmp_path: str, rows_per_group: list[int]) -> None:
-    """Size, CRC32C and row groups ``(first byte, bytes, rows)`` of a written shard, into its entry."""
+def finish_entry(entry: ShardEntry, tmp_path: str, rows_per_group: list[int]) -> None:
+    """Size, CRC32C and row groups ``(first byte, bytes, rows)`` of the shard written at ``tmp_path``, into
+    its index entry."""
     crc, entry.bytes = file_crc32c(tmp_path)
     entry.checksum = f"{crc:08x}"
     meta = pq.read_metadata(tmp_path)
