@@ -173,7 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--compression", choices=PARQUET_COMPRESSIONS, default="none", help="Parquet compression")
     t.add_argument("--allow-skip", action="store_true", help="exit 0 even if some documents were left out")
     t.add_argument(
-        "--workers", type=int, default=None, help="parallel shard writers (default: up to 4; same output)"
+        "--workers",
+        type=int,
+        default=None,
+        help="shards checksummed/published at once (default: up to 4; same output)",
     )
     t.add_argument("--resume", action="store_true", help="continue an interrupted pack-tokens into DST")
 

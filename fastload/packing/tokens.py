@@ -44,7 +44,7 @@ from fastload.packing.token_inputs import (
 from fastload.packing.token_shards import ShardCutter, TokenGroup, shard_jobs
 
 DTYPES = {"uint16": "u16", "int32": "i32"}  # --dtype name -> field extension
-DEFAULT_WORKERS = 4  # writers when not given; reading, in one thread, is the usual limit
+DEFAULT_WORKERS = 4  # publishers when not given; reading, in one thread, is the usual limit
 
 
 @dataclass
