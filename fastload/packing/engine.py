@@ -26,7 +26,7 @@ Done = Callable[[int, ShardResult], None]  # (shard number, its result) once the
 
 
 class ShardJob(Protocol):
-    """One planned shard, able to write itself (picklable: the Ray engine ships it to a task)."""
+    """One planned shard, able to write itself (to run on Ray it must pickle: the engine ships it)."""
 
     @property
     def number(self) -> int: ...
@@ -72,8 +72,8 @@ class LocalEngine:
 
     The job stream is consumed in the calling thread: a job is submitted as soon as a writer is free, and
     the stream is asked for the next one only then, so at most ``workers + 1`` jobs exist at once. A job
-    may still be fed by the stream while it runs (pack-tokens streams a shard's row groups to its writer):
-    the stream keeps running between submissions; if the engine stops early it closes the stream.
+    may be produced by slow work in the stream (pack-tokens writes each shard while reading); if the engine
+    stops early it closes the stream, so that a generator can clean up.
     """
 
     def __init__(

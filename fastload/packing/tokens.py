@@ -8,9 +8,9 @@ unchanged. ``index.json``'s ``options`` record ``"kind": "tokens"``, the field, 
 
 It runs on the pack pipeline: list inputs (``token_inputs``, through the pack's listers) -> fingerprint
 inputs and options, prepare the destination, keep an interrupted run's shards (``journal``) -> read
-documents in order and check their ids (``token_docs``) -> cut row groups and shards (``token_shards``) ->
-an engine (``engine.LocalEngine``) writes each shard through ``formats.parquet.writer``, publishes and
-journals it -> ``index.json`` last.
+documents in order and check their ids (``token_docs``) -> cut row groups and shards and write each shard
+through ``formats.parquet.writer`` as its groups arrive (``token_shards``) -> an engine
+(``engine.LocalEngine``) checksums, publishes and journals the finished shards -> ``index.json`` last.
 """
 
 from __future__ import annotations
