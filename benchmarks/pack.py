@@ -340,12 +340,12 @@ def _plan_seconds(src: str, shard_format: str) -> float:
     import gc
 
     from fastload.config import PackConfig
-    from fastload.packing.pack import _plan
+    from fastload.packing.plan import plan_pack
 
     gc.disable()
     try:
         began = time.perf_counter()
-        _plan([src], PackConfig(shard_format=shard_format), None)
+        plan_pack([src], PackConfig(shard_format=shard_format), None)
         return time.perf_counter() - began
     finally:
         gc.enable()

@@ -142,7 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="write documents of token ids (JSONL/Parquet) as Parquet token shards plus index.json",
     )
     t.add_argument("src", nargs="+", metavar="SRC", help="JSONL/Parquet file(s), or folders/prefixes of them")
-    t.add_argument("dst", metavar="DST", help="destination folder or s3:// prefix (new or empty)")
+    t.add_argument(
+        "dst",
+        metavar="DST",
+        help="destination folder or s3:// prefix (new or empty, or an interrupted run with --resume)",
+    )
     t.add_argument(
         "--column", default="input_ids", help="field holding a list of token ids (default input_ids)"
     )
@@ -168,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prefix", default="shard", help="shard name prefix (default: shard)")
     t.add_argument("--compression", choices=PARQUET_COMPRESSIONS, default="none", help="Parquet compression")
     t.add_argument("--allow-skip", action="store_true", help="exit 0 even if some documents were left out")
+    t.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="shards checksummed/published at once (default: up to 4; same output)",
+    )
+    t.add_argument("--resume", action="store_true", help="continue an interrupted pack-tokens into DST")
 
     from fastload.bench.args import add_parser as add_bench_parser
 
@@ -277,6 +288,8 @@ def _pack_tokens(args: argparse.Namespace) -> int:
             prefix=args.prefix,
             compression=args.compression,
             allow_skip=args.allow_skip,
+            workers=args.workers,
+            resume=args.resume,
         )
     except SkippedInputError as exc:
         print(f"fastload pack-tokens: {exc}", file=sys.stderr)

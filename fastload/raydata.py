@@ -20,8 +20,8 @@ from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry
 from fastload.errors import ConfigError, FastloadError, PackError
 from fastload.packing.dest import destination
 from fastload.packing.journal import STATE_DIR
-from fastload.packing.pack import PackReport
 from fastload.packing.ray_engine import require_ray
+from fastload.packing.report import PackReport
 from fastload.storage import access as storage
 
 # Options that decide which samples go where in a local pack; a ray.data pipeline decides that itself.

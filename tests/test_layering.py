@@ -176,7 +176,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="pack <-> ray_engine: being replaced by a public engine interface")
 def test_no_import_circles() -> None:
     graph = _module_graph()
     # a package's __init__ that only holds a docstring is imported with every module under it; that is

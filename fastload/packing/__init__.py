@@ -1,2 +1,9 @@
-"""Packing datasets: listing, grouping, planning, writing shards through formats, journal and resume;
-the local and Ray engines; index and verify."""
+"""Packing datasets. May import ``core``, ``formats``, ``storage``, ``s3`` and the base modules.
+
+- files: ``plan`` (list, group, order, cut: :class:`~fastload.packing.plan.PackPlan`) -> ``write``
+  (:class:`~fastload.packing.write.FileShard` jobs) -> ``pack`` (``fastload.pack``) -> ``report``;
+- token documents: ``token_inputs`` -> ``token_docs`` -> ``token_shards`` -> ``tokens`` (``pack_tokens``);
+- both run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
+  into a ``dest`` (local folder or ``s3dest``) and keep a ``journal`` for resume;
+- ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.
+"""

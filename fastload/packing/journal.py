@@ -1,12 +1,16 @@
 """The resume journal of a pack run, kept in the destination under ``.fastload-pack/``: the plan's
-fingerprint, and one small record per finished shard (its index entry and skips)."""
+fingerprint, and one small record per finished shard (its index entry and skips); and the decision, at the
+start of a run, whether a destination is fresh, resumed or already complete."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-from fastload.errors import PackError
+from fastload.core.index import INDEX_NAME, ShardEntry, parse_index
+from fastload.errors import PackError, Skip
+from fastload.formats.tar.writer import ShardResult
 from fastload.packing.dest import Destination
 
 STATE_DIR = ".fastload-pack"
@@ -23,7 +27,7 @@ class PackJournal:
     def exists(self) -> bool:
         return self.dest.read_bytes(_STATE) is not None
 
-    def start(self, fingerprint: str, shards: int) -> None:
+    def start(self, fingerprint: str, shards: int | None) -> None:
         """Begin a fresh run."""
         self.dest.write_bytes(_STATE, json.dumps({"fingerprint": fingerprint, "shards": shards}).encode())
 
@@ -58,3 +62,83 @@ class PackJournal:
     def remove(self) -> None:
         self.dest.remove_tree(STATE_DIR)
         self.dest.cleanup()
+
+
+def prepare_destination(
+    dest: Destination,
+    journal: PackJournal,
+    *,
+    fingerprint: str,
+    layout: str,
+    resume: bool,
+    shards: int | None,
+) -> bool:
+    """Set up ``dest`` for a run; False when ``resume`` finds it already holds this pack (``index.json``
+    with the same ``layout``). A resumed run keeps its journal (see :func:`kept_shards`); a fresh run needs
+    an empty destination and starts one. Raises :class:`PackError` saying what to do otherwise."""
+    if dest.exists_as_file():
+        raise PackError(f"destination {dest.url} is a file; choose a folder")
+    if resume:
+        if journal.exists():
+            if journal.fingerprint() != fingerprint:
+                raise PackError(
+                    f"the source files or pack options changed since the interrupted pack in {dest.url}, so "
+                    "its shards cannot be reused; delete the destination and pack again, or restore the "
+                    "source"
+                )
+            dest.prepare()
+            return True
+        raw = dest.read_bytes(INDEX_NAME)
+        if raw is not None:
+            done = parse_index(raw, where=f"{dest.url}/{INDEX_NAME}")
+            if done.options.get("layout") == layout:
+                return False
+            raise PackError(
+                f"{dest.url} holds a finished pack of other files or options; pack into an empty "
+                "destination instead of resuming"
+            )
+    if not dest.is_empty():
+        hint = "pass --resume to continue the interrupted pack there, or " if journal.exists() else ""
+        raise PackError(f"destination {dest.url} is not empty; {hint}choose an empty or new folder")
+    dest.prepare()
+    journal.start(fingerprint, shards)
+    return True
+
+
+def kept_shards(
+    dest: Destination, journal: PackJournal, name_of: Callable[[int], str | None]
+) -> dict[int, ShardResult]:
+    """The journal's finished shards that are still whole in ``dest`` under the name the plan gives them
+    (without keys where the journal kept none: see :func:`shard_record`)."""
+    kept: dict[int, ShardResult] = {}
+    for number, record in journal.finished().items():
+        entry = ShardEntry.from_dict(record["entry"])
+        if record.get("keys_omitted"):
+            entry.row_groups = [(int(a), int(b), int(c)) for a, b, c in record["row_groups"]]
+        if name_of(number) != entry.name or dest.size(entry.name) != entry.bytes:
+            continue
+        kept[number] = ShardResult(
+            entry,
+            [Skip(s["path"], s["reason"]) for s in record["skipped"]],
+            int(record["payload_bytes"]),
+            int(record["files"]),
+        )
+    return kept
+
+
+def shard_record(number: int, result: ShardResult, *, keys: bool = True) -> dict[str, Any]:
+    """What the journal keeps of a finished shard. Without ``keys`` the entry is kept without its sample
+    keys (a resumed run must supply them); its row groups then travel beside it."""
+    entry = result.entry.to_dict()
+    extra: dict[str, Any] = {}
+    if not keys:
+        extra = {"keys_omitted": True, "row_groups": entry["row_groups"]}
+        entry.update(keys=[], samples=0, row_groups=[])
+    return {
+        **extra,
+        "number": number,
+        "entry": entry,
+        "skipped": [{"path": s.path, "reason": s.reason} for s in result.skipped],
+        "payload_bytes": result.payload_bytes,
+        "files": result.files,
+    }

@@ -1,10 +1,11 @@
 """``fastload pack --engine ray``: the planned shards written by Ray tasks on any node of a cluster.
 
-The driver lists and plans exactly as the local engine does (:func:`fastload.pack`), then hands each
-unfinished shard's plan (its samples, whole) to a Ray task. The task writes the shard with the local
-engine's own writer, publishes it under its final name and records it in the resume journal, and returns
-its index entry; the driver collects the entries and writes ``index.json`` last. So the output is the local
-engine's, byte for byte, and the guarantees carry over:
+:class:`RayEngine` implements :class:`fastload.packing.engine.Engine`. The driver lists and plans exactly as
+for the local engine (:func:`fastload.pack`), then hands each unfinished shard's job (its samples, whole) to
+a Ray task. The task writes the shard through the same :func:`~fastload.packing.engine.publish_shard`
+(job's writer, publish under the final name, journal), and returns its index entry; the driver collects the
+entries and writes ``index.json`` last. So the output is the local engine's, byte for byte, and the
+guarantees carry over:
 
 - a task that dies (worker crash, lost node) is retried by Ray (``max_retries``); each attempt writes to a
   temporary folder of its own, so a shard is published whole or not at all;
@@ -17,27 +18,24 @@ checks and says so); ``s3://`` works from anywhere. Every node needs fastload in
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from fastload.config import PackConfig, S3Config
-from fastload.core.keys import Sample
-from fastload.core.plan import ShardPlan
+from fastload.config import S3Config
 from fastload.errors import ConfigError, FastloadError, PackError
 from fastload.formats.tar.writer import ShardResult
-from fastload.gcpause import gc_paused
 from fastload.packing.dest import LocalDestination, destination
+from fastload.packing.engine import Advance, Done, ShardJob, publish_shard
 from fastload.packing.journal import STATE_DIR, PackJournal
-from fastload.storage.inputs import Input
-from fastload.storage.listing import FileEntry, LocalSource
 
 INSTALL_HINT = "pip install 'fastload[ray]'"
 MAX_RETRIES = 3  # attempts per shard after the first, when its worker process or node dies
@@ -103,67 +101,40 @@ class _Fault:
 _test_fault: _Fault | None = None  # set by tests only
 
 
-@dataclass(frozen=True)
-class _Columns:
-    """A shard's samples as plain columns, each source once: Ray pickles these ~20x faster than the
-    samples' objects (0.04 s instead of 0.7 s for 20,000 files, and as much again to unpickle)."""
-
-    sources: list[Any]
-    keys: list[str]
-    counts: list[int]  # members per sample
-    fields: list[str]
-    source_ids: list[int]
-    relpaths: list[str]
-    paths: list[str]
-    sizes: list[int]
-
-    @classmethod
-    def of(cls, samples: list[Sample[Input]]) -> _Columns:
-        out = cls([], [], [], [], [], [], [], [])
-        ids: dict[int, int] = {}
-        for sample in samples:
-            out.keys.append(sample.key)
-            out.counts.append(len(sample.members))
-            for name, item in sample.members:
-                source = ids.get(id(item.source))
-                if source is None:
-                    source = ids[id(item.source)] = len(out.sources)
-                    out.sources.append(item.source)
-                out.fields.append(name)
-                out.source_ids.append(source)
-                out.relpaths.append(item.entry.relpath)
-                out.paths.append(item.entry.path)
-                out.sizes.append(item.entry.size)
-        return out
-
-    def samples(self) -> list[Sample[Input]]:
-        """The samples again (entries without versions: writers do not use them)."""
-        out: list[Sample[Input]] = []
-        i = 0
-        for key, n in zip(self.keys, self.counts, strict=True):
-            out.append(
-                Sample(
-                    key,
-                    tuple(
-                        (
-                            self.fields[j],
-                            Input(
-                                self.sources[self.source_ids[j]],
-                                FileEntry(self.relpaths[j], self.paths[j], self.sizes[j], ""),
-                            ),
-                        )
-                        for j in range(i, i + n)
-                    ),
-                )
-            )
-            i += n
-        return out
+def write_in_task(
+    job: ShardJob,
+    dest_url: str,
+    s3_config: S3Config | None,
+    *,
+    open_threads: int = 0,
+    fault: _Fault | None = None,
+) -> ShardResult:
+    """Write, publish and journal one job inside a Ray worker (a pack's task, or a ``ray.data`` write
+    task): into a temporary folder of this attempt's own, so a straggling earlier attempt never shares it."""
+    dest = destination(dest_url, STATE_DIR, config=s3_config)
+    if isinstance(dest, LocalDestination):
+        _check_visible(dest, job.local_folders())
+        attempt_dir = tempfile.mkdtemp(prefix=f"{job.number:06d}-", dir=dest.tmp_dir)
+    else:
+        attempt_dir = tempfile.mkdtemp(prefix=f"fastload-ray-{job.number:06d}-")
+    dest.tmp_dir = attempt_dir
+    if fault is not None and fault.delay_s:
+        time.sleep(fault.delay_s)
+    advance: Advance = _ignore
+    if fault is not None and fault.crashes.get(job.number):
+        advance = _crash_after_one_sample(job.number, fault.crash_dir, fault.crashes[job.number])
+    try:
+        return publish_shard(job, dest, PackJournal(dest), on_sample=advance, open_threads=open_threads)
+    finally:
+        shutil.rmtree(attempt_dir, ignore_errors=True)
 
 
-def _check_visible(dest: LocalDestination, samples: list[Sample[Input]]) -> None:
+def _check_visible(dest: LocalDestination, folders: set[str]) -> None:
     """A local destination or source must be the same shared folder on every node."""
-    roots = {it.source.root for s in samples for _, it in s.members if isinstance(it.source, LocalSource)}
-    for path, what in [(dest.tmp_dir, f"destination {dest.url}"), *((r, f"source {r}") for r in roots)]:
+    for path, what in [
+        (dest.tmp_dir, f"destination {dest.url}"),
+        *((r, f"source {r}") for r in sorted(folders)),
+    ]:
         if not os.path.isdir(path):
             raise PackError(
                 f"the {what} is not visible on Ray node {socket.gethostname()}: local paths must be on a "
@@ -171,124 +142,84 @@ def _check_visible(dest: LocalDestination, samples: list[Sample[Input]]) -> None
             )
 
 
-def _write_shard(
-    shard: ShardPlan,
-    samples: list[Sample[Input]],
-    fields: list[str],
-    config: PackConfig,
-    dest_url: str,
-    s3_config: S3Config | None,
-    remote: bool,
-    fault: _Fault | None,
-) -> ShardResult:
-    """Write, publish and journal one shard with the local engine's writer (the body of a Ray task)."""
-    from fastload.packing.pack import _Plan, _write_all
-
-    dest = destination(dest_url, STATE_DIR, config=s3_config)
-    if isinstance(dest, LocalDestination):
-        _check_visible(dest, samples)
-        attempt_dir = tempfile.mkdtemp(prefix=f"{shard.number:06d}-", dir=dest.tmp_dir)
-    else:
-        attempt_dir = tempfile.mkdtemp(prefix=f"fastload-ray-{shard.number:06d}-")
-    dest.tmp_dir = attempt_dir  # this attempt's own: a straggling earlier attempt never shares its file
-    if fault is not None and fault.delay_s:
-        time.sleep(fault.delay_s)
-    advance: Callable[[int, int], None] = _ignore
-    if fault is not None and fault.crashes.get(shard.number):
-        advance = _crash_after_one_sample(shard, fault.crash_dir, fault.crashes[shard.number])
-    one = replace(shard, start=0, stop=len(samples))
-    plan = _Plan(samples, [one], fields, [], "", "", 0, 0)
-    results: dict[int, ShardResult] = {}
-    try:
-        _write_all([one], plan, config, dest, PackJournal(dest), results, advance, remote=remote)
-    finally:
-        shutil.rmtree(attempt_dir, ignore_errors=True)
-    return results[shard.number]
-
-
-def _write_columns(shard: ShardPlan, columns: _Columns, *args: Any) -> ShardResult:
-    """One Ray task: :func:`_write_shard` on the samples shipped as columns."""
-    with gc_paused():  # many small objects, no cycles: collections would take 3/4 of the time
-        samples = columns.samples()
-    return _write_shard(shard, samples, *args)
-
-
 def _ignore(nbytes: int, files: int) -> None:
     """Progress inside a task goes nowhere; the driver counts finished shards."""
 
 
-def _crash_after_one_sample(shard: ShardPlan, crash_dir: str, attempts: int) -> Callable[[int, int], None]:
-    done = sum(1 for n in os.listdir(crash_dir) if n.startswith(f"{shard.number:06d}."))
+def _crash_after_one_sample(number: int, crash_dir: str, attempts: int) -> Advance:
+    done = sum(1 for n in os.listdir(crash_dir) if n.startswith(f"{number:06d}."))
 
     def advance(nbytes: int, files: int) -> None:
         if done < attempts:
-            with open(os.path.join(crash_dir, f"{shard.number:06d}.{done}"), "w") as f:
+            with open(os.path.join(crash_dir, f"{number:06d}.{done}"), "w") as f:
                 f.write(str(os.getpid()))
             os._exit(17)
 
     return advance
 
 
-def write_on_ray(
-    todo: list[ShardPlan],
-    samples: list[Sample[Input]],
-    fields: list[str],
-    config: PackConfig,
-    dest_url: str,
-    s3_config: S3Config | None,
-    results: dict[int, ShardResult],
-    advance: Callable[[int, int], None],
-    *,
-    remote: bool,
-    address: str | None,
-) -> None:
-    """Write the shards ``todo`` (of the plan whose samples in write order are ``samples``) as Ray tasks,
-    filling ``results`` and calling ``advance(payload_bytes, files)`` as each shard finishes.
+class RayEngine:
+    """Jobs written by Ray tasks (one CPU each) on the cluster at ``address``, through
+    :func:`write_in_task`; at most ``workers`` in flight if set, else two per CPU of the cluster."""
 
-    At most ``config.workers`` shards are in flight if set, else two per CPU of the cluster (Ray runs one
-    per CPU). On a failure the shards not yet started are cancelled and the error is raised; shards
-    already published stay in the journal for ``--resume``.
-    """
-    if not todo:
-        return
-    with connected(address) as ray:
-        task = ray.remote(_write_columns).options(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        limit = config.workers or max(1, IN_FLIGHT_PER_CPU * cpus)
-        fault = _test_fault
-        waiting = iter(todo)
-        running: dict[Any, ShardPlan] = {}
-        try:
-            while True:
-                for shard in waiting:
-                    ref = task.remote(
-                        shard,
-                        _Columns.of(samples[shard.start : shard.stop]),
-                        fields,
-                        config,
-                        dest_url,
-                        s3_config,
-                        remote,
-                        fault,
-                    )
-                    running[ref] = shard
-                    if len(running) >= limit:
+    def __init__(
+        self,
+        dest_url: str,
+        *,
+        s3_config: S3Config | None,
+        workers: int | None,
+        open_threads: int = 0,
+        address: str | None = None,
+    ) -> None:
+        self.dest_url = dest_url
+        self.s3_config = s3_config
+        self.workers = workers
+        self.open_threads = open_threads
+        self.address = address
+
+    def write(self, jobs: Iterable[ShardJob], *, advance: Advance, done: Done) -> None:
+        """Submit jobs as room frees up; ``advance(payload_bytes, files)`` as each shard finishes. On a
+        failure the jobs not yet started are cancelled and the error is raised."""
+        waiting = iter(jobs)
+        first = next(waiting, None)
+        if first is None:
+            return
+        waiting = itertools.chain([first], waiting)
+        with connected(self.address) as ray:
+            task = ray.remote(_run).options(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            limit = self.workers or max(1, IN_FLIGHT_PER_CPU * cpus)
+            fault = _test_fault
+            running: dict[Any, ShardJob] = {}
+            try:
+                while True:
+                    for job in waiting:
+                        ref = task.remote(job, self.dest_url, self.s3_config, self.open_threads, fault)
+                        running[ref] = job
+                        if len(running) >= limit:
+                            break
+                    if not running:
                         break
-                if not running:
-                    break
-                ready, _ = ray.wait(list(running), num_returns=1)
-                for ref in ready:
-                    shard = running.pop(ref)
-                    result = _result(ray, ref, shard)
-                    results[shard.number] = result
-                    advance(result.payload_bytes, result.files)
-        finally:
-            for ref in running:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref)
+                    ready, _ = ray.wait(list(running), num_returns=1)
+                    for ref in ready:
+                        job = running.pop(ref)
+                        result = _result(ray, ref, job.name)
+                        done(job.number, result)
+                        advance(result.payload_bytes, result.files)
+            finally:
+                for ref in running:
+                    with contextlib.suppress(Exception):
+                        ray.cancel(ref)
 
 
-def _result(ray: ModuleType, ref: Any, shard: ShardPlan) -> ShardResult:
+def _run(
+    job: ShardJob, dest_url: str, s3_config: S3Config | None, open_threads: int, fault: _Fault | None
+) -> ShardResult:
+    """One Ray task."""
+    return write_in_task(job, dest_url, s3_config, open_threads=open_threads, fault=fault)
+
+
+def _result(ray: ModuleType, ref: Any, name: str) -> ShardResult:
     """A task's result, or its error in fastload's terms."""
     try:
         result: ShardResult = ray.get(ref)
@@ -297,12 +228,12 @@ def _result(ray: ModuleType, ref: Any, shard: ShardPlan) -> ShardResult:
         if isinstance(cause, (FastloadError, OSError)):
             raise cause from None
         raise PackError(
-            f"writing shard {shard.name} on Ray failed: {type(cause).__name__}: {cause}; the shards "
+            f"writing shard {name} on Ray failed: {type(cause).__name__}: {cause}; the shards "
             "finished so far are kept: fix the cause and run the same pack with --resume"
         ) from exc
     except ray.exceptions.RayError as exc:
         raise PackError(
-            f"shard {shard.name}: its Ray task failed {MAX_RETRIES + 1} times ({type(exc).__name__}: "
+            f"shard {name}: its Ray task failed {MAX_RETRIES + 1} times ({type(exc).__name__}: "
             f"{exc}); the shards finished so far are kept: run the same pack with --resume"
         ) from exc
     return result

@@ -1,6 +1,6 @@
 """A ``ray.data`` Datasink that writes fastload shards: each write task turns its rows into samples, cuts
-them into shards and writes each with the pack engine's writer
-(:func:`fastload.packing.ray_engine._write_shard`); the driver (:func:`fastload.raydata.from_ray`)
+them into shards and writes each as a pack job (:class:`fastload.packing.write.FileShard`, through
+:func:`fastload.packing.ray_engine.write_in_task`); the driver (:func:`fastload.raydata.from_ray`)
 writes ``index.json`` from what the tasks return.
 
 Imports Ray at the top: import this module only after :func:`fastload.packing.ray_engine.require_ray`.
@@ -20,8 +20,9 @@ from fastload.config import PackConfig, S3Config
 from fastload.core.keys import KeyRuleError, Sample, split_key
 from fastload.core.plan import plan_shards
 from fastload.errors import ConfigError
-from fastload.packing.pack import shard_sizes
-from fastload.packing.ray_engine import _write_shard
+from fastload.packing.plan import shard_sizes
+from fastload.packing.ray_engine import write_in_task
+from fastload.packing.write import FileShard
 from fastload.storage.inputs import Input
 from fastload.storage.listing import FileEntry
 
@@ -128,16 +129,10 @@ class ShardSink(Datasink[list[dict[str, Any]]]):
         )
         out = []
         for shard in shards:
-            result = _write_shard(
-                shard,
-                samples[shard.start : shard.stop],
-                self.fields,
-                config,
-                self.dest_url,
-                self.s3_config,
-                False,
-                None,
+            job = FileShard(
+                plan=shard, samples=samples[shard.start : shard.stop], fields=self.fields, config=config
             )
+            result = write_in_task(job, self.dest_url, self.s3_config)
             out.append(
                 {
                     "entry": result.entry.to_dict(),

@@ -192,3 +192,57 @@ def test_resume_into_a_new_folder_packs_normally(rich_tree, tmp_path):
     pack_cli(rich_tree.root, tmp_path / "a", "--resume")
     pack_cli(rich_tree.root, tmp_path / "b")
     assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")
+
+
+class _Job:
+    """A stand-in shard job: writes a few bytes after a short pause; job ``fail`` raises instead."""
+
+    journal_keys = True
+
+    def __init__(self, number: int, fail: int, written: list[int]) -> None:
+        self.number, self.name, self.fail, self.written = number, f"s-{number:06d}.bin", fail, written
+
+    def write(self, tmp_path: str, *, on_sample, open_threads: int):
+        from fastload.core.index import ShardEntry
+        from fastload.formats.tar.writer import ShardResult
+
+        time.sleep(0.01)
+        if self.number == self.fail:
+            raise OSError(f"job {self.number} failed")
+        Path(tmp_path).write_bytes(b"x" * (self.number + 1))
+        self.written.append(self.number)
+        return ShardResult(ShardEntry(name=self.name, bytes=self.number + 1, checksum="", keys=[]))
+
+    def local_folders(self) -> set[str]:
+        return set()
+
+
+def test_local_engine_stops_at_a_writer_error_and_holds_few_jobs_ahead(tmp_path):
+    from fastload.packing.dest import LocalDestination
+    from fastload.packing.engine import LocalEngine
+    from fastload.packing.journal import PackJournal
+
+    dest = LocalDestination(str(tmp_path / "dst"), STATE_DIR)
+    dest.prepare()
+    journal = PackJournal(dest)
+    journal.start("fingerprint", None)
+    written: list[int] = []
+    unfinished_at_make: list[int] = []
+    made = 0
+
+    def jobs():
+        nonlocal made
+        for n in range(40):
+            unfinished_at_make.append(made - len(written))
+            made += 1
+            yield _Job(n, 6, written)
+
+    done: dict[int, object] = {}
+    with pytest.raises(OSError, match="job 6 failed"):
+        LocalEngine(dest, journal, workers=3).write(jobs(), advance=lambda b, f: None, done=done.__setitem__)
+    assert made < 40, "no job is taken after a writer failed"
+    assert max(unfinished_at_make) <= 3, "at most `workers` jobs exist at once (one being made)"
+    assert set(done) <= set(written) and 6 not in written
+    assert set(journal.finished()) == set(written), "every published shard is journaled, nothing else"
+    for n in written:
+        assert (tmp_path / "dst" / f"s-{n:06d}.bin").read_bytes() == b"x" * (n + 1)

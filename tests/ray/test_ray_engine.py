@@ -22,6 +22,7 @@ from fastload import cli
 from fastload.core.plan import ShardPlan
 from fastload.errors import ConfigError, PackError
 from fastload.packing import ray_engine as rayengine
+from fastload.packing.write import FileShard
 
 HERE = Path(__file__).resolve().parent
 TAR = {"shard_size_bytes": 64 << 10, "max_samples": 9, "shuffle_seed": 3, "partition_level": 0}
@@ -169,10 +170,36 @@ def test_s3_source_and_destination(src, local, moto_url) -> None:
 def test_a_local_destination_not_visible_on_the_node_is_refused(src, tmp_path) -> None:
     """A task on a node that does not see the destination folder says so (run here without Ray)."""
     shard = ShardPlan(0, 0, 1, "shard-000000.tar")
+    job = FileShard(plan=shard, samples=[], fields=[], config=fastload.PackConfig())
     with pytest.raises(PackError, match=r"not visible on Ray node .*mounts at the same path"):
-        rayengine._write_shard(
-            shard, [], [], fastload.PackConfig(), os.fspath(tmp_path / "elsewhere"), None, False, None
-        )
+        rayengine.write_in_task(job, os.fspath(tmp_path / "elsewhere"), None)
+
+
+def test_a_local_source_not_visible_on_the_node_is_refused(tmp_path) -> None:
+    """The job names the local folders it reads; a task on a node without them says which (without Ray)."""
+    from fastload.core.keys import Sample
+    from fastload.packing.dest import LocalDestination
+    from fastload.storage.inputs import Input
+    from fastload.storage.listing import FileEntry, LocalSource
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (gone / "a.txt").write_bytes(b"x")
+    source = LocalSource(gone)
+    entry = next(e for e in source.list() if isinstance(e, FileEntry))
+    (gone / "a.txt").unlink()
+    gone.rmdir()
+    LocalDestination(os.fspath(tmp_path / "dst"), ".fastload-pack").prepare()
+    job = FileShard(
+        plan=ShardPlan(0, 0, 1, "shard-000000.tar"),
+        samples=[Sample("a", (("txt", Input(source, entry)),))],
+        fields=["txt"],
+        config=fastload.PackConfig(),
+    )
+    assert job.local_folders() == {os.fspath(gone)}
+    with pytest.raises(PackError, match=rf"the source {gone} is not visible on Ray node"):
+        rayengine.write_in_task(job, os.fspath(tmp_path / "dst"), None)
+    assert not list((tmp_path / "dst").glob("*.tar"))
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -107,6 +107,39 @@ def write_parquet_shard(
         with contextlib.suppress(OSError):
             os.unlink(tmp_path)
         raise
+    finish_entry(entry, tmp_path, rows_per_group)
+    return result
+
+
+def write_tables(
+    tmp_path: str, schema: pa.Schema, tables: Iterable[pa.Table], *, compression: str = "none"
+) -> list[int]:
+    """Write ready-made row groups (tables of ``schema``, ``__key__`` first, one row group each) as a Parquet
+    file at ``tmp_path``, without dictionaries or statistics; return the rows of each group (for
+    :func:`finish_entry`). The file is removed on any error, including one raised by ``tables``."""
+    rows_per_group: list[int] = []
+    writer = None
+    try:
+        writer = pq.ParquetWriter(
+            tmp_path, schema, compression=compression, use_dictionary=False, write_statistics=False
+        )
+        for table in tables:
+            writer.write_table(table, row_group_size=table.num_rows)
+            rows_per_group.append(table.num_rows)
+        writer.close()
+    except BaseException:
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_path)
+        raise
+    return rows_per_group
+
+
+def finish_entry(entry: ShardEntry, tmp_path: str, rows_per_group: list[int]) -> None:
+    """Size, CRC32C and row groups ``(first byte, bytes, rows)`` of the shard written at ``tmp_path``, into
+    its index entry."""
     crc, entry.bytes = file_crc32c(tmp_path)
     entry.checksum = f"{crc:08x}"
     meta = pq.read_metadata(tmp_path)
@@ -122,7 +155,6 @@ def write_parquet_shard(
             starts.append(first)
             total += col.total_compressed_size
         entry.row_groups.append((min(starts), total, rows))
-    return result
 
 
 def _row_group(

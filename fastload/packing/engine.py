@@ -1,0 +1,122 @@
+"""The public engine interface: who writes a pack's planned shards.
+
+A pack (of files, or of token documents) is planned into :class:`ShardJob` s: each knows its number, its
+final name and how to write its shard to a local file. An :class:`Engine` runs a stream of jobs; whoever runs
+a job does it through :func:`publish_shard` (write to a temporary name, publish under the final name, record
+it in the resume journal), so a shard appears whole or not at all whatever the engine.
+
+Engines: :class:`LocalEngine` (threads of this process) here, and
+:class:`fastload.packing.ray_engine.RayEngine` (Ray tasks on a cluster); the output is the same, byte for
+byte.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Protocol
+
+from fastload.formats.tar.writer import ShardResult
+from fastload.packing.dest import Destination
+from fastload.packing.journal import PackJournal, shard_record
+
+Advance = Callable[[int, int], None]  # (payload bytes, files) written since the last call
+Done = Callable[[int, ShardResult], None]  # (shard number, its result) once the shard is published
+
+
+class ShardJob(Protocol):
+    """One planned shard, able to write itself (to run on Ray it must pickle: the engine ships it)."""
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def write(self, tmp_path: str, *, on_sample: Advance, open_threads: int) -> ShardResult:
+        """Write the shard at ``tmp_path`` (removed again on error); ``on_sample`` reports progress;
+        ``open_threads`` > 0 opens (fetches) inputs ahead with that many threads."""
+        ...
+
+    def local_folders(self) -> set[str]:
+        """Local folders the job reads from (a Ray node must see them at the same path)."""
+        ...
+
+    @property
+    def journal_keys(self) -> bool:
+        """Whether the resume journal keeps the shard's sample keys (False: a resumed run rebuilds them)."""
+        ...
+
+
+class Engine(Protocol):
+    """Runs jobs, each through :func:`publish_shard`, calling ``done`` as each shard is published. On a
+    failure it stops taking jobs and raises; shards published so far stay in the journal for resume."""
+
+    def write(self, jobs: Iterable[ShardJob], *, advance: Advance, done: Done) -> None: ...
+
+
+def publish_shard(
+    job: ShardJob, dest: Destination, journal: PackJournal, *, on_sample: Advance, open_threads: int
+) -> ShardResult:
+    """Write ``job`` to a temporary file in ``dest``, publish it under its final name, then journal it."""
+    tmp = os.path.join(dest.tmp_dir, f"{job.number:06d}.part")
+    result = job.write(tmp, on_sample=on_sample, open_threads=open_threads)
+    dest.publish(tmp, job.name)
+    journal.record(shard_record(job.number, result, keys=job.journal_keys))
+    return result
+
+
+class LocalEngine:
+    """Jobs written by up to ``workers`` threads of this process.
+
+    The job stream is consumed in the calling thread: a job is submitted as soon as a writer is free, and
+    the stream is asked for the next one only then, so at most ``workers + 1`` jobs exist at once. A job
+    may be produced by slow work in the stream (pack-tokens writes each shard while reading); if the engine
+    stops early it closes the stream, so that a generator can clean up.
+    """
+
+    def __init__(
+        self, dest: Destination, journal: PackJournal, *, workers: int, open_threads: int = 0
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"{workers=} must be >= 1")
+        self.dest = dest
+        self.journal = journal
+        self.workers = workers
+        self.open_threads = open_threads
+
+    def write(self, jobs: Iterable[ShardJob], *, advance: Advance, done: Done) -> None:
+        running: dict[Future[ShardResult], int] = {}
+        iterator = iter(jobs)
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="fastload-pack") as pool:
+            try:
+                for job in iterator:
+                    while len(running) >= self.workers:
+                        _collect(running, done)
+                    fut = pool.submit(
+                        publish_shard,
+                        job,
+                        self.dest,
+                        self.journal,
+                        on_sample=advance,
+                        open_threads=self.open_threads,
+                    )
+                    running[fut] = job.number
+                while running:
+                    _collect(running, done)
+            except BaseException:
+                for fut in running:
+                    fut.cancel()
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()  # a generator producing jobs cleans up (e.g. aborts a shard it feeds)
+                raise
+
+
+def _collect(running: dict[Future[ShardResult], int], done: Done) -> None:
+    """Wait for at least one job to finish; hand on its result, or raise its error."""
+    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+    for fut in finished:
+        number = running.pop(fut)
+        done(number, fut.result())

@@ -1,0 +1,181 @@
+"""Planning a pack of files: list the sources, group files into samples (core.keys), order and cut them
+into shards (core.plan). Nothing is written here; :mod:`fastload.packing.write` writes what is planned."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fastload.config import PackConfig, S3Config
+from fastload.core.keys import KeyRuleError, Sample, group_samples, partition_value, split_key
+from fastload.core.plan import ShardPlan, parquet_file_overhead, parquet_row_bytes, plan_shards, sample_order
+from fastload.errors import ConfigError, PackError, Skip
+from fastload.formats.tar.header import END_OF_ARCHIVE, member_size
+from fastload.storage.inputs import Input
+from fastload.storage.listing import FileEntry, LocalSource
+
+if TYPE_CHECKING:
+    from fastload.storage.s3source import S3Source
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackPlan:
+    """A planned pack of files: the samples in write order and the shards they are cut into."""
+
+    samples: list[Sample[Input]]
+    shards: list[ShardPlan]
+    fields: list[str]
+    skipped: list[Skip]
+    layout: str  # options, names and sizes: recorded in index.json
+    fingerprint: str  # layout plus mtimes/ETags: guards --resume against changed files
+    payload_bytes: int
+    files: int
+
+
+def list_sources(
+    sources: Sequence[str], s3_config: S3Config | None
+) -> tuple[list[tuple[str, Input]], list[Skip], list[tuple[str, str]]]:
+    """Every non-empty file of ``sources`` as ``(relpath, input)``, the inputs left out, and the sample keys
+    those leave incomplete (``(key, why)``: the grouping drops such samples whole)."""
+    items: list[tuple[str, Input]] = []
+    skipped: list[Skip] = []
+    bad_keys: list[tuple[str, str]] = []
+    for src in sources:
+        if src.startswith("s3://"):
+            from fastload.storage.s3source import S3Source
+
+            source: LocalSource | S3Source = S3Source(src, config=s3_config)
+        else:
+            source = LocalSource(src)
+        for found in source.list():
+            if isinstance(found, FileEntry):
+                if found.size == 0:
+                    problem = Skip(_join(source.root, found.relpath), "empty file")
+                else:
+                    items.append((found.relpath, Input(source, found)))
+                    continue
+                relpath = found.relpath
+            else:
+                problem = Skip(_join(source.root, found.path), found.reason)
+                relpath = found.path
+            skipped.append(problem)
+            with contextlib.suppress(KeyRuleError):
+                bad_keys.append((split_key(relpath)[0], f"{problem.path} was skipped ({problem.reason})"))
+    return items, skipped, bad_keys
+
+
+def plan_pack(sources: Sequence[str], config: PackConfig, s3_config: S3Config | None) -> PackPlan:
+    """List ``sources``, group files into samples, order them, cut them into shards; write nothing."""
+    items, skipped, bad_keys = list_sources(sources, s3_config)
+    samples, rejected = group_samples(items, bad_keys)
+    skipped += [Skip(r.item.shown, r.reason) for r in rejected]
+    partitions: list[str | None] | None = None
+    if config.partition_level is not None:
+        kept: list[Sample[Input]] = []
+        partitions = []
+        for s in samples:
+            try:
+                value = partition_value(s.key, config.partition_level)
+            except KeyRuleError as exc:
+                skipped += [Skip(item.shown, f"sample {s.key!r} {exc}") for _, item in s.members]
+                continue
+            kept.append(s)
+            partitions.append(f"{config.partition_column}={value}")
+        samples = kept
+    if not samples:
+        where = ", ".join(sources)
+        raise PackError(
+            f"no samples found in {where}: it holds no regular files with an extension"
+            + (f" ({len(skipped)} input(s) skipped)" if skipped else "")
+        )
+    order = sample_order(len(samples), partitions, seed=config.shuffle_seed)
+    samples = [samples[i] for i in order]
+    if partitions is not None:
+        partitions = [partitions[i] for i in order]
+    fields_seen = {f for s in samples for f, _ in s.members}
+    sizes, overhead, suffix = shard_sizes(config, samples, len(fields_seen))
+    shards = plan_shards(
+        sizes,
+        partitions,
+        shard_bytes=config.shard_size_bytes,
+        max_samples=config.max_samples,
+        prefix=config.prefix,
+        suffix=suffix,
+        overhead_bytes=overhead,
+    )
+    layout = hashlib.sha256(json.dumps(config.output_options(), sort_keys=True).encode())
+    versions = hashlib.sha256()
+    fields: set[str] = set()
+    payload = files = 0
+    for s in samples:
+        layout.update(s.key.encode("utf-8", "surrogateescape") + b"\0")
+        for f, it in s.members:
+            fields.add(f)
+            payload += it.entry.size
+            files += 1
+            layout.update(
+                b"%s\0%s\0%d\n" % (f.encode(), it.relpath.encode("utf-8", "surrogateescape"), it.entry.size)
+            )
+            versions.update(it.entry.version.encode() + b"\n")
+    return PackPlan(
+        samples=samples,
+        shards=shards,
+        fields=sorted(fields),
+        skipped=skipped,
+        layout=layout.hexdigest(),
+        fingerprint=layout.hexdigest() + versions.hexdigest(),
+        payload_bytes=payload,
+        files=files,
+    )
+
+
+def _join(root: str, relpath: str) -> str:
+    return root + relpath if root.endswith("/") else os.path.join(root, relpath)
+
+
+def source_and_target(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    dst: str | os.PathLike[str],
+    *,
+    missing: str,
+) -> tuple[list[str], str]:
+    """Sources and destination as strings; a destination inside a local source is refused (its output
+    would be read as input)."""
+    srcs = (
+        [os.fspath(sources)] if isinstance(sources, (str, os.PathLike)) else [os.fspath(s) for s in sources]
+    )
+    if not srcs:
+        raise ConfigError(f"no source given; {missing}")
+    target = os.fspath(dst)
+    for src in srcs:
+        if not src.startswith("s3://") and not target.startswith("s3://"):
+            a, b = os.path.realpath(src), os.path.realpath(target)
+            if b == a or b.startswith(a.rstrip(os.sep) + os.sep):
+                raise ConfigError(
+                    f"destination {target} is inside the source {src}; what is written there would be "
+                    "read as input: choose a destination outside the source"
+                )
+    return srcs, target
+
+
+def shard_sizes(
+    config: PackConfig, samples: Sequence[Sample[Input]], n_fields: int
+) -> tuple[list[int], int, str]:
+    """Each sample's exact bytes in a shard of ``config.shard_format``, the per-shard overhead and the
+    shard name suffix: what :func:`~fastload.core.plan.plan_shards` cuts shards by."""
+    if config.shard_format == "tar":
+        sizes = [sum(member_size(f"{s.key}.{f}", it.entry.size) for f, it in s.members) for s in samples]
+        return sizes, len(END_OF_ARCHIVE), ".tar"
+    if config.shard_format == "tfrecord":
+        from fastload.formats.tfrecord.writer import sample_record_size
+
+        sizes = [sample_record_size(s.key, [(f, it.entry.size) for f, it in s.members]) for s in samples]
+        return sizes, 0, ".tfrecord"
+    sizes = [parquet_row_bytes(s.key, [it.entry.size for _, it in s.members]) for s in samples]
+    groups = config.shard_size_bytes // config.row_group_bytes + 1
+    return sizes, parquet_file_overhead(n_fields, groups), ".parquet"

@@ -1,0 +1,187 @@
+"""Reading the documents of one ``pack-tokens`` input (JSONL or Parquet) as chunks of token ids: a flat id
+array plus per-document lengths, checked in bulk; documents that are not token ids become :class:`Skip`
+entries naming the file and line or row."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+
+from fastload.config import S3Config
+from fastload.errors import ConfigError, Skip
+from fastload.packing.token_inputs import TokenInput, Tokenizer, open_input
+
+CHUNK_DOCS = 4096
+
+
+@dataclass
+class Chunk:
+    """Documents of one input, in order: ``ids[offsets[i]:offsets[i + 1]]`` is document ``i``."""
+
+    keys: list[str]
+    rows: list[int]
+    ids: np.ndarray
+    lengths: np.ndarray
+
+
+class Reader:
+    """Reads documents from one input as chunks; bad documents become :class:`Skip` entries."""
+
+    def __init__(
+        self,
+        inp: TokenInput,
+        *,
+        column: str,
+        key_column: str | None,
+        tokenizer: Tokenizer | None,
+        s3_config: S3Config | None,
+        skipped: list[Skip],
+    ) -> None:
+        self.inp, self.column, self.key_column = inp, column, key_column
+        self.tokenizer, self.s3_config, self.skipped = tokenizer, s3_config, skipped
+
+    def where(self, row: int) -> str:
+        return f"{self.inp.url} row {row}" if self.inp.is_parquet else f"{self.inp.url}:{row + 1}"
+
+    def _key(self, row: int, record_key: Any) -> str:
+        return str(record_key) if self.key_column is not None else f"{self.inp.key_prefix}/{row}"
+
+    def _ids(self, value: Any, row: int) -> np.ndarray | None:
+        """A document's ids as a 1-D int64 array, or None (and a skip) when they are not token ids."""
+        try:
+            if self.tokenizer is not None:
+                if not isinstance(value, str):
+                    raise ValueError(f"{self.column!r} is {type(value).__name__}, not text")
+                value = self.tokenizer(value)
+                if isinstance(value, dict) or hasattr(value, "keys"):
+                    value = value["input_ids"]
+                if hasattr(value, "detach"):
+                    value = value.detach().cpu().numpy()
+            arr = np.asarray(value)
+            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+                raise ValueError(f"{self.column!r} is not a list of integers")
+            return arr.astype(np.int64, copy=False)
+        except Exception as exc:
+            self.skipped.append(Skip(self.where(row), f"{exc}; document left out"))
+            return None
+
+    def chunks(self) -> Iterator[Chunk]:
+        try:
+            with open_input(self.inp.url, self.s3_config) as f:
+                yield from (self._parquet(f) if self.inp.is_parquet else self._jsonl(f))
+        except (OSError, ValueError) as exc:  # an unreadable or corrupt file: left out whole
+            if isinstance(exc, ConfigError):
+                raise
+            self.skipped.append(
+                Skip(self.inp.url, f"cannot read the file ({exc}); the rest of it is left out")
+            )
+
+    def _jsonl(self, f: IO[bytes]) -> Iterator[Chunk]:
+        keys: list[str] = []
+        rows: list[int] = []
+        docs: list[np.ndarray] = []
+        for row, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                self.skipped.append(Skip(self.where(row), f"not valid JSON ({exc}); document left out"))
+                continue
+            if not isinstance(record, dict) or self.column not in record:
+                self.skipped.append(Skip(self.where(row), f"no {self.column!r} field; document left out"))
+                continue
+            if self.key_column is not None and self.key_column not in record:
+                self.skipped.append(Skip(self.where(row), f"no {self.key_column!r} field; document left out"))
+                continue
+            arr = self._ids(record[self.column], row)
+            if arr is None:
+                continue
+            keys.append(self._key(row, record.get(self.key_column) if self.key_column else None))
+            rows.append(row)
+            docs.append(arr)
+            if len(docs) >= CHUNK_DOCS:
+                yield _chunk(keys, rows, docs)
+                keys, rows, docs = [], [], []
+        if docs:
+            yield _chunk(keys, rows, docs)
+
+    def _parquet(self, f: IO[bytes]) -> Iterator[Chunk]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(f)
+        columns = [self.column] + ([self.key_column] if self.key_column else [])
+        row = 0
+        for batch in parquet.iter_batches(batch_size=CHUNK_DOCS, columns=columns):
+            col = batch.column(0)
+            record_keys = batch.column(1).to_pylist() if self.key_column else [None] * len(batch)
+            n = len(batch)
+            if self.tokenizer is None and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+                lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+                flat = col.flatten()
+                if pa.types.is_integer(flat.type) and flat.null_count == 0 and col.null_count == 0:
+                    ids = flat.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+                    keys = [self._key(row + i, record_keys[i]) for i in range(n)]
+                    yield Chunk(keys, list(range(row, row + n)), ids, lengths.astype(np.int64))
+                    row += n
+                    continue
+            values = col.to_pylist()  # slow path: text to tokenise, or lists with nulls to report
+            keys, rows, docs = [], [], []
+            for i, value in enumerate(values):
+                arr = None
+                if value is None:
+                    self.skipped.append(
+                        Skip(self.where(row + i), f"{self.column!r} is null; document left out")
+                    )
+                else:
+                    arr = self._ids(value, row + i)
+                if arr is not None:
+                    keys.append(self._key(row + i, record_keys[i]))
+                    rows.append(row + i)
+                    docs.append(arr)
+            if docs:
+                yield _chunk(keys, rows, docs)
+            row += n
+
+
+def _chunk(keys: list[str], rows: list[int], docs: list[np.ndarray]) -> Chunk:
+    lengths = np.fromiter((d.size for d in docs), dtype=np.int64, count=len(docs))
+    ids = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int64)
+    return Chunk(keys, rows, ids.astype(np.int64, copy=False), lengths)
+
+
+def check_range(chunk: Chunk, reader: Reader, *, limit: int, vocab_size: int | None, dtype: str) -> Chunk:
+    """The chunk without documents holding an id below 0 or not below ``limit`` (those are skipped)."""
+    if not chunk.ids.size:
+        return chunk
+    bad_token = (chunk.ids < 0) | (chunk.ids >= limit)
+    if not bad_token.any():
+        return chunk
+    doc_of = np.repeat(np.arange(len(chunk.keys)), chunk.lengths)
+    bad_docs = np.unique(doc_of[bad_token])
+    starts = np.concatenate(([0], np.cumsum(chunk.lengths)))
+    what = f"vocab_size {vocab_size:,}" if vocab_size is not None else f"{dtype} (0..{limit - 1:,})"
+    for d in bad_docs.tolist():
+        doc = chunk.ids[starts[d] : starts[d + 1]]
+        pos = int(np.flatnonzero((doc < 0) | (doc >= limit))[0])
+        reader.skipped.append(
+            Skip(
+                reader.where(chunk.rows[d]),
+                f"token id {int(doc[pos])} at position {pos} is out of range for {what}; document left out",
+            )
+        )
+    keep = np.ones(len(chunk.keys), dtype=bool)
+    keep[bad_docs] = False
+    keep_list = keep.tolist()
+    return Chunk(
+        [k for k, ok in zip(chunk.keys, keep_list, strict=True) if ok],
+        [r for r, ok in zip(chunk.rows, keep_list, strict=True) if ok],
+        chunk.ids[np.repeat(keep, chunk.lengths)],
+        chunk.lengths[keep],
+    )
