@@ -105,7 +105,7 @@ class Member:
     header_offset: int
     data_offset: int
     size: int
-    plain: bool = False  # one header block as member_header writes it (no pax/GNU header): see is_header_of
+    plain: bool = False  # a regular file ('0' or NUL) with one 512-byte header (no pax or GNU header before)
 
     @property
     def end(self) -> int:

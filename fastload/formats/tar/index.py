@@ -16,7 +16,7 @@ from fastload.config import S3Config
 from fastload.core.index import DatasetIndex, ShardEntry, set_layout
 from fastload.core.keys import KeyRuleError, split_key
 from fastload.errors import ConfigError, VerifyError
-from fastload.formats.tar.header import TarFormatError
+from fastload.formats.tar.header import TarFormatError, UnsupportedMember
 from fastload.formats.tar.scan import ChecksumReader, iter_members
 from fastload.storage import access as storage
 
@@ -67,8 +67,12 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
                 sizes.append(member.end - member.header_offset)
                 layouts.append(([field_name], [member.size]) if plain else None)
             reader.drain()
+        except UnsupportedMember as exc:
+            raise VerifyError(str(exc), shard=name) from None
         except TarFormatError as exc:
-            raise VerifyError(f"not a readable tar shard: {exc}", shard=name) from None
+            raise VerifyError(
+                f"not a readable tar archive ({exc}); re-download or re-create the shard", shard=name
+            ) from None
     entry = ShardEntry(
         name=name, bytes=reader.pos, checksum=f"{reader.crc:08x}", keys=keys, offsets=offsets, sizes=sizes
     )

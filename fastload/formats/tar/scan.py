@@ -20,7 +20,6 @@ from fastload.formats.tar.header import (
     Member,
     TarFormatError,
     UnsupportedMember,
-    is_header_of,
     padded,
     parse_header,
 )
@@ -204,7 +203,7 @@ def iter_members(r: Cursor, *, end_required: bool = True) -> Iterator[Member]:
                 f"member {name.decode('utf-8', 'surrogateescape')!r} at byte {start} is truncated: "
                 f"{skipped} of {padded(size)} data bytes present"
             )
-        plain = start == header_offset and typeflag != b"7" and is_header_of(block, 0, name, size)
+        plain = start == header_offset and typeflag != b"7"
         yield Member(
             name.decode("utf-8", "surrogateescape"),
             typeflag.decode("latin-1"),
