@@ -129,15 +129,18 @@ def reader(kind: str) -> Iterator[None]:
         native.layout_run = saved
 
 
-def dataset_sees(root: Path | list[str], kind: str, **options: Any) -> list[tuple[str, dict[str, bytes]]]:
-    """What ShardDataset delivers, in order, with reader ``kind``."""
+def dataset_sees(
+    root: Path | list[str], kind: str, *, into: list[Any] | None = None, **options: Any
+) -> list[tuple[str, dict[str, bytes]]]:
+    """What ShardDataset delivers, in order, with reader ``kind`` (also appended to ``into`` as they come,
+    so that a caller sees what came before an error)."""
     target = root if isinstance(root, list) else str(root)
+    out = [] if into is None else into
     with reader(kind), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "[^ ]*: no index.json, so", UserWarning)
-        return [
-            (s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")})
-            for s in fastload.ShardDataset(target, decode=False, **options)
-        ]
+        for s in fastload.ShardDataset(target, decode=False, **options):
+            out.append((s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}))
+    return out
 
 
 READS = [

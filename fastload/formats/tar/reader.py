@@ -18,14 +18,14 @@ parser names the problem, so both give the same samples and the same errors.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
 from fastload.errors import VerifyError
 from fastload.formats import native
-from fastload.formats.tar.header import BLOCK, TarFormatError, UnsupportedMember, is_header_of
+from fastload.formats.tar.header import BLOCK, Member, TarFormatError, UnsupportedMember, is_header_of
 from fastload.formats.tar.scan import BufferCursor, iter_members
 
 RawSample = dict[str, Any]
@@ -92,6 +92,11 @@ def parse_tar_fragment(
 ) -> Iterator[tuple[str, str, bytes]]:
     """``(key, field, bytes)`` of each regular member in a tar fragment of whole members (starting at
     archive offset ``base``), through the one header parser; raises :class:`VerifyError`."""
+    for _, key, field_name, value in _parse(data, shard=shard, base=base):
+        yield key, field_name, value
+
+
+def _parse(data: bytes | memoryview, *, shard: str, base: int) -> Iterator[tuple[Member, str, str, bytes]]:
     view = memoryview(data)
     members = iter_members(BufferCursor(view, base), end_required=False)
     while True:
@@ -114,7 +119,7 @@ def parse_tar_fragment(
                 f"member {member.name!r}: {exc}", shard=shard, offset=member.header_offset
             ) from None
         at = member.data_offset - base
-        yield key, field_name, bytes(view[at : at + member.size])
+        yield member, key, field_name, bytes(view[at : at + member.size])
 
 
 def group_members(members: Iterator[tuple[str, str, bytes]]) -> Iterator[RawSample]:
@@ -136,8 +141,7 @@ def samples_of_bytes(data: bytes, entry: ShardEntry, first: int, stop: int, *, s
         samples = slice_by_layout(data, entry, first, stop)
         if samples is not None:
             return samples
-    base = entry.offsets[first]
-    samples = samples_of_run(data, entry.keys[first:stop], first=first, shard=shard, base=base)
+    samples = samples_of_run(data, entry, first, stop, shard=shard)
     if entry.member_fields:  # well-formed, but does it hold what the index says?
         for sample in samples:
             i = sample["__index__"]
@@ -153,20 +157,20 @@ def samples_of_bytes(data: bytes, entry: ShardEntry, first: int, stop: int, *, s
     return samples
 
 
-def samples_of_run(
-    data: bytes, keys: Sequence[str], *, first: int, shard: str, base: int = 0
-) -> list[RawSample]:
-    """The samples of a tar fragment holding exactly the samples ``keys`` (index positions ``first``...).
+def samples_of_run(data: bytes, entry: ShardEntry, first: int, stop: int, *, shard: str) -> list[RawSample]:
+    """The samples ``first..stop-1`` of an indexed shard from their bytes, each where the index says.
 
-    The fast path of :func:`parse_tar_fragment` + :func:`group_members` for indexed shards: plain ustar
-    members are matched to the index's keys as they come (a member named ``KEY.FIELD`` with no ``/`` in
-    ``FIELD``), so the key rule need not be re-derived per member; header checksums are still verified.
-    Anything else (pax or GNU headers, other member types, a mismatch) goes through the general parser,
-    which reads every dialect or names the problem.
+    The fast path of the parser for shards without a member layout: plain ustar members are matched to
+    the index's keys as they come (a member named ``KEY.FIELD`` with no ``/`` in ``FIELD``), so the key
+    rule need not be re-derived per member; header checksums are still verified. Anything else (pax or
+    GNU headers, other member types, a mismatch) goes through the general parser, which reads every
+    dialect or names the problem.
     """
+    keys, offsets, sizes = entry.keys, entry.offsets, entry.sizes
+    base = offsets[first]
     n = len(data)
     samples: list[RawSample] = []
-    k = -1
+    k = first - 1
     prefix = ""
     current: RawSample = {}
     pos = 0
@@ -182,53 +186,86 @@ def samples_of_run(
             or checksum[6:] != b"\0 "
             or not checksum[:6].isdigit()
         ):
-            return _general(data, keys, first=first, shard=shard, base=base)
+            return _general(data, entry, first, stop, shard)
         try:  # (8 or 9 in a field: not octal)
             if sum(header) - sum(checksum) + 256 != int(checksum[:6], 8):
-                return _general(data, keys, first=first, shard=shard, base=base)
+                return _general(data, entry, first, stop, shard)
             size = int(size_field, 8)
         except ValueError:
-            return _general(data, keys, first=first, shard=shard, base=base)
+            return _general(data, entry, first, stop, shard)
         start = pos + BLOCK
-        pos = start + ((size + BLOCK - 1) & ~(BLOCK - 1))
-        if pos > n:
-            return _general(data, keys, first=first, shard=shard, base=base)
+        end = start + ((size + BLOCK - 1) & ~(BLOCK - 1))
+        if end > n:
+            return _general(data, entry, first, stop, shard)
         name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        if k < 0 or not name.startswith(prefix):
+        if k < first or not name.startswith(prefix):
             k += 1
-            if k >= len(keys):
-                return _general(data, keys, first=first, shard=shard, base=base)
+            if (
+                k >= stop
+                or not name.startswith(keys[k] + ".")
+                or base + pos != offsets[k]
+                or (k > first and offsets[k - 1] + sizes[k - 1] != offsets[k])
+            ):
+                return _general(data, entry, first, stop, shard)
             prefix = keys[k] + "."
-            if not name.startswith(prefix):
-                return _general(data, keys, first=first, shard=shard, base=base)
-            current = {"__key__": keys[k], "__index__": first + k}
+            current = {"__key__": keys[k], "__index__": k}
             samples.append(current)
         field = name[len(prefix) :]
         if not field or "/" in field:
-            return _general(data, keys, first=first, shard=shard, base=base)
+            return _general(data, entry, first, stop, shard)
         current[field] = data[start : start + size]
-    if len(samples) != len(keys) or pos != n:
-        return _general(data, keys, first=first, shard=shard, base=base)
+        pos = end
+    if k != stop - 1 or pos != n:
+        return _general(data, entry, first, stop, shard)
     return samples
 
 
 _REGULAR = frozenset(b"0\0")
 
 
-def _general(data: bytes, keys: Sequence[str], *, first: int, shard: str, base: int) -> list[RawSample]:
-    """The general parser over a fragment: handles every header kind, or raises with the exact problem."""
-    samples = list(group_members(parse_tar_fragment(data, shard=shard, base=base)))
-    if [s["__key__"] for s in samples] != list(keys):
+def _general(data: bytes, entry: ShardEntry, first: int, stop: int, shard: str) -> list[RawSample]:
+    """The general parser over a run's bytes: handles every header kind, or raises with the exact
+    problem, including samples that are not the keys, or not at the byte ranges, the index lists."""
+    keys, offsets, sizes = entry.keys, entry.offsets, entry.sizes
+    base = offsets[first]
+    samples: list[RawSample] = []
+    ends: list[int] = []
+    for member, key, field_name, value in _parse(data, shard=shard, base=base):
+        if not samples or samples[-1]["__key__"] != key:
+            i = first + len(samples)
+            if i >= stop or key != keys[i]:
+                break
+            if member.header_offset != offsets[i]:
+                raise _elsewhere(shard, keys[i], member.header_offset, offsets[i], sizes[i])
+            samples.append({"__key__": key, "__index__": i})
+            ends.append(0)
+        samples[-1][field_name] = value
+        ends[-1] = member.end
+    if len(samples) != stop - first or [s["__key__"] for s in samples] != keys[first:stop]:
         raise VerifyError(
-            f"samples at index positions {first}..{first + len(keys) - 1} are not the keys the index "
-            "lists; run `fastload verify`",
+            f"samples at index positions {first}..{stop - 1} are not the keys the index lists; "
+            "run `fastload verify`",
             shard=shard,
-            key=keys[0] if keys else None,
+            key=keys[first + len(samples)] if len(samples) < stop - first else keys[first],
             offset=base,
         )
-    for i, s in enumerate(samples):
-        s["__index__"] = first + i
+    for i, end in enumerate(ends, first):
+        if end != offsets[i] + sizes[i]:
+            raise _elsewhere(shard, keys[i], offsets[i], offsets[i], sizes[i], end=end)
     return samples
+
+
+def _elsewhere(
+    shard: str, key: str, at: int, offset: int, size: int, *, end: int | None = None
+) -> VerifyError:
+    found = f"ends at byte {end}" if end is not None else f"starts at byte {at}"
+    return VerifyError(
+        f"sample {found}, the index says bytes {offset}+{size}: the shard does not match its index "
+        "(changed after indexing); run `fastload verify`",
+        shard=shard,
+        key=key,
+        offset=at,
+    )
 
 
 def slice_by_layout(data: bytes, entry: ShardEntry, first: int, stop: int) -> list[RawSample] | None:
@@ -296,9 +333,13 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
     fields = entry.member_fields
     pread = os.pread
     run_end = offsets[stop - 1] + sizes[stop - 1]
+    file_end = os.fstat(fd).st_size  # a sample is read only when all its bytes are there, as in C
     buf, b0, b1 = b"", 0, 0
     for i in range(first, stop):
         key = keys[i]
+        if offsets[i] + sizes[i] > file_end:
+            yield from _file_run(fd, entry, i, stop, shard)
+            return
         sample: RawSample = {"__key__": key, "__index__": i}
         pos = offsets[i]
         if sizes[i] < DIRECT_MEMBER_BYTES and not (b0 <= pos and pos + sizes[i] <= b1):
