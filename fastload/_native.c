@@ -43,7 +43,7 @@ static int header_matches(const char *hdr, const char *key, Py_ssize_t key_len, 
     if (name_len < 100 && hdr[name_len] != 0) return 0;
     if (snprintf(want, sizeof want, "%011llo", size) != 11) return 0; /* >= 8 GiB: not a plain header */
     if (memcmp(hdr + 124, want, 11) != 0 || hdr[135] != 0) return 0;
-    if ((hdr[156] != '0' && hdr[156] != 0) || hdr[345] != 0) return 0; /* a ustar prefix: the parser's */
+    if (hdr[156] != '0' || hdr[345] != 0) return 0; /* other types, a ustar prefix: the parser's */
     /* the checksum, in the form member_header writes it: six octal digits, NUL, space */
     unsigned int sum = 8 * ' ';
     for (int i = 0; i < BLOCK; i++)

@@ -189,7 +189,7 @@ def is_header_of(buf: bytes, pos: int, name: bytes, size: int) -> bool:
         and buf.startswith(name, pos)
         and (len(name) == 100 or buf[pos + len(name)] == 0)
         and buf[pos + 124 : pos + 136] == b"%011o\0" % size
-        and buf[pos + 156] in _REGULAR
+        and buf[pos + 156] == 0x30  # '0' (a v7 NUL type with a name ending in '/' is a directory)
         and buf[pos + 345] == 0
     ):
         return False
@@ -200,8 +200,6 @@ def is_header_of(buf: bytes, pos: int, name: bytes, size: int) -> bool:
         total = sum(buf[pos : pos + BLOCK])
     return field == b"%06o\0 " % (total - sum(field) + 256)
 
-
-_REGULAR = frozenset(b"0\0")
 
 
 def parse_pax(records: bytes) -> dict[str, bytes]:
