@@ -4,7 +4,7 @@
  * layout_run() reads consecutive samples of a local tar shard whose index records each sample's fields
  * and member sizes.  One preadv() per batch puts every member's data straight into its own new bytes
  * object (one copy, like cat) and the 512-byte headers and padding into scratch space; each header is then
- * compared with what the index says (name, octal size field, regular-file type, checksum), as
+ * compared with what the index says (name, octal size field, regular-file type, no prefix), as
  * fastload.formats.tar.header.is_header_of does.  tfrecord_run() reads consecutive records of a plain
  * TFRecord shard, each value straight into its own bytes, both CRCs checked (see below).  Neither raises
  * for the shard's content: at the first sample that does not match, or a short read, they stop and return
@@ -31,8 +31,7 @@ static PyObject *str_index; /* "__index__" */
 static char pad_sink[BLOCK];
 
 /* Whether hdr is the plain ustar header of a regular file named key + dotfield with size bytes, exactly as
- * fastload.formats.tar.header.is_header_of decides (name, octal size, type, no prefix, checksum): what it
- * accepts, the Python parser reads the same way. */
+ * fastload.formats.tar.header.is_header_of decides (name, octal size, type '0', no ustar prefix). */
 static int header_matches(const char *hdr, const char *key, Py_ssize_t key_len, const char *dot,
                           Py_ssize_t dot_len, long long size) {
     char want[16];
@@ -43,13 +42,7 @@ static int header_matches(const char *hdr, const char *key, Py_ssize_t key_len, 
     if (name_len < 100 && hdr[name_len] != 0) return 0;
     if (snprintf(want, sizeof want, "%011llo", size) != 11) return 0; /* >= 8 GiB: not a plain header */
     if (memcmp(hdr + 124, want, 11) != 0 || hdr[135] != 0) return 0;
-    if (hdr[156] != '0' || hdr[345] != 0) return 0; /* other types, a ustar prefix: the parser's */
-    /* the checksum, in the form member_header writes it: six octal digits, NUL, space */
-    unsigned int sum = 8 * ' ';
-    for (int i = 0; i < BLOCK; i++)
-        if (i < 148 || i >= 156) sum += (unsigned char)hdr[i];
-    if (snprintf(want, sizeof want, "%06o", sum) != 6) return 0;
-    return memcmp(hdr + 148, want, 6) == 0 && hdr[154] == 0 && hdr[155] == ' ';
+    return hdr[156] == '0' && hdr[345] == 0; /* other types, a ustar prefix: the parser's */
 }
 
 typedef struct {

@@ -451,12 +451,22 @@ def test_parse_pax_allows_nul_padding() -> None:
 def test_what_is_header_of_accepts_the_parser_reads_the_same(
     name: str, size: int, flips: list[tuple[int, int]], fix: bool
 ) -> None:
-    """The readers' fast check never accepts a header the parser would read differently or refuse."""
+    """The readers' fast check never accepts a header the parser would read differently: it reads the
+    same name, size and type, or refuses the checksum (which the fast check does not recompute)."""
     block = bytearray(member_header(name, size))
     for at, mask in flips:
         block[at] ^= mask
     data = _with_checksum(block) if fix else bytes(block)
     if is_header_of(data, 0, name.encode(), size):
-        assert parse_header(data) == Header(name.encode(), size, data[156:157], data[157:257].split(b"\0")[0])
+        try:
+            header = parse_header(data)
+        except TarFormatError as exc:
+            assert "checksum" in str(exc)
+        else:
+            assert header is not None and (header.name, header.size, header.typeflag) == (
+                name.encode(),
+                size,
+                b"0",
+            )
     if not flips:
         assert is_header_of(data, 0, name.encode(), size)
