@@ -2,10 +2,11 @@
 and verifying all go through, over a sequential stream (data skipped by reading, so a checksum wrapper
 around the stream still sees every byte) or over bytes in memory (a run of samples).
 
-Dialects: v7 (no magic), ustar (name prefix), pax (``x`` records ``path``, ``size``, ``linkpath``; ``g``
-global headers that set none of those), GNU and oldgnu (``L`` long names, ``K`` long link names, base-256
-numbers). Directories and GNU volume labels are skipped; what a sample cannot be (links, devices, FIFOs,
-sparse files, multi-volume parts, unknown types) is refused with a message that says what to do.
+Dialects: v7 (no magic), ustar (name prefix), pax (``x`` and Solaris ``X`` records ``path``, ``size``,
+``linkpath``; ``g`` global headers that set none of those), GNU and oldgnu (``L`` long names, ``K`` long
+link names, base-256 numbers). Directories and GNU volume labels are skipped; what a sample cannot be
+(links, devices, FIFOs, sparse files, multi-volume parts, unknown types) is refused with a message that
+says what to do.
 """
 
 from __future__ import annotations
@@ -160,6 +161,8 @@ def iter_members(r: Cursor, *, end_required: bool = True) -> Iterator[Member]:
                 raise TarFormatError(f"extended header at byte {meta_offset} is not followed by a member")
             return
         typeflag = header.typeflag
+        if typeflag == b"X":  # Solaris' pax extended header, read as POSIX 'x' (as tarfile does)
+            typeflag = b"x"
         if typeflag in (b"x", b"g", b"L", b"K"):
             data = _meta(r, header.size, header_offset)
             if typeflag == b"g":
