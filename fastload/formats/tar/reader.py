@@ -2,13 +2,14 @@
 
 The samples come from the run's bytes (read by the caller, e.g. a prefetch thread or a ranged GET) or from
 a local file descriptor. Every member header is understood by one parser (:func:`.scan.iter_members`, every
-dialect); in front of it sit fast paths that accept only what that parser reads the same way, and hand
-anything else to it:
+dialect); in front of it sit fast paths that take a member only where its header says exactly what the
+index or the plain ustar form says (so they take the bytes the parser would), and hand anything else to it:
 
 - with the index's member layout (each sample's fields and sizes): members cut out by position, each header
-  compared with the index (:func:`.header.is_header_of`, checksum included); from a file, in C
+  compared with the index (:func:`.header.is_header_of`: name, size, type, no prefix); from a file, in C
   (``fastload._native.layout_run``) when built, else in Python, big members read straight into their bytes;
-- without it: plain ustar headers matched to the index's keys as they come (:func:`samples_of_run`).
+- without it: plain ustar headers (checksums verified) matched to the index's keys as they come
+  (:func:`samples_of_run`).
 
 Whatever the path, a shard that does not match its index raises :class:`~fastload.errors.VerifyError` naming
 the shard, the sample and what to do; the C reader never raises for the content, it stops and the Python
