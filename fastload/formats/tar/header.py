@@ -184,8 +184,7 @@ def is_header_of(buf: bytes, pos: int, name: bytes, size: int) -> bool:
     """
     return (
         pos + BLOCK <= len(buf)
-        and len(name) <= 100
-        and buf.startswith(name, pos)
+        and buf.startswith(name, pos, pos + 100)  # (False for a name over 100 bytes)
         and (len(name) == 100 or buf[pos + len(name)] == 0)
         and buf[pos + 124 : pos + 136] == b"%011o\0" % size
         and buf[pos + 156] == 0x30  # '0' (a v7 NUL type with a name ending in '/' is a directory)

@@ -334,18 +334,26 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
     fields = entry.member_fields
     pread = os.pread
     run_end = offsets[stop - 1] + sizes[stop - 1]
-    file_end = os.fstat(fd).st_size  # a sample is read only when all its bytes are there, as in C
+    file_end = -1
     buf, b0, b1 = b"", 0, 0
     for i in range(first, stop):
         key = keys[i]
-        if offsets[i] + sizes[i] > file_end:
-            yield from _file_run(fd, entry, i, stop, shard)
-            return
         sample: RawSample = {"__key__": key, "__index__": i}
         pos = offsets[i]
-        if sizes[i] < DIRECT_MEMBER_BYTES and not (b0 <= pos and pos + sizes[i] <= b1):
-            buf = pread(fd, min(LOCAL_READ_BYTES, run_end - pos), pos)
-            b0, b1 = pos, pos + len(buf)
+        # a sample is taken only when all its bytes are there (padding too), as in C
+        if sizes[i] < DIRECT_MEMBER_BYTES:
+            if not (b0 <= pos and pos + sizes[i] <= b1):
+                buf = pread(fd, min(LOCAL_READ_BYTES, run_end - pos), pos)
+                b0, b1 = pos, pos + len(buf)
+                if pos + sizes[i] > b1:
+                    yield from _file_run(fd, entry, i, stop, shard)
+                    return
+        else:
+            if file_end < 0:
+                file_end = os.fstat(fd).st_size
+            if pos + sizes[i] > file_end:
+                yield from _file_run(fd, entry, i, stop, shard)
+                return
         row = rows[i]
         for k, field_name in enumerate(fields):
             size = row[k]
