@@ -184,15 +184,12 @@ def samples_of_run(data: bytes, entry: ShardEntry, first: int, stop: int, *, sha
             or header[345] != 0
             or header[135] != 0
             or not size_field.isdigit()
-            or checksum[6:] != b"\0 "
-            or not checksum[:6].isdigit()
+            or checksum != b"%06o\0 " % (sum(header) - sum(checksum) + 256)
         ):
             return _general(data, entry, first, stop, shard)
-        try:  # (8 or 9 in a field: not octal)
-            if sum(header) - sum(checksum) + 256 != int(checksum[:6], 8):
-                return _general(data, entry, first, stop, shard)
+        try:
             size = int(size_field, 8)
-        except ValueError:
+        except ValueError:  # (an 8 or 9)
             return _general(data, entry, first, stop, shard)
         start = pos + BLOCK
         end = start + ((size + BLOCK - 1) & ~(BLOCK - 1))
