@@ -271,22 +271,27 @@ def slice_by_layout(data: bytes, entry: ShardEntry, first: int, stop: int) -> li
     index's member layout, each member's header checked against it (:func:`is_header_of`); None at the
     first header that does not match (the caller's general parser then names the problem)."""
     keys, rows, fields = entry.keys, entry.member_sizes, entry.member_fields
+    dots = _dotted(fields)
     base = entry.offsets[first]
     out: list[RawSample] = []
     for i in range(first, stop):
         key = keys[i]
+        raw_key = key.encode()
         sample: RawSample = {"__key__": key, "__index__": i}
         pos = entry.offsets[i] - base
-        for field_name, size in zip(fields, rows[i], strict=True):
-            if not is_header_of(data, pos, f"{key}.{field_name}".encode(), size) or pos + BLOCK + size > len(
-                data
-            ):
+        for field_name, dot, size in zip(fields, dots, rows[i], strict=True):
+            if not is_header_of(data, pos, raw_key + dot, size) or pos + BLOCK + size > len(data):
                 return None
             pos += BLOCK
             sample[field_name] = data[pos : pos + size]
             pos += (size + BLOCK - 1) & ~(BLOCK - 1)
         out.append(sample)
     return out
+
+
+def _dotted(fields: list[str]) -> list[bytes]:
+    """``.FIELD`` as bytes for each field: a member's name is its sample's key + one of these."""
+    return [b"." + f.encode() for f in fields]
 
 
 def _file_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -> Iterator[RawSample]:
@@ -308,7 +313,7 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
     which names the problem."""
     layout_run = native.layout_run
     if layout_run is not None:  # the same, in C (fastload/_native.c), a batch of samples per call
-        dots = [b"." + f.encode() for f in entry.member_fields]
+        dots = _dotted(entry.member_fields)
         i = first
         while i < stop:
             samples, i, whole = layout_run(
@@ -329,12 +334,14 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
         return
     keys, offsets, sizes, rows = entry.keys, entry.offsets, entry.sizes, entry.member_sizes
     fields = entry.member_fields
+    dots = _dotted(fields)
     pread = os.pread
     run_end = offsets[stop - 1] + sizes[stop - 1]
     file_end = -1
     buf, b0, b1 = b"", 0, 0
     for i in range(first, stop):
         key = keys[i]
+        raw_key = key.encode()
         sample: RawSample = {"__key__": key, "__index__": i}
         pos = offsets[i]
         # a sample is taken only when all its bytes are there (padding too), as in C
@@ -363,7 +370,7 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
                     end += ((later + BLOCK - 1) & ~(BLOCK - 1)) + BLOCK
                 buf = pread(fd, min(end, run_end) - pos, pos)
                 b0, b1 = pos, pos + len(buf)
-            if not is_header_of(buf, pos - b0, f"{key}.{field_name}".encode(), size):
+            if not is_header_of(buf, pos - b0, raw_key + dots[k], size):
                 yield from _file_run(fd, entry, i, stop, shard)
                 return
             pos += BLOCK
