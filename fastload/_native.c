@@ -1,14 +1,14 @@
 /* fastload._native: the per-sample loops of local shard reads, in C.
  *
- * Optional: fastload works without it (fastload/io/native.py falls back to the Python readers).
+ * Optional: fastload works without it (fastload/formats/native.py falls back to the Python readers).
  * layout_run() reads consecutive samples of a local tar shard whose index records each sample's fields
  * and member sizes.  One preadv() per batch puts every member's data straight into its own new bytes
  * object (one copy, like cat) and the 512-byte headers and padding into scratch space; each header is then
- * compared with what the index says (name, octal size field, regular-file type), as
- * fastload.core.tar.is_header_of does.  tfrecord_run() reads consecutive records of a plain TFRecord
- * shard, each value straight into its own bytes, both CRCs checked (see below).  Neither raises for the
- * shard's content: at the first sample that does not match, or a short read, they stop and return how far
- * they got, and the caller hands the rest to the Python reader, which names the problem.
+ * compared with what the index says (name, octal size field, regular-file type, no prefix), as
+ * fastload.formats.tar.header.is_header_of does.  tfrecord_run() reads consecutive records of a plain
+ * TFRecord shard, each value straight into its own bytes, both CRCs checked (see below).  Neither raises
+ * for the shard's content: at the first sample that does not match, or a short read, they stop and return
+ * how far they got, and the caller hands the rest to the Python reader, which names the problem.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,7 +30,8 @@ static PyObject *str_key; /* "__key__" */
 static PyObject *str_index; /* "__index__" */
 static char pad_sink[BLOCK];
 
-/* Whether hdr is the plain ustar header of a regular file named key + dotfield with size bytes. */
+/* Whether hdr is the plain ustar header of a regular file named key + dotfield with size bytes, exactly as
+ * fastload.formats.tar.header.is_header_of decides (name, octal size, type '0', no ustar prefix). */
 static int header_matches(const char *hdr, const char *key, Py_ssize_t key_len, const char *dot,
                           Py_ssize_t dot_len, long long size) {
     char want[16];
@@ -41,7 +42,7 @@ static int header_matches(const char *hdr, const char *key, Py_ssize_t key_len, 
     if (name_len < 100 && hdr[name_len] != 0) return 0;
     if (snprintf(want, sizeof want, "%011llo", size) != 11) return 0; /* >= 8 GiB: not a plain header */
     if (memcmp(hdr + 124, want, 11) != 0 || hdr[135] != 0) return 0;
-    return hdr[156] == '0' || hdr[156] == 0;
+    return hdr[156] == '0' && hdr[345] == 0; /* other types, a ustar prefix: the parser's */
 }
 
 typedef struct {

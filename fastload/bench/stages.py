@@ -119,8 +119,8 @@ def packed(
     device: str | None,
 ) -> dict[str, Any] | None:
     """Stage times of a packed tar dataset (None for Parquet, whose reads are whole row groups)."""
+    from fastload.formats.tar.reader import group_members, parse_tar_fragment
     from fastload.storage.manifest import load_index
-    from fastload.train.shardread import group_members, parse_tar_fragment
 
     index = load_index(url, s3_config=config)
     if index.shard_format != "tar":

@@ -1,8 +1,10 @@
 """The optional C readers (``fastload._native``, built from ``fastload/_native.c`` at install time when a C
 compiler is available): which ones this process uses.
 
-``FASTLOAD_NATIVE=0`` in the environment turns them off (the Python readers are then used everywhere; both
-give the same samples and the same errors)."""
+Each is an accelerator behind its format's one read function (tar:
+:func:`fastload.formats.tar.reader.read_run`), which hands the rest of a run to the Python parser where the
+C reader stops. ``FASTLOAD_NATIVE=0`` in the environment turns them off (the Python readers are then used
+everywhere; both give the same samples and the same errors)."""
 
 from __future__ import annotations
 

@@ -109,11 +109,15 @@ def damage(path: Path, ix: dict[str, Any], i: int, how: str) -> None:
         data[at + 156 : at + 157] = b"5"
     elif how == "truncated":
         del data[at + BLOCK + 10 :]
+    elif how == "prefix":  # a ustar prefix (checksum fixed): the parser reads another name
+        data[at + 345] = ord("p")
+        data[at + 148 : at + 156] = b" " * 8
+        data[at + 148 : at + 156] = b"%06o\0 " % sum(data[at : at + BLOCK])
     path.write_bytes(bytes(data))
 
 
 @needs_c
-@pytest.mark.parametrize("how", ["name", "size", "type", "truncated"])
+@pytest.mark.parametrize("how", ["name", "size", "type", "truncated", "prefix"])
 def test_it_stops_before_the_first_sample_that_does_not_match(tmp_path: Path, how: str) -> None:
     samples = [(f"k{i}", [b"%d" % i, bytes([i]) * 20_000]) for i in range(8)]
     ix = write_tar(tmp_path / "a.tar", samples, ["cls", "bin"])

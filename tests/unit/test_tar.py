@@ -16,12 +16,16 @@ from hypothesis import strategies as st
 from fastload.formats.tar.header import (
     BLOCK,
     END_OF_ARCHIVE,
+    Header,
     TarFormatError,
     header_size,
+    is_header_of,
     member_header,
     member_size,
     padded,
     parse_block,
+    parse_header,
+    parse_number,
     parse_pax,
 )
 
@@ -365,3 +369,104 @@ def test_member_header_pax_records_parse(name: str, size: int) -> None:
 def test_parse_pax_bad_length() -> None:
     with pytest.raises(TarFormatError, match="pax"):
         parse_pax(b"xx path=a\n")
+
+
+# --- parse_header: every dialect's fields ------------------------------------------------------------
+
+
+def _with_checksum(block: bytearray) -> bytes:
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def test_gnu_headers_keep_times_where_ustar_keeps_the_name_prefix() -> None:
+    info = tarfile.TarInfo("a/b.jpg")
+    info.size = 5
+    gnu = bytearray(info.tobuf(format=tarfile.GNU_FORMAT))
+    assert gnu[257:265] == b"ustar  \0"
+    gnu[345:357] = b"%011o\0" % 1_700_000_000  # GNU's atime field
+    assert parse_header(_with_checksum(gnu)) == Header(b"a/b.jpg", 5, b"0", b"")
+    posix = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT))
+    posix[345:351] = b"prefix"
+    assert parse_block(_with_checksum(posix)) == (b"prefix/a/b.jpg", 5, b"0")
+
+
+def test_v7_regular_file_named_with_a_slash_is_a_directory() -> None:
+    block = bytearray(member_header("dir/", 0))
+    block[156:157] = b"\0"
+    block[257:265] = bytes(8)
+    assert parse_block(_with_checksum(block)) == (b"dir/", 0, b"5")
+
+
+def test_a_signed_checksum_is_accepted_as_tarfile_accepts_it() -> None:
+    block = bytearray(member_header("a.bin", 3))
+    block[100:108] = b"\xff" * 8  # bytes over 127 outside the checksum field
+    signed = sum(block[:148]) + 256 + sum(block[156:]) - 256 * 8
+    block[148:156] = b"%06o\0 " % signed
+    assert parse_block(bytes(block)) == (b"a.bin", 3, b"0")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        (b"00000000017\0", 15),
+        (b"   17 \0\0\0\0\0\0", 15),
+        (b"17\0garbage\0\0", 15),
+        (b"\0" * 12, 0),
+        (b"\x80" + (8**11 + 5).to_bytes(11, "big"), 8**11 + 5),
+    ],
+)
+def test_parse_number_reads_octal_and_base256(field: bytes, value: int) -> None:
+    assert parse_number(field, "size") == value
+
+
+@pytest.mark.parametrize(
+    "field", [b"-0000000001\0", b"0000001_000\0", b"00000000008\0", b"\xff" * 12, b"\x81" + bytes(11)]
+)
+def test_parse_number_refuses_what_is_not_a_size(field: bytes) -> None:
+    with pytest.raises(TarFormatError, match="size"):
+        parse_number(field, "size")
+
+
+@pytest.mark.parametrize(
+    "records", [b"12 path=abc", b"99 path=abc\n", b"6 pa\n", b"9 pathabc\n", b"10 path=ab\n"]
+)
+def test_parse_pax_refuses_cut_or_malformed_records(records: bytes) -> None:
+    with pytest.raises(TarFormatError, match="pax"):
+        parse_pax(records)
+
+
+def test_parse_pax_allows_nul_padding() -> None:
+    assert parse_pax(b"11 path=ab\n" + bytes(20)) == {"path": b"ab"}
+
+
+@SETTINGS
+@given(
+    st.text(alphabet="abz09._-/", min_size=1, max_size=100),
+    st.integers(0, 10**6),
+    st.lists(st.tuples(st.integers(0, BLOCK - 1), st.integers(1, 255)), max_size=3),
+    st.booleans(),
+)
+def test_what_is_header_of_accepts_the_parser_reads_the_same(
+    name: str, size: int, flips: list[tuple[int, int]], fix: bool
+) -> None:
+    """The readers' fast check never accepts a header the parser would read differently: it reads the
+    same name, size and type, or refuses the checksum (which the fast check does not recompute)."""
+    block = bytearray(member_header(name, size))
+    for at, mask in flips:
+        block[at] ^= mask
+    data = _with_checksum(block) if fix else bytes(block)
+    if is_header_of(data, 0, name.encode(), size):
+        try:
+            header = parse_header(data)
+        except TarFormatError as exc:
+            assert "checksum" in str(exc)
+        else:
+            assert header is not None and (header.name, header.size, header.typeflag) == (
+                name.encode(),
+                size,
+                b"0",
+            )
+    if not flips:
+        assert is_header_of(data, 0, name.encode(), size)

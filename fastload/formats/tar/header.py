@@ -21,6 +21,10 @@ class TarFormatError(ValueError):
     """Bytes that are not a valid tar header."""
 
 
+class UnsupportedMember(TarFormatError):
+    """A well-formed member that cannot be a sample's member (a link, device, FIFO, sparse file...)."""
+
+
 def padded(n: int) -> int:
     """``n`` rounded up to a whole number of 512-byte blocks."""
     return (n + BLOCK - 1) // BLOCK * BLOCK
@@ -100,6 +104,7 @@ class Member:
     header_offset: int
     data_offset: int
     size: int
+    plain: bool = False  # a regular file ('0' or NUL) with one 512-byte header (no pax or GNU header before)
 
     @property
     def end(self) -> int:
@@ -107,68 +112,104 @@ class Member:
         return self.data_offset + padded(self.size)
 
 
-def _parse_octal(field: bytes, what: str) -> int:
-    text = field.rstrip(b"\0 ").lstrip(b" ")
-    if field[:1] and field[0] & 0x80:
+def parse_number(field: bytes, what: str) -> int:
+    """A numeric header field: octal digits (NUL- or space-terminated, as every dialect writes them), or
+    GNU/star base-256 (first byte 0x80, then a big-endian number: sizes of 8 GiB and more)."""
+    if field[:1] == b"\x80":
         return int.from_bytes(field[1:], "big")
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise TarFormatError(f"{what} field is not an octal number: {field!r}") from None
+    if field and field[0] & 0x80:
+        raise TarFormatError(f"{what} field is a negative or unknown base-256 number: {field!r}")
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if text.strip(b"01234567"):
+        raise TarFormatError(f"{what} field is not an octal number: {field!r}")
+    return int(text, 8) if text else 0
 
 
-def parse_block(block: bytes) -> tuple[bytes, int, bytes] | None:
-    """``(name, size, typeflag)`` of one header block; None for an all-zero (end) block."""
+@dataclass(frozen=True)
+class Header:
+    """One header block, parsed: name (with the ustar prefix), data size, type flag and link name."""
+
+    name: bytes
+    size: int
+    typeflag: bytes
+    linkname: bytes
+
+
+_POSIX_MAGIC = b"ustar\x0000"
+
+
+def parse_header(block: bytes) -> Header | None:
+    """The fields of one header block of any dialect (v7, ustar, pax, GNU, oldgnu); None for an all-zero
+    (end-of-archive) block. Raises :class:`TarFormatError` for a short block, a checksum that matches
+    neither the unsigned nor the signed sum (as tarfile accepts), or a number field that is not one.
+
+    The name's ustar prefix (bytes 345-500) is used only with the POSIX magic ``ustar\\0`` + ``00``: GNU
+    headers keep access and change times there. A v7 regular file (type NUL) whose name ends with ``/`` is
+    a directory (type ``5``), as tarfile and GNU tar read it."""
     if len(block) != BLOCK:
         raise TarFormatError(f"header block is {len(block)} bytes, expected {BLOCK} (truncated archive)")
     if not any(block):
         return None
-    stored = _parse_octal(block[148:156], "checksum")
-    actual = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    if stored != actual:
-        raise TarFormatError(f"header checksum {stored} does not match computed {actual}")
+    stored = parse_number(block[148:156], "checksum")
+    unsigned = sum(block) - sum(block[148:156]) + 256
+    if stored != unsigned:
+        high = sum(1 for b in block[:148] if b > 127) + sum(1 for b in block[156:] if b > 127)
+        signed = unsigned - 256 * high
+        if stored != signed:
+            raise TarFormatError(f"header checksum {stored} does not match computed {unsigned}")
     name = block[:100].split(b"\0", 1)[0]
-    if block[257:262] == b"ustar" and block[345:500].strip(b"\0"):
+    if block[257:265] == _POSIX_MAGIC and block[345] != 0:
         name = block[345:500].split(b"\0", 1)[0] + b"/" + name
-    return name, _parse_octal(block[124:136], "size"), block[156:157]
+    typeflag = block[156:157]
+    if typeflag == b"\0" and name.endswith(b"/"):
+        typeflag = b"5"
+    return Header(name, parse_number(block[124:136], "size"), typeflag, block[157:257].split(b"\0", 1)[0])
+
+
+def parse_block(block: bytes) -> tuple[bytes, int, bytes] | None:
+    """``(name, size, typeflag)`` of one header block; None for an all-zero (end) block."""
+    header = parse_header(block)
+    return None if header is None else (header.name, header.size, header.typeflag)
 
 
 def is_header_of(buf: bytes, pos: int, name: bytes, size: int) -> bool:
     """Whether ``buf[pos:pos + 512]`` is the plain ustar header of a regular file ``name`` of ``size``
-    bytes, as :func:`member_header` writes it (octal size, no pax header).
+    bytes, as :func:`member_header` writes it (octal size, type ``0``, no name prefix, no pax header).
 
     The check readers make against an index that records each member's name and size: a few byte
-    comparisons instead of parsing the header. The checksum is not recomputed: the fields it protects
-    (name, size, type) are compared with the index directly, and data bytes have no checksum in tar.
+    comparisons instead of parsing the header (the C reader makes the same ones). Every field a reader
+    uses (name, prefix, size, type) must say what the index says, so the bytes taken are those the parser
+    would take; the checksum, which protects only those fields here, is not recomputed (that would cost
+    more than the rest of the read of a small sample): a header whose other bytes changed still reads.
     """
     return (
         pos + BLOCK <= len(buf)
-        and buf.startswith(name, pos)
+        and buf.startswith(name, pos, pos + 100)  # (False for a name over 100 bytes)
         and (len(name) == 100 or buf[pos + len(name)] == 0)
         and buf[pos + 124 : pos + 136] == b"%011o\0" % size
-        and buf[pos + 156] in _REGULAR
+        and buf[pos + 156] == 0x30  # '0' (a v7 NUL type with a name ending in '/' is a directory)
+        and buf[pos + 345] == 0  # no ustar prefix
     )
 
 
-_REGULAR = frozenset(b"0\0")
-
-
 def parse_pax(records: bytes) -> dict[str, bytes]:
-    """Keyword/value pairs of a pax extended header's data."""
+    """Keyword/value pairs of a pax extended header's data (``"LEN KEY=VALUE\\n"`` records, LEN counting
+    the whole record); trailing NUL padding is allowed. Raises :class:`TarFormatError` for a record that is
+    not one (a bad length, no ``=``, no newline at its end)."""
     out: dict[str, bytes] = {}
     pos = 0
-    while pos < len(records):
-        space = records.find(b" ", pos)
-        if space < 0:
-            break
-        try:
-            length = int(records[pos:space])
-        except ValueError:
-            raise TarFormatError(f"bad pax record length at {pos}") from None
-        if length <= 0:
-            break
-        record = records[space + 1 : pos + length - 1]
-        keyword, _, value = record.partition(b"=")
+    n = len(records)
+    while pos < n and records[pos] != 0:
+        space = records.find(b" ", pos, pos + 20)
+        digits = records[pos:space] if space > pos else b""
+        if not digits.isdigit():
+            raise TarFormatError(f"bad pax record length at byte {pos} of the extended header")
+        end = pos + int(digits)
+        if end <= space + 1 or end > n or records[end - 1] != 0x0A:
+            raise TarFormatError(f"pax record at byte {pos} of the extended header is cut or too long")
+        keyword, eq, value = records[space + 1 : end - 1].partition(b"=")
+        if not eq or not keyword:
+            raise TarFormatError(f"pax record at byte {pos} of the extended header has no keyword=value")
         out[keyword.decode("utf-8", "replace")] = value
-        pos += length
+        pos = end
     return out

@@ -16,7 +16,7 @@ from fastload.config import S3Config
 from fastload.core.index import DatasetIndex, ShardEntry, set_layout
 from fastload.core.keys import KeyRuleError, split_key
 from fastload.errors import ConfigError, VerifyError
-from fastload.formats.tar.header import BLOCK, TarFormatError
+from fastload.formats.tar.header import TarFormatError, UnsupportedMember
 from fastload.formats.tar.scan import ChecksumReader, iter_members
 from fastload.storage import access as storage
 
@@ -33,8 +33,6 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
         reader = ChecksumReader(f)
         try:
             for member in iter_members(reader):
-                if member.typeflag not in ("0", "\0", "7"):
-                    continue  # folders, links: WebDataset ignores them too
                 try:
                     key, field_name = split_key(member.name)
                 except KeyRuleError as exc:
@@ -45,7 +43,7 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
                         offset=member.header_offset,
                     ) from None
                 fields.add(field_name)
-                plain = member.data_offset - member.header_offset == BLOCK and member.typeflag != "7"
+                plain = member.plain
                 if keys and keys[-1] == key:
                     sizes[-1] = member.end - offsets[-1]
                     last = layouts[-1]
@@ -69,6 +67,8 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
                 sizes.append(member.end - member.header_offset)
                 layouts.append(([field_name], [member.size]) if plain else None)
             reader.drain()
+        except UnsupportedMember as exc:
+            raise VerifyError(str(exc), shard=name) from None
         except TarFormatError as exc:
             raise VerifyError(
                 f"not a readable tar archive ({exc}); re-download or re-create the shard", shard=name
