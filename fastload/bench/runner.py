@@ -5,6 +5,9 @@ Order of a run: workload (generated or sampled, packed, served) -> endpoint ceil
 reference -> the measurement schedule (each repetition runs every (variant, num_workers) pair once, the
 order rotated by one per repetition; medians over repetitions) -> training simulation of the headline
 variants at the training ``num_workers`` -> stage breakdown -> advice.
+
+(Over 400 lines on purpose: the run's steps share one schedule and one report in progress; each step is a
+function here, and the measuring, the stages and the advice live in their own modules.)
 """
 
 from __future__ import annotations

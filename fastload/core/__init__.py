@@ -1,1 +1,8 @@
-"""Pure logic: plans, headers and decisions. No files, sockets, threads, clocks, env or torch here."""
+"""Pure logic: plans and decisions. May import only itself and ``fastload.errors``: no files, sockets,
+threads, clocks, env, torch or cloud SDKs here; callers pass ``now``, ``rng``, ``rank``, ``worker``.
+
+Owns: sample keys and grouping (``keys``), shard planning (``plan``), the manifest schema (``index``), byte
+ranges and the 206 contract (``ranges``), fault classes and backoff (``retry``), the AIMD limit
+(``throttle``), who reads which sample per epoch, rank and worker (``sharding``), read tasks (``readplan``),
+sequence packing (``seqpack``), bench advice (``advice``), sizes with units (``units``).
+"""

@@ -1,1 +1,7 @@
-"""Local paths and s3:// URLs behind one face: open, read, list, publish; the cache of remote shards."""
+"""Local paths and ``s3://`` URLs behind one face. May import ``core``, ``s3`` and the base modules.
+
+Owns: open/read/size/list of a URL (``access``), ``fastload.open`` (``opener``), the dataset manifest
+(``manifest``: ``index.json`` from a folder or prefix), the local cache of remote shards (``cache``), local
+and S3 listing of pack sources (``listing``, ``s3source``), a sample's input files with read-ahead
+(``inputs``), atomic local writes (``localfs``).
+"""

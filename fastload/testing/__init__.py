@@ -1,1 +1,4 @@
-"""Test helpers for fastload and its users: a fault-injecting HTTP proxy for S3 (``faultproxy``)."""
+"""Helpers for fastload's tests and its users' tests: a fault-injecting S3 proxy (``faultproxy``, with
+``faultplan``, ``proxyconn``, ``httpwire``, ``sigv4``) and an embedded read-only S3 endpoint over a folder
+(``s3serve``, which ``fastload bench`` runs). Imports nothing else of fastload but ``errors``.
+"""

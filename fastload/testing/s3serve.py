@@ -21,6 +21,9 @@ The command prints one JSON line (``endpoint_url``, ``bucket``, ``pid``) and ser
 Keys map to files under the root, symlinks followed (so a served folder can link in others); a key with
 an empty, ``.`` or ``..`` segment is NoSuchKey, so no key names a path above the root. The ETag is a
 digest of (inode, size, mtime), stable while the file is unchanged.
+
+(Over 400 lines on purpose: one small HTTP server whose request parsing, S3 operations and paced bodies
+share the same connection state; it is a test and bench fixture, not a code path of training.)
 """
 
 from __future__ import annotations

@@ -1,2 +1,9 @@
-"""Training-side reading: ShardDataset, DataLoader, batch transport, prefetch, decode, collate,
-PackedSequences, device feed. The only torch imports besides bench."""
+"""Training-side reading: the only torch imports besides ``bench``. May import ``core``, ``formats``,
+``storage``, ``s3`` and the base modules.
+
+Owns: ``ShardDataset`` (``dataset``; its options in ``options``, its source in ``source``, its position and
+state in ``position``, shard runs in ``reading`` and ``shardread``), ``fastload.DataLoader`` (``loader``,
+with ``chunks``: batches made in workers), shared-memory batch slots (``shmbatch``), ordered prefetch of read
+tasks (``prefetch``), decoders (``decode``), collate functions (``collate``), ``PackedSequences``
+(``packed``), ``fastload.loader`` and the device prefetcher (``feed``).
+"""
