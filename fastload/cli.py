@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from fastload.config import PARQUET_COMPRESSIONS, SHARD_FORMATS, PackConfig
+from fastload import formats
+from fastload.config import PARQUET_COMPRESSIONS, PackConfig
 from fastload.core.units import parse_size
 from fastload.errors import ConfigError, FastloadError, SkippedInputError
 
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "dst", metavar="DST", help="destination folder (new or empty, or an interrupted pack with --resume)"
     )
-    p.add_argument("--format", dest="shard_format", choices=SHARD_FORMATS, default="tar")
+    p.add_argument("--format", dest="shard_format", choices=formats.names(), default="tar")
     p.add_argument(
         "--shard-size",
         type=_size,
@@ -228,10 +229,9 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from fastload.storage.manifest import load_index
     from fastload.summary import describe, list_shard
 
-    index = load_index(args.target)
+    index = formats.load_index(args.target)
     if args.shard is None:
         print(describe(index))
     else:

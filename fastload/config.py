@@ -9,7 +9,6 @@ from typing import Any
 
 from fastload.errors import ConfigError
 
-SHARD_FORMATS = ("tar", "parquet", "tfrecord")
 PARQUET_COMPRESSIONS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
 
 
@@ -38,8 +37,9 @@ class PackConfig:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.shard_format not in SHARD_FORMATS:
-            raise ConfigError(f"shard_format={self.shard_format!r}; choose one of {', '.join(SHARD_FORMATS)}")
+        from fastload import formats  # (the registry; formats import this module at their top)
+
+        formats.by_name(self.shard_format)  # ConfigError naming the registered formats
         if self.shard_size_bytes < 4096:
             raise ConfigError(
                 f"shard_size_bytes={self.shard_size_bytes} is too small; use at least 4 KiB "
@@ -82,9 +82,13 @@ class PackConfig:
         out = asdict(self)
         for name in ("workers", "resume", "allow_skip", "fsync", "progress"):
             out.pop(name)
-        if self.shard_format != "parquet":
-            out.pop("row_group_bytes")
-            out.pop("compression")
+        from fastload import formats
+
+        own = formats.by_name(self.shard_format).pack_options
+        for fmt in formats.all_formats():  # options of other formats do not change this one's bytes
+            for name in fmt.pack_options:
+                if name not in own:
+                    out.pop(name, None)
         return out
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 from fastload.core.index import DatasetIndex
 from fastload.core.units import format_size
 from fastload.errors import ConfigError
-from fastload.formats.tfrecord.codec import is_gzip_name
+from fastload.formats import by_name
 
 
 def describe(index: DatasetIndex) -> str:
@@ -25,9 +25,7 @@ def describe(index: DatasetIndex) -> str:
         lines.append("partitions: " + ", ".join(f"{p} ({n} shards)" for p, n in sorted(fields.items())))
     if index.skipped:
         lines.append(f"skipped:  {len(index.skipped)} input(s) when packing (see index.json)")
-    gz = sum(1 for s in index.shards if is_gzip_name(s.name)) if index.shard_format == "tfrecord" else 0
-    if gz:
-        lines.append(f"gzip:     {gz} shard(s); read as whole streams, offsets count decompressed bytes")
+    lines += by_name(index.shard_format).describe(index)  # what only this format has to say
     if index.shards:
         sizes = [s.bytes for s in index.shards]
         lo, hi = min(sizes), max(sizes)

@@ -12,6 +12,8 @@ import time
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from fastload import formats
+
 BUFFER_BYTES = 1 << 20
 
 
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             os.path.relpath(os.path.join(here, f), args.root).replace(os.sep, "/")
             for here, _, names in os.walk(base)
             for f in names
-            if kind == "files" or f.endswith(".tar")
+            if kind == "files" or formats.for_path(f) is not None
         )
     out: dict[str, Any] = {}
     for label, latency, cap in (

@@ -1,1 +1,41 @@
-"""Shard formats: the only place that knows a format's bytes (tar, Parquet, TFRecord)."""
+"""Shard formats: the only place that knows a format's bytes (tar, Parquet, TFRecord), each one module
+implementing :class:`ShardFormat`, chosen through the registry (:func:`by_name`, :func:`for_path`).
+
+May import ``core``, ``storage``, the base modules and the C module ``fastload._native``.
+"""
+
+from fastload.formats.parquet.format import PARQUET
+from fastload.formats.registry import (
+    Problem,
+    SampleSource,
+    ShardFormat,
+    all_formats,
+    by_name,
+    check_index,
+    for_path,
+    foreign_format,
+    load_index,
+    names,
+    register,
+    unregister,
+)
+from fastload.formats.tar.format import TAR
+from fastload.formats.tfrecord.format import TFRECORD
+
+for _fmt in (TAR, PARQUET, TFRECORD):
+    register(_fmt, replace=True)
+
+__all__ = [
+    "Problem",
+    "SampleSource",
+    "ShardFormat",
+    "all_formats",
+    "by_name",
+    "check_index",
+    "for_path",
+    "foreign_format",
+    "load_index",
+    "names",
+    "register",
+    "unregister",
+]

@@ -6,26 +6,24 @@ Every file named ``*.tfrecord``, ``*.tfrecords`` or ``*.tfrec`` (or one of those
 target is read once, front to back: both CRCs of every record, each record's byte range and key (its
 ``__key__`` feature, else ``<file stem>/<record index:06d>``), the feature names and the file's CRC32C.
 ``index.json`` is written only when every file reads cleanly. A folder without TFRecord files is indexed as
-tar shards (:mod:`fastload.formats.tar.index`).
+tar shards (:mod:`fastload.formats.tar.index`). Each file's format is found through the registry
+(:func:`fastload.formats.foreign_format`), and the format builds the index (:meth:`ShardFormat.table`).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex
 from fastload.errors import ConfigError, NotFoundError, VerifyError
-from fastload.formats.tfrecord.codec import SUFFIXES, is_tfrecord_name
-from fastload.formats.tfrecord.index import scan_tfrecord_files
 from fastload.packing.dest import destination
 from fastload.storage import access as storage
 
 STATE_DIR = ".fastload-index"
-_KIND = {"tfrecord": "TFRecord", "tar": "tar", "parquet": "Parquet"}
 
 
 @dataclass
@@ -45,8 +43,9 @@ class IndexReport:
         if self.index is not None:
             idx = self.index
             where = storage.join(self.target, INDEX_NAME)
+            kind = formats.by_name(idx.shard_format).label
             return (
-                f"indexed {idx.samples:,} samples in {len(idx.shards)} {_KIND[idx.shard_format]} file(s) "
+                f"indexed {idx.samples:,} samples in {len(idx.shards)} {kind} file(s) "
                 f"({idx.bytes:,} bytes) in {self.seconds:.1f}s; wrote {where}\n"
                 f"fields: {', '.join(idx.fields) or '(none)'}"
             )
@@ -66,22 +65,6 @@ def _relative(root: str, url: str) -> str:
 
 def _hidden(name: str) -> bool:
     return any(part.startswith(".") for part in name.split("/"))
-
-
-def _index_tars(
-    named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
-) -> tuple[DatasetIndex, list[VerifyError]]:
-    """The index of WebDataset tar files ``(url, name)`` (see :mod:`fastload.formats.tar.index`)."""
-    from fastload.formats.tar.index import index_tar_shards
-
-    try:
-        _, index = index_tar_shards([u for u, _ in named], config=s3_config, threads=threads)
-    except VerifyError as exc:
-        return DatasetIndex("tar", [], []), [exc]
-    for entry, (_, name) in zip(index.shards, named, strict=True):
-        entry.name = name  # relative to the folder that gets index.json
-    index.options = {"shard_format": "tar", "indexed_by": "fastload index"}
-    return index, []
 
 
 def build_index(
@@ -112,23 +95,26 @@ def build_index(
         )
     named = [(u, _relative(root, u)) for u in storage.list_files(root, "", config=s3_config)]
     named = [(u, n) for u, n in named if not _hidden(n)]
-    tfrecords = [(u, n) for u, n in named if is_tfrecord_name(n)]
-    tars = [(u, n) for u, n in named if n.endswith(".tar")]
-    if tfrecords and tars:
+    by_format: dict[str, list[tuple[str, str]]] = {}
+    for u, n in named:
+        fmt = formats.foreign_format(n)
+        if fmt is not None:
+            by_format.setdefault(fmt.name, []).append((u, n))
+    if len(by_format) > 1:
+        kinds = " and ".join(formats.by_name(f).label for f in sorted(by_format, reverse=True))
         raise ConfigError(
-            f"{root} holds both TFRecord and tar files; one index covers one format: put them in two folders"
+            f"{root} holds both {kinds} files; one index covers one format: put them in two folders"
         )
-    if not tfrecords and not tars:
-        kinds = ", ".join(f"*{s}" for s in SUFFIXES)
+    if not by_format:
+        tfrecord = formats.by_name("tfrecord")
+        kinds = ", ".join(f"*{s}" for s in tfrecord.suffixes)
         raise NotFoundError(
             f"no TFRecord files ({kinds}, or those with .gz) or .tar files under {root}", path=root
         )
+    ((name, files),) = by_format.items()
     report = IndexReport(root)
     threads = workers or min(8, os.cpu_count() or 1)
-    if tfrecords:
-        index, report.problems = scan_tfrecord_files(tfrecords, threads=threads, s3_config=s3_config)
-    else:
-        index, report.problems = _index_tars(tars, threads=threads, s3_config=s3_config)
+    index, report.problems = formats.by_name(name).table(files, threads=threads, s3_config=s3_config)
     report.seconds = time.monotonic() - began
     if report.problems:
         return report

@@ -1,0 +1,187 @@
+"""The Parquet shard format: planning sizes, the writer, the read path (rows by row group) and verify.
+
+Parquet shards are only written by ``fastload pack`` (there is no foreign-file index or lint): a shard's
+samples are rows, its index entry lists the row groups ``(offset, size, rows)``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from fastload.core.index import DatasetIndex, ShardEntry
+from fastload.core.plan import parquet_file_overhead, parquet_row_bytes
+from fastload.errors import VerifyError
+from fastload.formats.checks import crc_problem
+from fastload.formats.tar.scan import ChecksumReader
+
+if TYPE_CHECKING:
+    from fastload.config import PackConfig, S3Config
+    from fastload.core.keys import Sample
+    from fastload.formats.tar.writer import ShardResult
+    from fastload.storage.inputs import Input
+
+RawSample = dict[str, Any]
+KEY_COLUMN = "__key__"
+
+
+class ParquetSamples:
+    """Rows of one indexed Parquet shard: whole row groups are read, then the wanted rows picked."""
+
+    def __init__(self, entry: ShardEntry, file: BinaryIO) -> None:
+        self.entry = entry
+        self._file = file
+        self._lock = threading.Lock()  # pyarrow reads through the file position
+
+    def close(self) -> None:
+        pass  # the file belongs to the caller
+
+    def load(
+        self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False
+    ) -> Callable[[], Iterable[RawSample]]:
+        rows = self.read_rows(positions, columns)
+        return lambda: rows
+
+    def read_rows(self, positions: Sequence[int], columns: Sequence[str] | None) -> list[RawSample]:
+        """The rows at index ``positions``, in that order; ``columns`` projects fields (the key stays)."""
+        import pyarrow.parquet as pq
+
+        with self._lock:
+            entry = self.entry
+            self._file.seek(0)
+            parquet = pq.ParquetFile(self._file)
+            starts = [0]
+            for rg in entry.row_groups:
+                starts.append(starts[-1] + rg[2])
+            wanted_set = set(positions)
+            wanted = sorted(wanted_set)
+            cols = None if columns is None else [KEY_COLUMN, *[c for c in columns if c != KEY_COLUMN]]
+            rows: dict[int, RawSample] = {}
+            g = 0
+            for p in wanted:
+                while starts[g + 1] <= p:
+                    g += 1
+                if p in rows:
+                    continue
+                table = parquet.read_row_group(g, columns=cols).to_pydict()
+                names = list(table)
+                for r in range(len(table[KEY_COLUMN])):
+                    pos = starts[g] + r
+                    if pos in wanted_set:
+                        sample: RawSample = {n: table[n][r] for n in names if table[n][r] is not None}
+                        sample["__index__"] = pos
+                        rows[pos] = sample
+            return [rows[p] for p in positions]
+
+
+def check_parquet(path: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
+    """Row groups and keys of a Parquet shard against its index entry."""
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+        meta = parquet.metadata
+        keys = parquet.read(columns=[KEY_COLUMN]).column(0).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        return [VerifyError(f"not a readable Parquet file: {exc}", shard=shard.name)]
+    problems: list[VerifyError] = []
+    rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    if rows != [rg[2] for rg in shard.row_groups]:
+        problems.append(
+            VerifyError(
+                f"row groups hold {rows} rows, index says {[rg[2] for rg in shard.row_groups]}",
+                shard=shard.name,
+            )
+        )
+    if keys != shard.keys:
+        bad = next(
+            (i for i, (a, b) in enumerate(zip(keys, shard.keys, strict=False)) if a != b),
+            min(len(keys), shard.samples),
+        )
+        problems.append(
+            VerifyError(
+                f"row {bad} holds key {keys[bad] if bad < len(keys) else None!r}, index says "
+                f"{shard.keys[bad] if bad < shard.samples else None!r}",
+                shard=shard.name,
+                key=shard.keys[bad] if bad < shard.samples else None,
+            )
+        )
+    return problems
+
+
+class ParquetFormat:
+    """``shard_format="parquet"``: a row per sample, a ``__key__`` column and a binary column per field."""
+
+    name = "parquet"
+    label = "Parquet"
+    suffixes: tuple[str, ...] = (".parquet",)
+    pack_options: tuple[str, ...] = ("row_group_bytes", "compression")
+    foreign = False
+
+    def matches(self, name: str) -> bool:
+        return name.endswith(self.suffixes)
+
+    def sample_sizes(
+        self, samples: Sequence[Sample[Input]], *, n_fields: int, config: PackConfig
+    ) -> tuple[list[int], int]:
+        sizes = [parquet_row_bytes(s.key, [it.entry.size for _, it in s.members]) for s in samples]
+        groups = config.shard_size_bytes // config.row_group_bytes + 1
+        return sizes, parquet_file_overhead(n_fields, groups)
+
+    def write(
+        self,
+        name: str,
+        samples: Sequence[Sample[Input]],
+        tmp_path: str,
+        *,
+        fields: Sequence[str],
+        config: PackConfig,
+        on_sample: Callable[[int, int], None] | None = None,
+        open_threads: int = 0,
+    ) -> ShardResult:
+        from fastload.formats.parquet.writer import write_parquet_shard
+
+        return write_parquet_shard(
+            name,
+            samples,
+            tmp_path,
+            fields=fields,
+            row_group_bytes=config.row_group_bytes,
+            compression=config.compression,
+            on_sample=on_sample,
+            open_threads=open_threads,
+        )
+
+    def check_entry(self, entry: ShardEntry) -> str | None:
+        if sum(rg[2] for rg in entry.row_groups) != entry.samples:
+            return "lacks row groups; re-run `fastload pack`"
+        return None
+
+    def table(
+        self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+    ) -> tuple[DatasetIndex, list[VerifyError]]:
+        raise NotImplementedError("Parquet shards need an index written by `fastload pack`")
+
+    def samples(
+        self, entry: ShardEntry, *, read: Callable[[int, int], bytes], file: BinaryIO, fd: int | None
+    ) -> ParquetSamples:
+        return ParquetSamples(entry, file)
+
+    def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
+        reader = ChecksumReader(file)
+        reader.drain()
+        problems = crc_problem(reader, shard)
+        if not problems:
+            file.seek(0)
+            problems += check_parquet(file, shard)
+        return problems
+
+    def lint(self, url: str, *, s3_config: S3Config | None) -> tuple[list[VerifyError], int, int]:
+        raise NotImplementedError("Parquet files are only verified against an index")
+
+    def describe(self, index: DatasetIndex) -> list[str]:
+        return []
+
+
+PARQUET = ParquetFormat()

@@ -1,0 +1,189 @@
+"""The shard-format protocol and its registry: every flow (pack, index, verify, inspect, read) chooses a
+format here, by name (``index.json``'s ``shard_format``, ``--format``) or by file name, never by checking
+suffixes itself. The lookups run once per shard or per dataset, never per sample.
+
+A format is one object implementing :class:`ShardFormat`; the built-in ones (tar, Parquet, TFRecord) are
+registered when :mod:`fastload.formats` is imported, and :func:`register` adds another (a test's toy format,
+a user's own container).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
+
+from fastload.errors import ConfigError, VerifyError
+
+if TYPE_CHECKING:
+    from fastload.config import PackConfig, S3Config
+    from fastload.core.index import DatasetIndex, ShardEntry
+    from fastload.core.keys import Sample
+    from fastload.formats.tar.writer import ShardResult
+    from fastload.storage.inputs import Input
+
+RawSample = dict[str, Any]
+Problem = VerifyError  # what verify and lint report: names the shard, the sample/offset and what to do
+
+
+class SampleSource(Protocol):
+    """One open shard's samples, for the read path (:meth:`ShardFormat.samples`)."""
+
+    def load(
+        self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False
+    ) -> Callable[[], Iterable[RawSample]]:
+        """Do the I/O for the samples at ``positions`` (index order of the shard) now; the returned function
+        makes them into samples (``defer``: it is called at once in this thread)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ShardFormat(Protocol):
+    """What a shard format implements. ``suffixes[0]`` is the one ``fastload pack`` names shards with."""
+
+    name: str  # as in index.json and --format: "tar"
+    label: str  # as messages say it: "TFRecord"
+    suffixes: tuple[str, ...]  # file names this format claims (see matches)
+    pack_options: tuple[str, ...]  # PackConfig fields that change this format's bytes (beyond the common)
+    foreign: bool  # files written by other tools can be indexed (table) and linted without an index
+
+    def matches(self, name: str) -> bool:
+        """Whether a file name is one of this format's shards."""
+        ...
+
+    def sample_sizes(
+        self, samples: Sequence[Sample[Input]], *, n_fields: int, config: PackConfig
+    ) -> tuple[list[int], int]:
+        """Each sample's exact bytes in a shard, and the per-shard overhead: what pack plans shards by."""
+        ...
+
+    def write(
+        self,
+        name: str,
+        samples: Sequence[Sample[Input]],
+        tmp_path: str,
+        *,
+        fields: Sequence[str],
+        config: PackConfig,
+        on_sample: Callable[[int, int], None] | None = None,
+        open_threads: int = 0,
+    ) -> ShardResult:
+        """Write one shard at ``tmp_path``; its index entry (named ``name``) and what was skipped."""
+        ...
+
+    def check_entry(self, entry: ShardEntry) -> str | None:
+        """Why ``entry`` cannot describe a shard of this format (e.g. no per-sample offsets), or None."""
+        ...
+
+    def table(
+        self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+    ) -> tuple[DatasetIndex, list[Problem]]:
+        """The index of foreign shards ``(url, name)`` (names relative to the index's folder), read once;
+        with problems the index is not to be used."""
+        ...
+
+    def samples(
+        self,
+        entry: ShardEntry,
+        *,
+        read: Callable[[int, int], bytes],
+        file: BinaryIO,
+        fd: int | None,
+    ) -> SampleSource:
+        """The read path of one open shard: ``read(offset, size)`` returns exactly those bytes (thread
+        safe), ``file`` is the open shard, ``fd`` its descriptor when it is a local file."""
+        ...
+
+    def verify(self, file: BinaryIO, shard: ShardEntry) -> list[Problem]:
+        """Check a whole shard, read from its start, against its index entry: CRC32C, samples, keys and
+        byte ranges (the caller checks the file size)."""
+        ...
+
+    def lint(self, url: str, *, s3_config: S3Config | None) -> tuple[list[Problem], int, int]:
+        """Check a foreign file without an index: its problems, samples and stored bytes."""
+        ...
+
+    def describe(self, index: DatasetIndex) -> list[str]:
+        """Extra lines for ``fastload inspect`` (may be empty)."""
+        ...
+
+
+_FORMATS: dict[str, ShardFormat] = {}
+
+
+def register(fmt: ShardFormat, *, replace: bool = False) -> ShardFormat:
+    """Add ``fmt`` to the registry (``replace``: over one of the same name); returns it."""
+    if not isinstance(fmt, ShardFormat):
+        raise ConfigError(f"{fmt!r} does not implement fastload.formats.ShardFormat")
+    if not fmt.name or not fmt.suffixes:
+        raise ConfigError(f"format {fmt.name!r} needs a name and at least one suffix")
+    if fmt.name in _FORMATS and not replace:
+        raise ConfigError(f"a shard format named {fmt.name!r} is registered already (pass replace=True)")
+    _FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def unregister(name: str) -> None:
+    """Remove the format ``name`` (for tests that register their own)."""
+    _FORMATS.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """The registered formats' names, in registration order (the built-ins first: tar, parquet, tfrecord)."""
+    return tuple(_FORMATS)
+
+
+def all_formats() -> tuple[ShardFormat, ...]:
+    return tuple(_FORMATS.values())
+
+
+def by_name(name: str, *, what: str = "shard_format") -> ShardFormat:
+    """The format called ``name``; :class:`ConfigError` naming ``what`` and the choices when there is none."""
+    try:
+        return _FORMATS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"{what}={name!r}; choose one of {', '.join(_FORMATS)}") from None
+
+
+def for_path(url: str) -> ShardFormat | None:
+    """The format whose shards are named like ``url`` (``x.tar``, ``x.tfrecord.gz``), or None."""
+    for fmt in _FORMATS.values():
+        if fmt.matches(url):
+            return fmt
+    return None
+
+
+def foreign_format(url: str) -> ShardFormat | None:
+    """The format of ``url`` if its files can be indexed and linted without an ``index.json``, else None."""
+    fmt = for_path(url)
+    return fmt if fmt is not None and fmt.foreign else None
+
+
+def check_index(index: DatasetIndex, *, where: str) -> ShardFormat:
+    """The format of ``index``, after checking each shard entry describes a shard of it; raises
+    :class:`~fastload.errors.IndexFormatError` naming ``where`` and the shard."""
+    from fastload.errors import IndexFormatError
+
+    fmt = _FORMATS.get(index.shard_format)
+    if fmt is None:
+        raise IndexFormatError(f"{where}: unknown shard_format {index.shard_format!r}")
+    for shard in index.shards:
+        problem = fmt.check_entry(shard)
+        if problem is not None:
+            raise IndexFormatError(f"{where}: {fmt.name} shard {shard.name} {problem}")
+    return fmt
+
+
+def load_index(dataset: str | os.PathLike[str], *, s3_config: S3Config | None = None) -> DatasetIndex:
+    """A dataset's ``index.json`` (:func:`fastload.storage.manifest.load_index`), checked against its
+    format (:func:`check_index`)."""
+    from fastload.core.index import INDEX_NAME
+    from fastload.storage import access as storage
+    from fastload.storage.manifest import load_index as read_index
+
+    index = read_index(dataset, s3_config=s3_config)
+    url = storage.normalise(dataset)
+    check_index(index, where=url if url.endswith(".json") else storage.join(url, INDEX_NAME))
+    return index

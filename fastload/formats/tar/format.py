@@ -1,0 +1,101 @@
+"""The tar shard format (WebDataset convention) as a :class:`~fastload.formats.registry.ShardFormat`: a thin
+adapter over the functions of this package (writer, header scan, index, check), so that their insides can
+change beneath it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, BinaryIO
+
+from fastload.core.index import DatasetIndex, ShardEntry
+from fastload.errors import VerifyError
+from fastload.formats.checks import crc_problem
+from fastload.formats.tar.header import END_OF_ARCHIVE, member_size
+from fastload.formats.tar.scan import ChecksumReader
+
+if TYPE_CHECKING:
+    from fastload.config import PackConfig, S3Config
+    from fastload.core.keys import Sample
+    from fastload.formats.registry import SampleSource
+    from fastload.formats.tar.writer import ShardResult
+    from fastload.storage.inputs import Input
+
+
+class TarFormat:
+    """``shard_format="tar"``: each sample's members ``key.field`` adjacent in a tar archive."""
+
+    name = "tar"
+    label = "tar"
+    suffixes: tuple[str, ...] = (".tar",)
+    pack_options: tuple[str, ...] = ()
+    foreign = True
+
+    def matches(self, name: str) -> bool:
+        return name.endswith(self.suffixes)
+
+    def sample_sizes(
+        self, samples: Sequence[Sample[Input]], *, n_fields: int, config: PackConfig
+    ) -> tuple[list[int], int]:
+        sizes = [sum(member_size(f"{s.key}.{f}", it.entry.size) for f, it in s.members) for s in samples]
+        return sizes, len(END_OF_ARCHIVE)
+
+    def write(
+        self,
+        name: str,
+        samples: Sequence[Sample[Input]],
+        tmp_path: str,
+        *,
+        fields: Sequence[str],
+        config: PackConfig,
+        on_sample: Callable[[int, int], None] | None = None,
+        open_threads: int = 0,
+    ) -> ShardResult:
+        from fastload.formats.tar.writer import write_tar_shard
+
+        return write_tar_shard(
+            name, samples, tmp_path, fsync=config.fsync, on_sample=on_sample, open_threads=open_threads
+        )
+
+    def check_entry(self, entry: ShardEntry) -> str | None:
+        if len(entry.offsets) != entry.samples:
+            return "lacks per-sample offsets; re-run `fastload pack` (or `fastload index` for TFRecord files)"
+        return None
+
+    def table(
+        self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+    ) -> tuple[DatasetIndex, list[VerifyError]]:
+        from fastload.formats.tar.index import index_tar_shards
+
+        try:
+            _, index = index_tar_shards([u for u, _ in named], config=s3_config, threads=threads)
+        except VerifyError as exc:
+            return DatasetIndex(self.name, [], []), [exc]
+        for entry, (_, name) in zip(index.shards, named, strict=True):
+            entry.name = name  # relative to the folder that gets index.json
+        index.options = {"shard_format": self.name, "indexed_by": "fastload index"}
+        return index, []
+
+    def samples(
+        self, entry: ShardEntry, *, read: Callable[[int, int], bytes], file: BinaryIO, fd: int | None
+    ) -> SampleSource:
+        # tar runs are still read by fastload.train.shardread.ShardReader itself (being moved here)
+        raise NotImplementedError("tar shards are read by fastload.train.shardread.ShardReader")
+
+    def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
+        from fastload.formats.tar.check import check_tar_samples
+
+        reader = ChecksumReader(file)
+        problems = check_tar_samples(reader, shard)
+        reader.drain()
+        return problems + crc_problem(reader, shard)
+
+    def lint(self, url: str, *, s3_config: S3Config | None) -> tuple[list[VerifyError], int, int]:
+        from fastload.formats.tar.check import lint_tar
+
+        return lint_tar(url, s3_config)
+
+    def describe(self, index: DatasetIndex) -> list[str]:
+        return []
+
+
+TAR = TarFormat()
