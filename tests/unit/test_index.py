@@ -165,12 +165,6 @@ def test_wrong_checksum_algorithm() -> None:
     assert "'md5'" in _error(_dump(raw))
 
 
-def test_unknown_shard_format() -> None:
-    raw = _valid()
-    raw["shard_format"] = "zip"
-    assert "'zip'" in _error(_dump(raw))
-
-
 def test_samples_count_mismatch() -> None:
     raw = _valid()
     raw["shards"][1]["samples"] = 2
