@@ -48,6 +48,7 @@ class ShardFormat(Protocol):
     suffixes: tuple[str, ...]  # file names this format claims (see matches)
     pack_options: tuple[str, ...]  # PackConfig fields that change this format's bytes (beyond the common)
     foreign: bool  # files written by other tools can be indexed (table) and linted without an index
+    projects_columns: bool  # its read path reads only the fields asked for (ShardDataset(columns=...))
 
     def matches(self, name: str) -> bool:
         """Whether a file name is one of this format's shards."""
@@ -187,3 +188,37 @@ def load_index(dataset: str | os.PathLike[str], *, s3_config: S3Config | None = 
     url = storage.normalise(dataset)
     check_index(index, where=url if url.endswith(".json") else storage.join(url, INDEX_NAME))
     return index
+
+
+def index_files(
+    urls: Sequence[str], *, s3_config: S3Config | None = None, threads: int = 8
+) -> tuple[str, DatasetIndex]:
+    """``(root, index)`` for shards without an ``index.json``, given by URL (all local or all on S3, all of
+    one format that can be read so: :func:`foreign_format`), read once; names are relative to ``root``.
+    Raises :class:`ConfigError` for other files or a mix of formats, :class:`VerifyError` for the first
+    bad shard."""
+    from fastload.formats.tar.index import split_root
+    from fastload.storage import access as storage
+
+    if not urls:
+        raise ConfigError("no shards given")
+    urls = [storage.normalise(u) for u in urls]
+    kinds: dict[str, ShardFormat] = {}
+    for u in urls:
+        fmt = foreign_format(u)
+        if fmt is None:
+            readable = ", ".join(f"*{s}" for f in all_formats() if f.foreign for s in f.suffixes)
+            raise ConfigError(
+                f"{u}: only shards named {readable} (TFRecord also with .gz) can be read without an "
+                "index.json; Parquet needs an index written by `fastload pack`"
+            )
+        kinds.setdefault(fmt.name, fmt)
+    if len(kinds) > 1:
+        labels = " and ".join(f.label for f in kinds.values())
+        raise ConfigError(f"the shards given are {labels} files; one dataset reads one format")
+    (fmt,) = kinds.values()
+    root, names = split_root(urls)
+    index, problems = fmt.table(list(zip(urls, names, strict=True)), threads=threads, s3_config=s3_config)
+    if problems:
+        raise problems[0]
+    return root, index

@@ -214,3 +214,46 @@ def test_the_checker_finds_format_checks(source: str) -> None:
 )
 def test_the_checker_allows_registry_lookups(source: str) -> None:
     assert not format_checks(source)
+
+
+# --- shards without an index ------------------------------------------------------------------------------
+
+
+def _tar(path: Path, keys: list[str]) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key in keys:
+            data = key.encode()
+            info = tarfile.TarInfo(f"{key}.txt")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _tfrecord(path: Path, keys: list[str]) -> None:
+    from fastload.formats.tfrecord.codec import encode_example, frame
+
+    path.write_bytes(b"".join(frame(encode_example([("__key__", k.encode()), ("txt", b"x")])) for k in keys))
+
+
+def test_index_files_by_format(tmp_path: Path) -> None:
+    _tar(tmp_path / "a.tar", ["s0", "s1"])
+    _tar(tmp_path / "b.tar", ["s2"])
+    root, index = formats.index_files([str(tmp_path / "a.tar"), str(tmp_path / "b.tar")])
+    assert root == str(tmp_path) and index.shard_format == "tar"
+    assert [s.name for s in index.shards] == ["a.tar", "b.tar"] and index.samples == 3
+    _tfrecord(tmp_path / "c.tfrecord", ["r0", "r1"])
+    root, index = formats.index_files([str(tmp_path / "c.tfrecord")])
+    assert index.shard_format == "tfrecord" and index.shards[0].keys == ["r0", "r1"]
+
+
+def test_index_files_refuses_mixes_and_parquet(tmp_path: Path) -> None:
+    _tar(tmp_path / "a.tar", ["s0"])
+    _tfrecord(tmp_path / "c.tfrecord", ["r0"])
+    with pytest.raises(ConfigError, match="tar and TFRecord files; one dataset reads one format"):
+        formats.index_files([str(tmp_path / "a.tar"), str(tmp_path / "c.tfrecord")])
+    with pytest.raises(ConfigError, match=r"x\.parquet: only shards named \*\.tar, .*Parquet needs an index"):
+        formats.index_files([str(tmp_path / "x.parquet")])
+    with pytest.raises(ConfigError, match="no shards given"):
+        formats.index_files([])

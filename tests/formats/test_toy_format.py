@@ -76,6 +76,7 @@ class ToyFormat:
     suffixes: tuple[str, ...] = (".toy",)
     pack_options: tuple[str, ...] = ()
     foreign = False
+    projects_columns = False
 
     def matches(self, name: str) -> bool:
         return name.endswith(self.suffixes)

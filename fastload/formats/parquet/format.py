@@ -118,6 +118,7 @@ class ParquetFormat:
     suffixes: tuple[str, ...] = (".parquet",)
     pack_options: tuple[str, ...] = ("row_group_bytes", "compression")
     foreign = False
+    projects_columns = True
 
     def matches(self, name: str) -> bool:
         return name.endswith(self.suffixes)

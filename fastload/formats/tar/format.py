@@ -29,6 +29,7 @@ class TarFormat:
     suffixes: tuple[str, ...] = (".tar",)
     pack_options: tuple[str, ...] = ()
     foreign = True
+    projects_columns = False
 
     def matches(self, name: str) -> bool:
         return name.endswith(self.suffixes)

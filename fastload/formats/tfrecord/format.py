@@ -52,6 +52,7 @@ class TFRecordFormat:
     suffixes: tuple[str, ...] = SUFFIXES  # and each of them + ".gz" (see matches)
     pack_options: tuple[str, ...] = ()
     foreign = True
+    projects_columns = False
 
     def matches(self, name: str) -> bool:
         return is_tfrecord_name(name)
