@@ -18,7 +18,7 @@ from fastload import cli, formats
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.keys import Sample
-from fastload.errors import VerifyError
+from fastload.errors import IndexFormatError, VerifyError
 from fastload.formats.tar.writer import ShardOutput, ShardResult, write_shard
 from fastload.storage.inputs import Input, Member, read_exactly, read_problem
 
@@ -161,6 +161,9 @@ class ToyFormat:
         return [f"toy:      {len(index.shards)} toy shard(s)"]
 
 
+Tree = tuple[Path, dict[str, dict[str, bytes]]]
+
+
 @pytest.fixture
 def toy() -> Iterator[ToyFormat]:
     fmt = ToyFormat()
@@ -172,7 +175,7 @@ def toy() -> Iterator[ToyFormat]:
 
 
 @pytest.fixture
-def tree(tmp_path: Path) -> tuple[Path, dict[str, dict[str, bytes]]]:
+def tree(tmp_path: Path) -> Tree:
     src = tmp_path / "src"
     expected: dict[str, dict[str, bytes]] = {}
     for i in range(40):
@@ -195,32 +198,86 @@ def _cli(*args: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def test_toy_round_trip(
-    toy: ToyFormat, tree: tuple[Path, dict[str, dict[str, bytes]]], tmp_path: Path
-) -> None:
+@pytest.fixture
+def written(tree: Tree, tmp_path: Path) -> Tree:
+    """A toy dataset written here, byte by byte (not by pack): two shards and their index."""
+    _, expected = tree
+    dst = tmp_path / "written"
+    dst.mkdir()
+    keys = sorted(expected)
+    shards = []
+    for number, part in enumerate((keys[:25], keys[25:])):
+        data, offsets, sizes = b"", [], []
+        for key in part:
+            values = expected[key]
+            record = _head(key, [(f, len(v)) for f, v in values.items()]) + b"".join(values.values())
+            offsets.append(len(data))
+            sizes.append(len(record))
+            data += record
+        name = f"shard-{number:06d}.toy"
+        (dst / name).write_bytes(data)
+        shards.append(ShardEntry(name, len(data), f"{crc32c(data):08x}", part, offsets, sizes))
+    (dst / "index.json").write_bytes(DatasetIndex("toy", ["bin", "txt"], shards).to_json())
+    return dst, expected
+
+
+def _read_all(dst: Path) -> dict[str, dict[str, Any]]:
+    return {s["__key__"]: s for s in fastload.ShardDataset(dst, decode=False)}
+
+
+def test_toy_pack(toy: ToyFormat, tree: Tree, tmp_path: Path) -> None:
     src, expected = tree
     dst = tmp_path / "packed"
     fastload.pack(src, dst, shard_format="toy", shard_size_bytes=4096, workers=2, progress=False)
     index = formats.load_index(dst)
     assert index.shard_format == "toy" and index.samples == len(expected)
     assert len(index.shards) > 1 and all(s.name.endswith(".toy") for s in index.shards)
+    assert {k for s in index.shards for k in s.keys} == set(expected)
+    code, out = _cli("verify", str(dst))
+    assert code == 0 and out.startswith("OK:"), out
 
-    # ShardDataset reads every sample back, through the toy format's read path
-    got = {s["__key__"]: s for s in fastload.ShardDataset(dst, decode=False)}
+
+def test_toy_shard_dataset(toy: ToyFormat, written: Tree) -> None:
+    dst, expected = written
+    got = _read_all(dst)
     assert sorted(got) == sorted(expected)
     for key, values in expected.items():
         assert {f: bytes(got[key][f]) for f in values} == values
 
-    # verify: clean, then one changed byte is found
+
+def test_toy_pack_then_read(toy: ToyFormat, tree: Tree, tmp_path: Path) -> None:
+    src, expected = tree
+    dst = tmp_path / "packed"
+    fastload.pack(src, dst, shard_format="toy", shard_size_bytes=4096, progress=False)
+    assert all(s.name.endswith(".toy") for s in formats.load_index(dst).shards)
+    got = _read_all(dst)
+    assert {k: {f: bytes(got[k][f]) for f in v} for k, v in expected.items()} == expected
+
+
+def test_toy_verify_and_inspect(toy: ToyFormat, written: Tree) -> None:
+    dst, _ = written
+    index = formats.load_index(dst)
     code, out = _cli("verify", str(dst))
-    assert code == 0 and out.startswith("OK:"), out
-    shard = dst / index.shards[0].name
+    assert code == 0 and out.startswith(
+        f"OK: 2 shards checked against index.json: {index.samples:,} samples"
+    ), out
+    shard = dst / index.shards[1].name
     data = bytearray(shard.read_bytes())
     data[0] ^= 0x20  # the first key's first letter: the sample is no longer where the index says
     shard.write_bytes(bytes(data))
     code, out = _cli("verify", str(dst))
-    assert code == 1 and "FAILED" in out and index.shards[0].name in out, out
+    assert code == 1 and "FAILED" in out and index.shards[1].name in out and "not where the index says" in out
 
-    # inspect: the summary names the format and adds the format's own lines
     code, out = _cli("inspect", str(dst))
-    assert code == 0 and "format:   toy" in out and f"toy:      {len(index.shards)} toy shard(s)" in out
+    assert code == 0 and "format:   toy" in out and "toy:      2 toy shard(s)" in out, out
+    code, out = _cli("inspect", str(dst), "--shard", "1", "--limit", "2")
+    assert code == 0 and index.shards[1].keys[0] in out and "offset 0" in out, out
+
+
+def test_unregistered_toy_dataset_is_refused(written: Tree) -> None:
+    """Without its format registered, the index names the format it does not know."""
+    dst, _ = written
+    with pytest.raises(IndexFormatError, match="unknown shard_format 'toy'"):
+        formats.load_index(dst)
+    code, _ = _cli("verify", str(dst))
+    assert code != 0
