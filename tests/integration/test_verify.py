@@ -195,3 +195,22 @@ def test_verify_catches_a_member_resized_within_its_blocks(packed):
     data[header_at : header_at + 512] = header
     path.write_bytes(bytes(data))
     _verify_fails(packed, shard["name"], "the index's layout says")
+
+
+def test_lint_of_a_folder_of_tar_and_tfrecord_files(tmp_path):
+    """Without an index each file is linted by the format its name says (through the format registry);
+    files of no shard format are left out; a damaged TFRecord file is named."""
+    from fastload.formats.tfrecord.codec import encode_example, frame
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    _write_foreign_tar(folder / "a.tar", CLEAN)
+    records = [frame(encode_example([("__key__", f"r{i}".encode()), ("txt", b"x" * i)])) for i in range(3)]
+    (folder / "b.tfrecord").write_bytes(b"".join(records))
+    (folder / "notes.txt").write_text("not a shard")
+    report = fastload.verify(folder)
+    assert report.ok and not report.indexed and report.shards == 2
+    assert report.samples == 2 + 3 and "2 TFRecord and tar file(s) linted" in report.summary()
+    (folder / "b.tfrecord").write_bytes(b"".join(records)[:-3])
+    out = _verify_fails(folder, "b.tfrecord")
+    assert "a.tar" not in out
