@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
 from fastload.core.sharding import RankPlan, rank_order, resumed_rank_order, worker_positions, worker_span
@@ -116,7 +117,8 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.s3_config = s3_config
         with gc_paused():  # a big index is many small objects
             self.root, self.index = open_index(source, s3_config=s3_config)
-        if self.decoding.columns is not None and self.index.shard_format != "parquet":
+        projects = formats.by_name(self.index.shard_format).projects_columns
+        if self.decoding.columns is not None and not projects:
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
         self.prefetch = wanted.resolved(remote=storage.is_remote(self.root))
         self._cache_obj: tuple[int, ShardCache] | None = None

@@ -8,6 +8,7 @@ import time
 import warnings
 from collections.abc import Sequence
 
+from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import DatasetIndex
 from fastload.errors import ConfigError, NotFoundError
@@ -15,9 +16,8 @@ from fastload.storage import access as storage
 
 
 def _is_shard_file(url: str) -> bool:
-    from fastload.formats.tfrecord.codec import is_tfrecord_name
-
-    return url.endswith(".tar") or is_tfrecord_name(url)
+    """Whether ``url`` names a shard that can be read without an index (tar, TFRecord: the registry says)."""
+    return formats.foreign_format(url) is not None
 
 
 def open_index(
@@ -26,21 +26,21 @@ def open_index(
     """``(root, index)`` of a dataset: its ``index.json``; or, for tar or TFRecord shards without one (a
     folder or prefix of them, one file, or a list of URLs), an index built by reading the shards once, with
     a warning that says how to avoid that cost."""
-    from fastload.storage.manifest import load_index
-
     if isinstance(source, (str, os.PathLike)):
         root = storage.normalise(source)
         if not _is_shard_file(root):
             try:
-                return root, load_index(root, s3_config=s3_config)
+                return root, formats.load_index(root, s3_config=s3_config)
             except NotFoundError as missing:
                 found = storage.list_files(root, "", config=s3_config) if storage.is_folder(root) else []
                 urls = [u for u in found if _is_shard_file(u) and "/." not in u[len(root) :]]
                 if not urls:
                     raise missing from None
-                if len({u.endswith(".tar") for u in urls}) > 1:
+                kinds = {formats.foreign_format(u) for u in urls}
+                if len(kinds) > 1:
+                    labels = " and ".join(f.label for f in formats.all_formats() if f in kinds)
                     raise ConfigError(
-                        f"{root} has no index.json and holds both tar and TFRecord files; give a list of "
+                        f"{root} has no index.json and holds both {labels} files; give a list of "
                         "the shards to read, or run `fastload index` on a folder of one kind"
                     ) from None
         else:
@@ -50,14 +50,7 @@ def open_index(
         if not urls:
             raise ConfigError("the list of shards is empty")
     started = time.monotonic()
-    if all(u.endswith(".tar") for u in urls):
-        from fastload.formats.tar.index import index_tar_shards
-
-        root, index = index_tar_shards(urls, config=s3_config)
-    else:
-        from fastload.formats.tfrecord.index import index_tfrecord_files
-
-        root, index = index_tfrecord_files(urls, config=s3_config)
+    root, index = formats.index_files(urls, s3_config=s3_config)
     seconds = time.monotonic() - started
     warnings.warn(
         f"{root}: no index.json, so {len(index.shards)} {index.shard_format} shard(s) ({index.bytes:,} "
