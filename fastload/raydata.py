@@ -39,7 +39,7 @@ def to_ray(source: str | os.PathLike[str], *, s3_config: S3Config | None = None)
     require_ray()
     import ray.data
 
-    from fastload.storage.manifest import load_index
+    from fastload.formats import load_index
 
     index = load_index(source, s3_config=s3_config)
     root = storage.normalise(source)

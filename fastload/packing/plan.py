@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fastload import formats
 from fastload.config import PackConfig, S3Config
 from fastload.core.keys import KeyRuleError, Sample, group_samples, partition_value, split_key
-from fastload.core.plan import ShardPlan, parquet_file_overhead, parquet_row_bytes, plan_shards, sample_order
+from fastload.core.plan import ShardPlan, plan_shards, sample_order
 from fastload.errors import ConfigError, PackError, Skip
-from fastload.formats.tar.header import END_OF_ARCHIVE, member_size
 from fastload.storage.inputs import Input
 from fastload.storage.listing import FileEntry, LocalSource
 
@@ -167,15 +167,7 @@ def shard_sizes(
     config: PackConfig, samples: Sequence[Sample[Input]], n_fields: int
 ) -> tuple[list[int], int, str]:
     """Each sample's exact bytes in a shard of ``config.shard_format``, the per-shard overhead and the
-    shard name suffix: what :func:`~fastload.core.plan.plan_shards` cuts shards by."""
-    if config.shard_format == "tar":
-        sizes = [sum(member_size(f"{s.key}.{f}", it.entry.size) for f, it in s.members) for s in samples]
-        return sizes, len(END_OF_ARCHIVE), ".tar"
-    if config.shard_format == "tfrecord":
-        from fastload.formats.tfrecord.writer import sample_record_size
-
-        sizes = [sample_record_size(s.key, [(f, it.entry.size) for f, it in s.members]) for s in samples]
-        return sizes, 0, ".tfrecord"
-    sizes = [parquet_row_bytes(s.key, [it.entry.size for _, it in s.members]) for s in samples]
-    groups = config.shard_size_bytes // config.row_group_bytes + 1
-    return sizes, parquet_file_overhead(n_fields, groups), ".parquet"
+    shard name suffix: what :func:`~fastload.core.plan.plan_shards` cuts shards by (the format says)."""
+    fmt = formats.by_name(config.shard_format)
+    sizes, overhead = fmt.sample_sizes(samples, n_fields=n_fields, config=config)
+    return sizes, overhead, fmt.suffixes[0]

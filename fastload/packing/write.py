@@ -7,10 +7,11 @@ from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastload import formats
 from fastload.config import PackConfig
 from fastload.core.keys import Sample
 from fastload.core.plan import ShardPlan
-from fastload.formats.tar.writer import ShardResult, write_tar_shard
+from fastload.formats.tar.writer import ShardResult
 from fastload.gcpause import gc_paused
 from fastload.packing.engine import Advance
 from fastload.packing.plan import PackPlan
@@ -38,39 +39,15 @@ class FileShard:
 
     def write(self, tmp_path: str, *, on_sample: Advance, open_threads: int) -> ShardResult:
         config, name = self.config, self.plan.name
-        if config.shard_format == "tar":
-            result = write_tar_shard(
-                name,
-                self.samples,
-                tmp_path,
-                fsync=config.fsync,
-                on_sample=on_sample,
-                open_threads=open_threads,
-            )
-        elif config.shard_format == "tfrecord":
-            from fastload.formats.tfrecord.writer import write_tfrecord_shard
-
-            result = write_tfrecord_shard(
-                name,
-                self.samples,
-                tmp_path,
-                fsync=config.fsync,
-                on_sample=on_sample,
-                open_threads=open_threads,
-            )
-        else:
-            from fastload.formats.parquet.writer import write_parquet_shard
-
-            result = write_parquet_shard(
-                name,
-                self.samples,
-                tmp_path,
-                fields=self.fields,
-                row_group_bytes=config.row_group_bytes,
-                compression=config.compression,
-                on_sample=on_sample,
-                open_threads=open_threads,
-            )
+        result = formats.by_name(config.shard_format).write(
+            name,
+            self.samples,
+            tmp_path,
+            fields=self.fields,
+            config=config,
+            on_sample=on_sample,
+            open_threads=open_threads,
+        )
         result.entry.partition = self.plan.partition
         return result
 

@@ -118,6 +118,7 @@ def test_load_index_checks_the_format(tmp_path: Path) -> None:
 ALLOWED_CHECKS: dict[str, str] = {
     "bench/stages.py": "the stage breakdown times the tar parser itself; other formats have no such stages",
     "bench/variants.py": "webdataset, a peer measured by the bench, reads tar shards only",
+    "packing/token_inputs.py": "pack-tokens' inputs are JSONL and Parquet documents, not shards",
 }
 _SUFFIXES = (".tar", ".parquet", ".tfrecord", ".tfrecords", ".tfrec", ".gz")
 _HELPERS = {"is_tfrecord_name", "is_gzip_name", "shard_stem"}
