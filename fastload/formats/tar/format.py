@@ -4,21 +4,55 @@ change beneath it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastload.core.index import DatasetIndex, ShardEntry
+from fastload.core.readplan import runs
 from fastload.errors import VerifyError
 from fastload.formats.checks import crc_problem
 from fastload.formats.tar.header import END_OF_ARCHIVE, member_size
+from fastload.formats.tar.reader import pieces as tar_pieces
+from fastload.formats.tar.reader import read_run, span
 from fastload.formats.tar.scan import ChecksumReader
 
 if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
     from fastload.core.keys import Sample
-    from fastload.formats.registry import SampleSource
     from fastload.formats.tar.writer import ShardResult
     from fastload.storage.inputs import Input
+
+RawSample = dict[str, Any]
+
+
+class TarSamples:
+    """The read path of one indexed tar shard: runs of consecutive samples, each read with one ranged read
+    (from S3) or in pieces of whole samples (local), made into samples by :func:`.reader.read_run`."""
+
+    def __init__(self, entry: ShardEntry, read: Callable[[int, int], bytes], fd: int | None) -> None:
+        self.entry = entry
+        self._read = read
+        self._fd = fd
+
+    def close(self) -> None:
+        pass  # the file belongs to the caller
+
+    def load(
+        self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False
+    ) -> Callable[[], Iterable[RawSample]]:
+        """The I/O now; parsing (pure Python) in the returned function, so prefetch threads spend their time
+        in I/O that releases the GIL. ``defer`` with a local shard whose index has the member layout: the
+        I/O too (the direct reader reads each big member straight into its own bytes)."""
+        entry, fd, name = self.entry, self._fd, self.entry.name
+        if defer and fd is not None and entry.member_fields:
+            spans = runs(positions)
+            return lambda: (s for first, stop in spans for s in read_run(fd, entry, first, stop, shard=name))
+        read = self._read
+        pieces: list[tuple[int, int, bytes]] = []
+        for first, stop in runs(positions):
+            for a, b in [(first, stop)] if fd is None else tar_pieces(entry, first, stop):
+                pieces.append((a, b, read(*span(entry, a, b))))
+        return lambda: [s for a, b, data in pieces for s in read_run(data, entry, a, b, shard=name)]
 
 
 class TarFormat:
@@ -78,9 +112,8 @@ class TarFormat:
 
     def samples(
         self, entry: ShardEntry, *, read: Callable[[int, int], bytes], file: BinaryIO, fd: int | None
-    ) -> SampleSource:
-        # tar runs are still read by fastload.train.shardread.ShardReader itself (being moved here)
-        raise NotImplementedError("tar shards are read by fastload.train.shardread.ShardReader")
+    ) -> TarSamples:
+        return TarSamples(entry, read, fd)
 
     def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
         from fastload.formats.tar.check import check_tar_samples
