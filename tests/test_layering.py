@@ -45,6 +45,7 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"core", "s3", "storage", "formats", "packing", "train", "testing", "bench"},
 }
 PACKAGES = set(ALLOWED)
+MAX_LINES = 400
 
 
 def imported_modules(source: str, module: str) -> set[str]:
@@ -131,6 +132,26 @@ def test_only_train_and_bench_import_torch() -> None:
         and p.relative_to(PACKAGE).parts[0] not in ("train", "bench")
     ]
     assert not offenders, f"only fastload/train and fastload/bench may import torch: {offenders}"
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_each_package_says_what_it_owns_and_may_import(package: str) -> None:
+    doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    where = f"fastload/{package}/__init__.py"
+    assert "May import" in doc or "Imports nothing" in doc, f"{where}: say what the package may import"
+    assert len(doc.split()) >= 15, f"{where}: say what the package owns"
+
+
+@pytest.mark.parametrize("path", _all_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_a_long_module_says_why(path: Path) -> None:
+    source = path.read_text(encoding="utf-8")
+    if source.count("\n") <= MAX_LINES:
+        return
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    assert f"Over {MAX_LINES} lines" in doc, (
+        f"{path.relative_to(PACKAGE)} has {source.count(chr(10))} lines: split it by concept, or say at its "
+        f"top why not ('(Over {MAX_LINES} lines on purpose: ...)')"
+    )
 
 
 def _module_graph() -> dict[str, set[str]]:

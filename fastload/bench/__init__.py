@@ -6,6 +6,9 @@ is measured, the embedded endpoint process), ``pipeline`` (decode and collate sh
 simulated training step), ``stages`` (per-stage timing), ``ceiling`` (endpoint and ``cat`` references),
 ``runner`` (the run), ``report`` (table, JSON), ``plot`` (PNG), ``args`` (the command line).
 
+May import every package (``train``, ``packing``, ``formats``, ``storage``, ``s3``, ``testing``, ``core``) and
+the base modules; nothing imports it but the CLI.
+
     from fastload.bench import BenchOptions, run_bench
     report = run_bench(BenchOptions(profile="quick"))
 

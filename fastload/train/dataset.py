@@ -14,6 +14,9 @@ order is dealt to DataLoader workers:
 Position (epoch, resume point) is shared with every worker through shared memory and saved and restored
 with ``state_dict()``/``load_state_dict()`` (the ``Stateful`` protocol of torchdata's
 ``StatefulDataLoader``, which calls them in each worker).
+
+(Over 400 lines by a few: the class is the public face of reading, mostly properties and docstrings; its
+options, position, source and shard runs are modules of their own.)
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ arrays (``int64``, ``float32``), as ``tfrecord.torch.TFRecordDataset`` gives the
 A gzip shard (``.tfrecord.gz``) cannot be range-read: its index offsets refer to the decompressed stream,
 which is decompressed once per open shard, front to back and only as far as asked, into an anonymous
 temporary file (in ``TMPDIR``) that the ranged reads then use; it is gone when the shard is closed.
+
+(Over 400 lines on purpose: the ranged run reader, the gzip spool and the whole-file scan share the record
+framing checks and the one Example-to-sample conversion; the wire codec itself is in ``codec``.)
 """
 
 from __future__ import annotations
