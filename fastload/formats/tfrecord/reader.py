@@ -390,14 +390,20 @@ class TFRecordSamples:
 # -- whole-file scans ---------------------------------------------------------------------------------------
 
 
+_SCAN_PIECE = 16 << 20
+
+
 def _read_upto(f: Any, n: int) -> bytes:
-    data = f.read(n)
+    """Up to ``n`` bytes of ``f`` (fewer at its end), read at most ``_SCAN_PIECE`` at a time: a damaged
+    record length (up to 2**64 - 1, its CRC right) then ends at the end of the file as a truncation, not as
+    one huge read (``OverflowError``/``MemoryError``)."""
+    data = f.read(min(n, _SCAN_PIECE))
     if len(data) == n or not data:
         return bytes(data)
     parts = [data]
     got = len(data)
     while got < n:
-        more = f.read(n - got)
+        more = f.read(min(n - got, _SCAN_PIECE))
         if not more:
             break
         parts.append(more)
