@@ -28,7 +28,8 @@ import fastload
 from fastload.errors import FastloadError
 from fastload.formats import native
 from fastload.formats.tfrecord import codec as tfr
-from fastload.formats.tfrecord.reader import DIRECT_RECORD_BYTES, HEAD_READ_BYTES  # noqa: F401
+from fastload.formats.tfrecord.reader import DIRECT_RECORD_BYTES, HEAD_READ_BYTES
+from fastload.packing.indexing import build_index
 
 example_pb2 = pytest.importorskip("tfrecord.example_pb2")  # the reference decoder (the official .proto)
 
@@ -370,3 +371,89 @@ def test_random_flips_and_cuts_read_right_or_raise(corpus: dict[str, Any], tmp_p
     for n in range(60):
         cut = rng.randrange(size)
         check(corpus, lambda d, c=cut: d.__delitem__(slice(c, None)), tmp_path / f"cut{n}")
+
+
+# -- the C reader's varints at the end of its buffer ---------------------------------------------------------
+#
+# The C reader reads a big record's head (HEAD_READ_BYTES), and after a value read straight into its bytes
+# object, the next HEAD_READ_BYTES: a map entry's head may be cut there, in any of its length varints, and
+# read_length() must stop at the buffer's end (the entry is then read again from its start). Past that end
+# the buffer holds what an earlier, longer read left there: below, either 0xff bytes (a varint read on
+# there never ends: the C reader would give up on a sound shard) or the very bytes that follow in the file
+# (read on, the value would seem to start past the buffer: a negative copy).
+
+FILLER = 9000  # the small record's value, whose bytes lie in the buffer past the cut
+
+
+def _example(key: str, fields: list[tuple[str, bytes]]) -> bytes:
+    return tfr.frame(tfr.encode_example([("__key__", key.encode()), *fields]))
+
+
+def _cut_group(
+    rng: random.Random, n: int, cut: int, planted: bool
+) -> list[tuple[str, list[tuple[str, bytes]]]]:
+    """Three records: a big one whose last value is followed by a long read (the next small record and the
+    head of the one after); that small one; and a big one with fields ``a``, ``b`` (big), ``c`` and ``d``
+    (big), ``c`` sized so that the read after ``b`` cuts ``d``'s entry head after ``cut`` bytes. The small
+    record's value holds, where the buffer has it past that cut, 0xff or (``planted``) ``d``'s entry head."""
+    keys = [f"g{n:03d}/{i}" for i in range(3)]
+    first = [("a", b"\1"), ("b", rng.randbytes(20_000)), ("c", b"z")]
+    size_c = HEAD_READ_BYTES - cut - 15
+    last = [
+        ("a", b"\2"),
+        ("b", rng.randbytes(20_000)),
+        ("c", rng.randbytes(size_c)),
+        ("d", rng.randbytes(20_001)),
+    ]
+    record = _example(keys[2], last)
+    where = marks(record, 0)
+    after_b = where["b:data"] + 20_000
+    assert where["d:entry"] - after_b == HEAD_READ_BYTES - cut and where["d:data"] - where["d:entry"] == 19
+    head = record[where["d:entry"] : where["d:data"]]
+    # the long read starts after the first record's b; the small record's value starts `lead` bytes later
+    first_where = marks(_example(keys[0], first), 0)
+    small = _example(keys[1], [("a", b"\3"), ("b", bytes(FILLER))])
+    lead = (len(_example(keys[0], first)) - first_where["b:data"] - 20_000) + marks(small, 0)["b:data"]
+    filler = bytearray(b"\xff" * FILLER)
+    if planted:  # the buffer's bytes at [1024 - cut, 1024 - cut + 19) after the read following the big b
+        at = HEAD_READ_BYTES - cut - lead
+        filler[at : at + len(head)] = head
+    return [(keys[0], first), (keys[1], [("a", b"\3"), ("b", bytes(filler))]), (keys[2], last)]
+
+
+@pytest.fixture(scope="module")
+def cut_heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A shard of such groups, every cut of the 19-byte head, with either filler, indexed by fastload."""
+    rng = random.Random(7)
+    records = [
+        r
+        for n, (cut, planted) in enumerate((c, p) for p in (True, False) for c in range(1, 20))
+        for r in _cut_group(rng, n, cut, planted)
+    ]
+    root = tmp_path_factory.mktemp("tfr-cut-heads") / "ds"
+    root.mkdir()
+    (root / "cut.tfrecord").write_bytes(b"".join(_example(k, f) for k, f in records))
+    assert build_index(str(root), workers=1).ok
+    (entry,) = json.loads((root / "index.json").read_bytes())["shards"]
+    return {"root": root, "entry": entry, "samples": {k: dict(f) for k, f in records}}
+
+
+def test_the_c_reader_stops_its_varints_at_the_end_of_its_buffer(cut_heads: dict[str, Any]) -> None:
+    """The C reader reads every record of the shard itself (none handed on to the Python reader), right."""
+    if native.tfrecord_run is None:
+        pytest.skip("fastload._native's TFRecord reader is not in use here (not built, or no CRC32C)")
+    entry, samples = cut_heads["entry"], cut_heads["samples"]
+    fd = os.open(cut_heads["root"] / entry["name"], os.O_RDONLY)
+    try:
+        got, stop, whole = native.tfrecord_run(
+            fd, entry["offsets"], entry["sizes"], entry["keys"], "cut", 0, len(entry["keys"]), 1 << 30
+        )
+    finally:
+        os.close(fd)
+    assert whole and stop == len(samples) == len(got)
+    for s in got:
+        assert {k: v for k, v in s.items() if k[:2] != "__"} == samples[s["__key__"]]
+    for kind in ("C", "Python"):
+        with reader(kind):
+            seen = {s["__key__"]: s for s in fastload.ShardDataset(str(cut_heads["root"]), decode=False)}
+        assert {k: {f: v for f, v in s.items() if f[:2] != "__"} for k, s in seen.items()} == samples
