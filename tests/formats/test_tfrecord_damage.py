@@ -1,13 +1,16 @@
 """A damaged-TFRecord corpus: cuts at every field of a record (the 8-byte length, its CRC, each protobuf
 tag and length varint of the payload, the payload's CRC), lengths past the record and the file, 10-byte and
 unending varints, map entries that overrun, wrong CRCs, a key that differs from the index, and random byte
-flips and cuts from a fixed seed. Over the C reader (``fastload/_native.c``, called directly and through
-``ShardDataset``) and the Python one, direct and prefetched, and ``fastload verify``: each reads the
-original bytes or raises a ``fastload.errors`` error naming the shard; never a crash, never short or wrong
-bytes silently; the C and Python readers agree. Damage that keeps the CRCs right (recomputed) may make
-another valid record: that must read as the reference protobuf decoder reads it, or fail.
+flips and cuts from a fixed seed; in shards written by ``fastload.pack`` and by the ``tfrecord`` package
+(with int64 and float features). Over the C reader (``fastload/_native.c``, called directly and through
+``ShardDataset``) and the Python one, direct and prefetched, ``fastload verify`` and ``fastload index``:
+each reads the original bytes or raises a ``fastload.errors`` error naming the shard; never a crash, never
+short or wrong bytes silently; the C and Python readers agree. Damage that keeps the CRCs right
+(recomputed) may make another valid record: that must read as the reference protobuf decoder reads it, or
+fail. Last, map entry heads cut by the end of the C reader's buffer at every byte (its varint reader).
 
-Runs standalone (CI runs it under AddressSanitizer, ``.ci/sanitize``)."""
+Runs standalone (CI runs it under AddressSanitizer, ``.ci/sanitize``). One file past 400 lines: the damages
+and the buffer-end cases share the record walker (:func:`marks`) and the checks."""
 
 from __future__ import annotations
 
@@ -146,6 +149,16 @@ def reference(payload: bytes) -> dict[str, bytes] | None:
     }
 
 
+def plain(sample: dict[str, Any]) -> dict[str, Any]:
+    """A sample's features, comparable with ``==``: bytes as they are, int64/float lists (numpy arrays) as
+    ``(dtype, values)``, lists of several bytes values as lists."""
+    out: dict[str, Any] = {}
+    for name, value in sample.items():
+        if not name.startswith("__"):
+            out[name] = value if isinstance(value, bytes | list) else (str(value.dtype), value.tolist())
+    return out
+
+
 def assert_right(
     corpus: dict[str, Any], data: bytes, i: int, key: str, fields: dict[str, Any], crc_fixed: bool
 ) -> None:
@@ -172,7 +185,7 @@ def _read(corpus: dict[str, Any], root: Path, kind: str, prefetch: int, crc_fixe
     with reader(kind):
         try:
             for s in fastload.ShardDataset(str(root), decode=False, prefetch_bytes=prefetch):
-                delivered.append((s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}))
+                delivered.append((s["__key__"], plain(s)))
         except FastloadError as exc:
             assert getattr(exc, "shard", None) == corpus["name"], exc
             error = f"{type(exc).__name__}: {exc}"
@@ -198,7 +211,7 @@ def _native_direct(corpus: dict[str, Any], path: Path, crc_fixed: bool) -> None:
     assert stop == len(got) and [s["__index__"] for s in got] == list(range(stop))
     data = path.read_bytes()
     for i, s in enumerate(got):
-        assert_right(corpus, data, i, s["__key__"], {k: v for k, v in s.items() if k[:2] != "__"}, crc_fixed)
+        assert_right(corpus, data, i, s["__key__"], plain(s), crc_fixed)
     if whole:
         assert stop == len(entry["keys"]) and (crc_fixed or data == corpus["original"])
 
@@ -218,11 +231,38 @@ def check(corpus: dict[str, Any], damage: Damage, tmp: Path, *, crc_fixed: bool 
     report = fastload.verify(root, workers=1)  # (every change fails the shard's CRC32C at least)
     assert (not report.ok) == (bytes(data) != corpus["original"])
     assert all(p.shard == corpus["name"] for p in report.problems)
+    # fastload index: the records it finds, or problems naming the shard (and then no index)
+    indexed = build_index(str(root), workers=1, force=True)
+    assert all(p.shard == corpus["name"] for p in indexed.problems)
+    assert (indexed.index is None) == bool(indexed.problems)
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = _pack(tmp_path_factory.mktemp("tfr-damage"), _samples())
+def _foreign(base: Path, samples: Samples) -> dict[str, Any]:
+    """``samples`` with an int64 and a float feature more each, written by the ``tfrecord`` package (the
+    protobuf library's encoding and entry order) and indexed by ``fastload index``."""
+    writer_module = pytest.importorskip("tfrecord.writer")
+    (base / "ds").mkdir()
+    writer = writer_module.TFRecordWriter(str(base / "ds" / "foreign.tfrecord"))
+    for i, (key, fields) in enumerate(samples.items()):
+        datum = {"__key__": (key.encode(), "byte"), "n": ([i, -(2**40)], "int"), "f": ([0.5, i], "float")}
+        writer.write({**datum, **{f: (v, "byte") for f, v in fields.items()}})
+    writer.close()
+    assert build_index(str(base / "ds"), workers=1).ok
+    (entry,) = json.loads((base / "ds" / "index.json").read_bytes())["shards"]
+    with reader("Python"):
+        read = {s["__key__"]: plain(s) for s in fastload.ShardDataset(str(base / "ds"), decode=False)}
+    for i, (key, fields) in enumerate(samples.items()):
+        assert read[key] == {**fields, "n": ("int64", [i, -(2**40)]), "f": ("float32", [0.5, i])}
+    return {"root": base / "ds", "name": entry["name"], "entry": entry, "samples": read}
+
+
+@pytest.fixture(scope="module", params=["packed", "foreign"])
+def corpus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One shard of the samples of SHAPES: written by ``fastload.pack`` (the layout the fast paths read),
+    or by the ``tfrecord`` package with int64 and float features as well (the records the C reader hands on
+    to the Python one)."""
+    make = _pack if request.param == "packed" else _foreign
+    out = make(tmp_path_factory.mktemp("tfr-damage"), _samples())
     out["original"] = (out["root"] / out["name"]).read_bytes()
     sizes = out["entry"]["sizes"]
     assert min(sizes) < DIRECT_RECORD_BYTES <= max(sizes)
@@ -244,6 +284,9 @@ def test_every_field_of_the_corpus_is_found(corpus: dict[str, Any]) -> None:
         data = corpus["original"]
         for field, value in corpus["samples"][key].items():
             start = where[f"{field}:data"]
+            if not isinstance(value, bytes):  # (a packed int64 or float list: its length only)
+                assert 0 < where[f"{field}:value-len"] < start
+                continue
             assert data[start : start + len(value)] == value
         assert where["crc"] + 4 == at + corpus["entry"]["sizes"][i]
 
