@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -80,16 +80,8 @@ def write_parquet_shard(
     column_of = {f: i for i, f in enumerate(fields)}
     sizes = [sum(item.entry.size for _, item in s.members) for s in samples]
     buffers = _Buffers()
-    writer = None
-    try:
-        writer = pq.ParquetWriter(
-            tmp_path,
-            schema,
-            compression=compression,
-            use_dictionary=[KEY_COLUMN],
-            write_statistics=[KEY_COLUMN],
-        )
-        rows_per_group: list[int] = []
+
+    def tables() -> Iterator[pa.Table]:
         opened = open_ahead(samples, threads=open_threads, window_bytes=window_bytes)
         for start, stop in plan_row_groups(sizes, row_group_bytes=row_group_bytes):
             before = (result.payload_bytes, result.files)
@@ -97,31 +89,31 @@ def write_parquet_shard(
             if on_sample is not None:
                 on_sample(result.payload_bytes - before[0], result.files - before[1])
             if arrays is not None:
-                writer.write_table(pa.Table.from_arrays(arrays, schema=schema), row_group_size=len(arrays[0]))
-                rows_per_group.append(len(arrays[0]))
-        writer.close()
-    except BaseException:
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                writer.close()
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_path)
-        raise
+                yield pa.Table.from_arrays(arrays, schema=schema)
+
+    rows_per_group = write_tables(tmp_path, schema, tables(), compression=compression, key_stats=True)
     finish_entry(entry, tmp_path, rows_per_group)
     return result
 
 
 def write_tables(
-    tmp_path: str, schema: pa.Schema, tables: Iterable[pa.Table], *, compression: str = "none"
+    tmp_path: str,
+    schema: pa.Schema,
+    tables: Iterable[pa.Table],
+    *,
+    compression: str = "none",
+    key_stats: bool = False,
 ) -> list[int]:
-    """Write ready-made row groups (tables of ``schema``, ``__key__`` first, one row group each) as a Parquet
-    file at ``tmp_path``, without dictionaries or statistics; return the rows of each group (for
-    :func:`finish_entry`). The file is removed on any error, including one raised by ``tables``."""
+    """Write row groups (tables of ``schema``, ``__key__`` first, one row group each) as a Parquet file at
+    ``tmp_path``; return the rows of each group (for :func:`finish_entry`). Dictionaries and statistics only
+    for ``__key__`` and only with ``key_stats`` (sample shards), none otherwise (token shards). The file is
+    removed on any error, including one raised by ``tables``."""
     rows_per_group: list[int] = []
     writer = None
     try:
+        key_only: list[str] | bool = [KEY_COLUMN] if key_stats else False
         writer = pq.ParquetWriter(
-            tmp_path, schema, compression=compression, use_dictionary=False, write_statistics=False
+            tmp_path, schema, compression=compression, use_dictionary=key_only, write_statistics=key_only
         )
         for table in tables:
             writer.write_table(table, row_group_size=table.num_rows)
