@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from fastload.config import PackConfig, S3Config
@@ -60,6 +60,10 @@ def pack(
         require_ray(ray_address)
     elif ray_address is not None:
         raise ConfigError("ray_address only applies with engine='ray' (--engine ray)")
+    unknown = sorted(set(options) - {f.name for f in fields(PackConfig)})
+    if unknown:
+        known = ", ".join(sorted(f.name for f in fields(PackConfig)))
+        raise ConfigError(f"unknown pack option(s) {', '.join(unknown)}; PackConfig has: {known}")
     config = replace(config or PackConfig(), **options) if options else (config or PackConfig())
     srcs, target = source_and_target(sources, dst, missing="pass the folder holding the files to pack")
     if any(u.startswith("s3://") for u in [*srcs, target]):

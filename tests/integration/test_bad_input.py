@@ -378,3 +378,11 @@ def test_file_shrinking_while_being_read_leaves_its_sample_out(tmp_path, monkeyp
     expected = {k: v for k, v in good.items() if not k.startswith("good/0006.")}
     assert _read_back(dst, "tar") == expected
     assert fastload.verify(dst).ok
+
+
+def test_an_unknown_pack_option_is_named_with_the_known_ones(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.bin").write_bytes(b"x")
+    with pytest.raises(fastload.errors.ConfigError, match=r"row_group_size.*row_group_bytes"):
+        fastload.pack(tmp_path / "src", tmp_path / "dst", row_group_size=1 << 20, progress=False)
+    assert not (tmp_path / "dst").exists()
