@@ -1,4 +1,5 @@
-"""Checks every shard format's verify shares: the whole file's CRC32C against its index entry."""
+"""Checks shard formats share: the whole file's CRC32C against its index entry (verify), and an index entry
+that must give each sample's byte range (formats read by offsets: tar, TFRecord)."""
 
 from __future__ import annotations
 
@@ -18,3 +19,10 @@ def crc_problem(reader: ChecksumReader, shard: ShardEntry) -> list[VerifyError]:
             shard=shard.name,
         )
     ]
+
+
+def offsets_problem(entry: ShardEntry) -> str | None:
+    """Why ``entry`` cannot describe a shard read by per-sample byte ranges, or None when it can."""
+    if len(entry.offsets) != entry.samples:
+        return "lacks per-sample offsets; re-run `fastload pack` (`fastload index` for other tools' files)"
+    return None

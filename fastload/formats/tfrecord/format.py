@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.readplan import runs
 from fastload.errors import VerifyError
-from fastload.formats.checks import crc_problem
+from fastload.formats.checks import crc_problem, offsets_problem
 from fastload.formats.tar.scan import ChecksumReader
 from fastload.formats.tfrecord.codec import SUFFIXES, is_gzip_name, is_tfrecord_name
 
@@ -82,9 +82,7 @@ class TFRecordFormat:
         )
 
     def check_entry(self, entry: ShardEntry) -> str | None:
-        if len(entry.offsets) != entry.samples:
-            return "lacks per-sample offsets; re-run `fastload pack` (or `fastload index` for TFRecord files)"
-        return None
+        return offsets_problem(entry)
 
     def table(
         self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
