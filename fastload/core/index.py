@@ -1,16 +1,27 @@
 """The dataset index (``index.json``): schema, serialisation and validation.
 
-Layout (format version 1)::
+Version 2 (written by this fastload) lists shards only, so it grows with shards, not samples::
 
-    {"format": "fastload-index", "version": 1,
+    {"format": "fastload-index", "version": 2,
      "shard_format": "tar" | "parquet" | "tfrecord" | another registered format, "checksum": "crc32c",
      "fields": [...], "totals": {"shards", "samples", "bytes", "payload_bytes"},
      "options": {...}, "skipped": [{"path", "reason"}],
+     "shards": [{"name", "format", "bytes", "samples", "checksum", "partition",
+                 "fields": [...],                                    # tar member layout order, if uniform
+                 "table": {"name", "bytes", "checksum"}}]}           # the shard's sample table (sidecar)
+
+Each shard's per-sample columns (offsets, sizes, CRC32C of each sample's bytes, member sizes, Parquet row
+groups, keys) live in its sample table (:mod:`fastload.core.table`), a sidecar next to the shard that the
+process reading the shard fetches with one ranged read. A manifest entry without them is *detached*
+(:attr:`ShardEntry.detached`); :func:`attach` makes the full entry the read path uses.
+
+Version 1 (still read) listed every sample in the manifest::
+
      "shards": [{"name", "bytes", "samples", "checksum", "partition",
                  "keys": [...],
                  "offsets": [...], "sizes": [...],          # tar/tfrecord: sample i: [offsets[i], +sizes[i])
                  "row_groups": [[offset, size, rows], ...]  # parquet: one entry per row group
-                }]}
+                 "member_fields", "member_sizes"}]           # tar member layout
 
 ``checksum`` is CRC32C (Castagnoli, as S3's ``x-amz-checksum-crc32c``) of the whole shard file, as 8 hex
 digits. A tar sample's byte range covers its members' headers and padded data, so one ranged read of
@@ -27,32 +38,111 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastload.core.table import SampleTable
 from fastload.errors import IndexFormatError
 
 INDEX_NAME = "index.json"
 FORMAT = "fastload-index"
-VERSION = 1
+VERSION = 2  # what this fastload writes
+VERSIONS = (1, 2)  # what it reads
 CHECKSUM_ALGORITHM = "crc32c"
 
 
-@dataclass
-class ShardEntry:
-    """What the index knows about one shard."""
+@dataclass(frozen=True)
+class TableRef:
+    """Where a shard's sample table lives: a sidecar ``name`` (relative to the dataset folder), its size and
+    CRC32C (8 hex digits), so one ranged read fetches it and the bytes are checked."""
 
     name: str
     bytes: int
     checksum: str
-    keys: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.bytes, "checksum": self.checksum}
+
+
+@dataclass
+class ShardEntry:
+    """What the index knows about one shard: always its name, size, checksum and sample count; the
+    per-sample columns (``keys``, ``offsets``, ``sizes``, ``crcs``, ``member_sizes``, ``row_groups``) only
+    when attached (a v1 manifest, an in-memory index, or :func:`attach` of its sample table)."""
+
+    name: str
+    bytes: int
+    checksum: str
+    keys: Sequence[str]
     offsets: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     row_groups: list[tuple[int, int, int]] = field(default_factory=list)
     partition: str | None = None
     member_fields: list[str] = field(default_factory=list)
     member_sizes: list[list[int]] = field(default_factory=list)
+    crcs: list[int] = field(default_factory=list)  # CRC32C of each sample's bytes (tar/TFRecord ranges)
+    count: int | None = None  # the sample count of a detached entry (per-sample columns not loaded)
+    table: TableRef | None = None  # where the sample table lives (index v2)
+    format: str | None = None  # the shard's format, as the v2 manifest records it
 
     @property
     def samples(self) -> int:
-        return len(self.keys)
+        return self.count if self.count is not None else len(self.keys)
+
+    @property
+    def detached(self) -> bool:
+        """Whether the per-sample columns are not loaded (a v2 manifest entry): :func:`attach` its table."""
+        return self.count is not None
+
+    def sample_table(self) -> SampleTable:
+        """The per-sample columns of an attached entry, as a table (what :func:`detach` stores)."""
+        if self.detached:
+            raise ValueError(f"shard {self.name}: its sample table is not loaded")
+        return SampleTable(
+            samples=self.samples,
+            keys=self.keys,
+            offsets=list(self.offsets),
+            sizes=list(self.sizes),
+            crcs=list(self.crcs),
+            member_fields=list(self.member_fields) if self.member_sizes else [],
+            member_sizes=self.member_sizes,
+            row_groups=list(self.row_groups),
+        )
+
+    def manifest_dict(self) -> dict[str, Any]:
+        """This shard's entry in a v2 ``index.json`` (needs :attr:`table`)."""
+        if self.table is None:
+            raise ValueError(f"shard {self.name}: no sample table recorded; write it first (detach)")
+        return {
+            "name": self.name,
+            "format": self.format,
+            "bytes": self.bytes,
+            "samples": self.samples,
+            "checksum": self.checksum,
+            "partition": self.partition,
+            "fields": list(self.member_fields),
+            "table": self.table.to_dict(),
+        }
+
+    @classmethod
+    def from_manifest(cls, raw: dict[str, Any]) -> ShardEntry:
+        """A detached entry from a v2 ``index.json`` shard object."""
+        for field_name in ("bytes", "samples"):
+            if type(raw[field_name]) is not int or raw[field_name] < 0:
+                raise ValueError(f"shard {raw.get('name')!r}: {field_name!r} must be an integer >= 0")
+        if raw.get("partition") is not None and not isinstance(raw["partition"], str):
+            raise ValueError(f"shard {raw.get('name')!r}: 'partition' must be a string or null")
+        table = raw["table"]
+        if not isinstance(table, dict) or type(table.get("bytes")) is not int:
+            raise ValueError(f"shard {raw.get('name')!r}: 'table' must be an object: name, bytes, checksum")
+        return cls(
+            name=str(raw["name"]),
+            bytes=int(raw["bytes"]),
+            checksum=str(raw["checksum"]),
+            keys=[],
+            partition=raw.get("partition"),
+            member_fields=[str(f) for f in raw.get("fields", [])],
+            count=int(raw["samples"]),
+            table=TableRef(str(table["name"]), int(table["bytes"]), str(table["checksum"])),
+            format=None if raw.get("format") is None else str(raw["format"]),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -61,7 +151,7 @@ class ShardEntry:
             "samples": self.samples,
             "checksum": self.checksum,
             "partition": self.partition,
-            "keys": self.keys,
+            "keys": list(self.keys),
         }
         if self.offsets or not self.row_groups:
             out["offsets"] = self.offsets
@@ -71,6 +161,8 @@ class ShardEntry:
         if self.member_fields:
             out["member_fields"] = self.member_fields
             out["member_sizes"] = self.member_sizes
+        if self.crcs:
+            out["crcs"] = self.crcs
         return out
 
     @classmethod
@@ -93,7 +185,10 @@ class ShardEntry:
             partition=raw.get("partition"),
             member_fields=[str(f) for f in raw.get("member_fields", [])],
             member_sizes=[[int(x) for x in m] for m in raw.get("member_sizes", [])],
+            crcs=[int(x) for x in raw.get("crcs", [])],
         )
+        if entry.crcs and len(entry.crcs) != entry.samples:
+            raise ValueError(f"shard {entry.name}: crcs do not have one entry per sample")
         if int(raw["samples"]) != entry.samples:
             raise ValueError(f"shard {entry.name}: 'samples' {raw['samples']} != {entry.samples} keys")
         if entry.offsets and not (len(entry.offsets) == len(entry.sizes) == entry.samples):
@@ -105,6 +200,56 @@ class ShardEntry:
             if problem:
                 raise ValueError(f"shard {entry.name}: member layout: {problem}")
         return entry
+
+
+def attach(entry: ShardEntry, table: SampleTable, *, where: str) -> ShardEntry:
+    """The full entry: ``entry`` (detached, from a v2 manifest) with its sample table's columns; raises
+    :class:`IndexFormatError` naming ``where`` when the table does not describe the shard."""
+    if table.samples != entry.samples:
+        raise IndexFormatError(
+            f"{where}: the sample table has {table.samples} samples, index.json says {entry.samples} for "
+            f"shard {entry.name}; re-run `fastload index --upgrade` (or re-pack)"
+        )
+    if table.member_sizes and table.member_fields != entry.member_fields:
+        raise IndexFormatError(
+            f"{where}: the sample table's fields {table.member_fields} differ from index.json's "
+            f"{entry.member_fields} for shard {entry.name}; re-run `fastload index --upgrade`"
+        )
+    full = ShardEntry(
+        name=entry.name,
+        bytes=entry.bytes,
+        checksum=entry.checksum,
+        keys=table.keys,
+        offsets=table.offsets,
+        sizes=table.sizes,
+        row_groups=table.row_groups,
+        partition=entry.partition,
+        member_fields=list(table.member_fields) if table.member_sizes else [],
+        member_sizes=table.member_sizes,
+        crcs=table.crcs,
+        table=entry.table,
+        format=entry.format,
+    )
+    if full.member_sizes:
+        problem = layout_problem(full)
+        if problem:
+            raise IndexFormatError(f"{where}: shard {entry.name}: member layout: {problem}")
+    return full
+
+
+def detach(entry: ShardEntry, table: TableRef, *, shard_format: str) -> ShardEntry:
+    """The manifest-only (v2) form of an attached entry, once its table was written as ``table``."""
+    return ShardEntry(
+        name=entry.name,
+        bytes=entry.bytes,
+        checksum=entry.checksum,
+        keys=[],
+        partition=entry.partition,
+        member_fields=list(entry.member_fields) if entry.member_sizes else [],
+        count=entry.samples,
+        table=table,
+        format=shard_format,
+    )
 
 
 _TAR_BLOCK = 512  # the manifest checks its own tar layout fields; fastload.formats.tar owns the format
@@ -176,10 +321,20 @@ class DatasetIndex:
     def bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
 
+    @property
+    def detached(self) -> bool:
+        """Whether this is a v2 manifest (shards listed, sample tables in sidecars)."""
+        return any(s.detached for s in self.shards)
+
     def to_dict(self) -> dict[str, Any]:
+        """The JSON object: v2 when every shard is detached (has a table written), else v1 (every sample
+        listed: in-memory indexes, and what older fastload reads)."""
+        v2 = bool(self.shards) and all(s.table is not None for s in self.shards)
+        if not v2 and self.detached:
+            raise ValueError("a manifest mixing detached and attached shards cannot be written")
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": 2 if v2 else 1,
             "shard_format": self.shard_format,
             "checksum": CHECKSUM_ALGORITHM,
             "fields": self.fields,
@@ -191,7 +346,7 @@ class DatasetIndex:
             },
             "options": self.options,
             "skipped": self.skipped,
-            "shards": [s.to_dict() for s in self.shards],
+            "shards": [s.manifest_dict() if v2 else s.to_dict() for s in self.shards],
         }
 
     def to_json(self) -> builtins.bytes:
@@ -206,10 +361,11 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
         raise IndexFormatError(f"{where} is not valid JSON ({exc}); re-run `fastload pack`") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise IndexFormatError(f'{where} is not a fastload index (no "format": "{FORMAT}")')
-    if type(raw.get("version")) is not int or raw.get("version") != VERSION:
+    version = raw.get("version")
+    if type(version) is not int or version not in VERSIONS:
         raise IndexFormatError(
-            f"{where} has index version {raw.get('version')!r}; this fastload reads version {VERSION}: "
-            "upgrade fastload or re-pack the dataset"
+            f"{where} has index version {version!r}; this fastload reads versions "
+            f"{', '.join(map(str, VERSIONS))}: upgrade fastload or re-pack the dataset"
         )
     if raw.get("checksum") != CHECKSUM_ALGORITHM:
         raise IndexFormatError(f"{where} uses checksum {raw.get('checksum')!r}, expected crc32c")
@@ -220,7 +376,7 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
         index = DatasetIndex(
             shard_format=str(raw["shard_format"]),
             fields=[str(f) for f in raw["fields"]],
-            shards=[ShardEntry.from_dict(s) for s in raw["shards"]],
+            shards=[(ShardEntry.from_manifest if version == 2 else ShardEntry.from_dict)(s) for s in raw["shards"]],
             options=dict(raw.get("options", {})),
             skipped=list(raw.get("skipped", [])),
             payload_bytes=int(totals.get("payload_bytes", 0)),
@@ -229,6 +385,11 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
         raise IndexFormatError(f"{where} is malformed: {exc!r}; re-run `fastload pack`") from None
     if not index.shard_format:
         raise IndexFormatError(f"{where}: shard_format is empty; re-run `fastload pack`")
+    if version == 2:
+        names = [s.table.name for s in index.shards if s.table is not None]
+        if len(set(names)) != len(names):
+            raise IndexFormatError(f"{where}: two shards share a sample table; re-run `fastload index`")
+        return index
     for shard in index.shards:  # which table a format needs is its own check (fastload.formats.check_index)
         if shard.samples and len(shard.offsets) != shard.samples and not shard.row_groups:
             raise IndexFormatError(

@@ -151,7 +151,7 @@ def test_wrong_format_marker(raw: Any) -> None:
     assert "not a fastload index" in _error(_dump(raw))
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, 3, "1", None])
 def test_wrong_version(version: Any) -> None:
     raw = _valid()
     raw["version"] = version

@@ -1,0 +1,211 @@
+"""Per-shard sample tables: what index v2 keeps out of ``index.json``, in a compact binary, columnar form.
+
+A table holds, for one shard, each sample's byte offset and size, the CRC32C of its bytes, the member layout
+(tar) or row groups (Parquet), and the keys; one table per shard, in a sidecar object next to the shard
+(``<shard>.fltable``), fetched with one ranged read by the process that reads that shard and freed when the
+shard is done. ``index.json`` v2 lists shards only (:mod:`fastload.core.index`), so the manifest grows with
+shards, not samples.
+
+Layout (little-endian; ``docs/INDEX-FORMAT.md`` says why each field is there)::
+
+    b"FLST" | u32 version (1) | u32 header length H | H bytes of JSON header | columns ... | u32 CRC32C
+
+The JSON header: ``{"samples": n, "fields": [...], "columns": {name: [dtype, shape, at, nbytes]}}`` where
+``at`` counts from the first byte after the header and each column starts 8-byte aligned. Columns:
+``offsets`` and ``sizes`` (u64, tar/TFRecord: sample i is ``[offsets[i], +sizes[i])``), ``crcs`` (u32,
+CRC32C of those bytes), ``member_sizes`` (u64, n x len(fields): tar member data sizes in ``fields`` order),
+``row_groups`` (u64, g x 3: Parquet ``offset, size, rows``), ``key_ends`` (u64) and ``key_blob`` (u8: the
+keys, UTF-8, concatenated). The trailing CRC32C covers every byte before it (the ``crc`` argument computes
+it: this module does no I/O and imports no CRC library).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import numpy as np
+
+from fastload.errors import IndexFormatError
+
+MAGIC = b"FLST"
+VERSION = 1
+SUFFIX = ".fltable"  # the sidecar's name: the shard's name + SUFFIX
+
+_PREFIX = struct.Struct("<4sII")
+_DTYPES = {"u8": np.dtype("<u8"), "u4": np.dtype("<u4"), "u1": np.dtype("u1")}
+
+
+def table_name(shard_name: str) -> str:
+    """The sidecar name of a shard's sample table, relative to the dataset's folder."""
+    return shard_name + SUFFIX
+
+
+class Keys(Sequence[str]):
+    """Sample keys decoded one at a time from the table's key blob (a shard's keys are read when asked for,
+    not all materialised when the table loads). Compares equal to a list of the same keys."""
+
+    __slots__ = ("_blob", "_ends")
+
+    def __init__(self, blob: bytes, ends: list[int]) -> None:
+        self._blob, self._ends = blob, ends
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self._ends)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"key {i} of {n}")
+        start = self._ends[i - 1] if i else 0
+        return self._blob[start : self._ends[i]].decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        blob, start = self._blob, 0
+        for end in self._ends:
+            yield blob[start:end].decode("utf-8")
+            start = end
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Keys, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:  # pragma: no cover - unhashable like a list
+        raise TypeError("unhashable type: 'Keys'")
+
+    def __repr__(self) -> str:
+        return f"Keys({len(self)} keys)"
+
+
+@dataclass
+class SampleTable:
+    """One shard's per-sample columns (lists, ready for the read path's per-sample indexing)."""
+
+    samples: int
+    keys: Sequence[str]
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    crcs: list[int] = field(default_factory=list)
+    member_fields: list[str] = field(default_factory=list)
+    member_sizes: list[list[int]] = field(default_factory=list)
+    row_groups: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def _column(name: str, values: Any, dtype: str) -> tuple[str, np.ndarray]:
+    arr = np.asarray(values, dtype=_DTYPES[dtype])
+    return name, arr
+
+
+def encode_table(table: SampleTable, *, crc: Callable[[bytes], int]) -> bytes:
+    """The binary form of ``table`` (see the module docstring); ``crc`` is CRC32C of a bytes object."""
+    n = table.samples
+    keys = [k.encode("utf-8") for k in table.keys]
+    if len(keys) != n:
+        raise ValueError(f"{len(keys)} keys for {n} samples")
+    ends = np.cumsum([len(k) for k in keys], dtype=np.uint64) if keys else np.zeros(0, np.uint64)
+    cols: list[tuple[str, np.ndarray]] = []
+    for name, values, width in (
+        ("offsets", table.offsets, n),
+        ("sizes", table.sizes, n),
+        ("crcs", table.crcs, n),
+    ):
+        if values:
+            if len(values) != width:
+                raise ValueError(f"{name} has {len(values)} entries for {n} samples")
+            cols.append(_column(name, values, "u4" if name == "crcs" else "u8"))
+    if table.member_sizes:
+        width = len(table.member_fields)
+        if len(table.member_sizes) != n or any(len(r) != width for r in table.member_sizes):
+            raise ValueError("member_sizes needs one row of len(member_fields) sizes per sample")
+        cols.append(_column("member_sizes", table.member_sizes, "u8"))
+    if table.row_groups:
+        cols.append(_column("row_groups", [list(rg) for rg in table.row_groups], "u8"))
+    cols.append(("key_ends", ends.astype("<u8")))
+    cols.append(("key_blob", np.frombuffer(b"".join(keys), dtype=np.uint8)))
+    meta: dict[str, Any] = {"samples": n, "fields": list(table.member_fields), "columns": {}}
+    body = bytearray()
+    for name, arr in cols:
+        body.extend(b"\0" * (-len(body) % 8))
+        kind = "u1" if arr.dtype.itemsize == 1 else ("u4" if arr.dtype.itemsize == 4 else "u8")
+        meta["columns"][name] = [kind, list(arr.shape), len(body), arr.nbytes]
+        body.extend(arr.tobytes())
+    header = json.dumps(meta, separators=(",", ":")).encode("utf-8")
+    out = bytearray(_PREFIX.pack(MAGIC, VERSION, len(header)))
+    out.extend(header)
+    out.extend(body)
+    out.extend(struct.pack("<I", crc(bytes(out))))
+    return bytes(out)
+
+
+def decode_table(data: bytes, *, where: str, crc: Callable[[bytes], int] | None = None) -> SampleTable:
+    """Parse a table written by :func:`encode_table`; :class:`IndexFormatError` naming ``where`` if it is
+    not one, damaged (``crc``: check its trailing CRC32C) or inconsistent."""
+    view = memoryview(data)
+
+    def bad(why: str) -> IndexFormatError:
+        why = f"not a valid fastload sample table ({why}); re-run `fastload index`"
+        return IndexFormatError(f"{where}: {why}")
+
+    if len(view) < _PREFIX.size + 4:
+        raise bad(f"{len(view)} bytes")
+    magic, version, hlen = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise bad("wrong magic")
+    if version != VERSION:
+        raise IndexFormatError(
+            f"{where}: sample table version {version}; this fastload reads version {VERSION}: "
+            "upgrade fastload"
+        )
+    if crc is not None:
+        (want,) = struct.unpack_from("<I", view, len(view) - 4)
+        if crc(bytes(view[:-4])) != want:
+            raise bad("its CRC32C does not match: damaged in storage or in transit")
+    start = _PREFIX.size + hlen
+    try:
+        meta = json.loads(bytes(view[_PREFIX.size : start]))
+        n = int(meta["samples"])
+        fields = [str(f) for f in meta.get("fields", [])]
+        arrays: dict[str, np.ndarray] = {}
+        for name, (kind, shape, at, nbytes) in meta["columns"].items():
+            a, b = start + int(at), start + int(at) + int(nbytes)
+            if b > len(view) - 4:
+                raise ValueError(f"column {name} runs past the end")
+            arrays[name] = np.frombuffer(view[a:b], dtype=_DTYPES[kind]).reshape([int(s) for s in shape])
+    except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
+        raise bad(repr(exc)) from None
+    for name in ("offsets", "sizes", "crcs", "member_sizes", "key_ends"):
+        if name in arrays and len(arrays[name]) != n:
+            raise bad(f"column {name} has {len(arrays[name])} rows for {n} samples")
+    if "key_ends" not in arrays or "key_blob" not in arrays:
+        raise bad("no keys")
+    ends = arrays["key_ends"].tolist()
+    blob = arrays["key_blob"].tobytes()
+    if ends and (ends[-1] != len(blob) or any(b < a for a, b in zip([0, *ends], ends, strict=False))):
+        raise bad("key ends do not fit the key blob")
+    table = SampleTable(
+        samples=n,
+        keys=Keys(blob, ends),
+        offsets=arrays["offsets"].tolist() if "offsets" in arrays else [],
+        sizes=arrays["sizes"].tolist() if "sizes" in arrays else [],
+        crcs=arrays["crcs"].tolist() if "crcs" in arrays else [],
+        member_fields=fields,
+        member_sizes=arrays["member_sizes"].tolist() if "member_sizes" in arrays else [],
+        row_groups=[(a, b, c) for a, b, c in arrays["row_groups"].tolist()] if "row_groups" in arrays else [],
+    )
+    if table.member_sizes and any(len(r) != len(fields) for r in table.member_sizes):
+        raise bad("member_sizes rows do not match fields")
+    if table.row_groups and sum(rg[2] for rg in table.row_groups) != n:
+        raise bad("row group rows do not add up to the sample count")
+    return table
