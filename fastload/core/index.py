@@ -373,10 +373,11 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
     if not isinstance(totals, dict):
         raise IndexFormatError(f"{where} is malformed: 'totals' is not an object; re-run `fastload pack`")
     try:
+        shards = raw["shards"]
         index = DatasetIndex(
             shard_format=str(raw["shard_format"]),
             fields=[str(f) for f in raw["fields"]],
-            shards=[(ShardEntry.from_manifest if version == 2 else ShardEntry.from_dict)(s) for s in raw["shards"]],
+            shards=[(ShardEntry.from_manifest if version == 2 else ShardEntry.from_dict)(s) for s in shards],
             options=dict(raw.get("options", {})),
             skipped=list(raw.get("skipped", [])),
             payload_bytes=int(totals.get("payload_bytes", 0)),
