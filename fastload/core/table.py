@@ -36,7 +36,7 @@ VERSION = 1
 SUFFIX = ".fltable"  # the sidecar's name: the shard's name + SUFFIX
 
 _PREFIX = struct.Struct("<4sII")
-_DTYPES = {"u8": np.dtype("<u8"), "u4": np.dtype("<u4"), "u1": np.dtype("u1")}
+_DTYPES: dict[str, np.dtype[Any]] = {"u8": np.dtype("<u8"), "u4": np.dtype("<u4"), "u1": np.dtype("u1")}
 
 
 def table_name(shard_name: str) -> str:

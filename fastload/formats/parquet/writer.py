@@ -201,7 +201,7 @@ def _row_group(
             close_all(members)
     if not keys:
         return None
-    result.entry.keys.extend(keys)
+    result.entry.keys = list(result.entry.keys) + keys
     arrays: list[pa.Array] = [pa.array(keys, type=pa.string())]
     n = len(keys)
     for i in range(ncols):

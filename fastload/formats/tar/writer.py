@@ -163,7 +163,8 @@ def write_shard(
     """The shard loop every format shares: open inputs ahead, ``write_sample(out, key, members)`` each
     sample (it returns the failed input, if any: the sample is then rolled back and reported), record
     offsets and sizes, end with ``trailer``, CRC32C on the fly; the file is removed on any error."""
-    result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=[]))
+    keys: list[str] = []
+    result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=keys))
     entry = result.entry
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -181,7 +182,7 @@ def write_shard(
                     Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {name}")
                 )
                 continue
-            entry.keys.append(sample.key)
+            keys.append(sample.key)
             entry.offsets.append(start)
             entry.sizes.append(out.position - start)
             nbytes = sum(m.size for m in members)
