@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from fastload.core.index import DatasetIndex, ShardEntry
     from fastload.core.keys import Sample
     from fastload.formats.tar.writer import ShardResult
+    from fastload.storage.cache import ShardCache
     from fastload.storage.inputs import Input
 
 RawSample = dict[str, Any]
@@ -190,6 +191,29 @@ def load_index(dataset: str | os.PathLike[str], *, s3_config: S3Config | None = 
     url = storage.normalise(dataset)
     check_index(index, where=url if url.endswith(".json") else storage.join(url, INDEX_NAME))
     return index
+
+
+def full_entry(
+    root: str,
+    entry: ShardEntry,
+    *,
+    shard_format: str,
+    s3_config: S3Config | None = None,
+    cache: ShardCache | None = None,
+) -> ShardEntry:
+    """``entry`` with its per-sample columns (a v2 manifest entry: its sample table fetched and checked
+    by the format, :meth:`ShardFormat.check_entry`); an attached entry as it is."""
+    from fastload.errors import IndexFormatError
+    from fastload.storage.tables import fetch_table
+
+    if not entry.detached:
+        return entry
+    full = fetch_table(root, entry, s3_config=s3_config, cache=cache)
+    fmt = by_name(entry.format or shard_format)
+    problem = fmt.check_entry(full)
+    if problem is not None:
+        raise IndexFormatError(f"{root}: {fmt.name} shard {entry.name} {problem}; re-run `fastload index`")
+    return full
 
 
 def index_files(
