@@ -10,6 +10,20 @@ pickle, 64 KiB at a time) this is one copy in and one copy out, into memory that
 descriptor passing per tensor. When no slot is free (the training process is slow to take batches) the
 batch is sent the ordinary way: slots bound the memory, ``slots x slot size`` per worker.
 
+Slots are reserved, not just sized: ``posix_fallocate`` takes their tmpfs pages up front, so a /dev/shm too
+small for them (Docker's default is 64 MiB) fails when a slot is made, never with SIGBUS while a batch is
+written into it. When /dev/shm is short a worker makes fewer and then smaller slots, and when not even one
+fits (or while all it could make are busy) it sends tensors *inline*: as bytes through the worker's pipe,
+which needs no shared memory at all (torch's own path would put each tensor in /dev/shm). One warning per
+worker says how much was free, how much was needed and what to change.
+
+/dev/shm may be shared with other jobs and other PID namespaces (``--ipc=host``, pods sharing it), where a
+process id says nothing. So a slot file is named ``fastload-<pid>-<token>-<n>`` with a random token per
+worker, its worker holds an ``flock`` on it for as long as it lives, and the sweep of files left by killed
+jobs removes only files nobody holds a lock on and that are older than ``STALE_SECONDS`` (a batch sent by a
+worker that has since exited normally waits in the training process's queue for a moment before it is
+mapped).
+
 Big tensors (over ``SMALL_TENSOR_BYTES``, e.g. a batch of decoded images) travel through slots too, and the
 default collate stacks them straight into the slot: no fresh shared-memory file per batch (each new page
 of one costs a fault on both sides). The training process hands them out as views of the slot, not
@@ -19,9 +33,14 @@ copies; the slot is *leased* (byte 0 = 2) until the last of them is freed, and o
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import itertools
 import mmap
 import os
+import secrets
+import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,7 +55,23 @@ SMALL_TENSOR_BYTES = 64 << 10  # tensors up to this size are copied out; bigger 
 ALIGN = 64  # where each tensor starts in a slot
 SHM_DIR = "/dev/shm"
 PREFIX = "fastload"
+STALE_SECONDS = 60.0  # an unlocked slot file older than this is left from a process that is gone
 _counter = itertools.count()
+
+SHORT_WARNING = (
+    "fastload.DataLoader worker {pid}: /dev/shm has {free:.0f} MiB free, and a batch slot needs {need:.0f} "
+    "MiB ({slots} per worker); {what}. Give the job more shared memory (docker run --shm-size=2g; in "
+    "Kubernetes a memory-backed emptyDir at /dev/shm), or use fewer workers or smaller batches."
+)
+
+
+def shm_free_bytes() -> int:
+    """Bytes free in :data:`SHM_DIR` (0 if it cannot be read)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 class WorkerSlots:
@@ -45,9 +80,13 @@ class WorkerSlots:
     def __init__(self, slots: int = SLOTS) -> None:
         self.max_slots = slots
         self.pid = os.getpid()
+        self.token = secrets.token_hex(4)  # tells this process's files from another namespace's same pid
         self.slots: list[tuple[str, mmap.mmap]] = []
+        self._fds: list[int] = []  # held open, each with an flock: the slot's owner is alive
         self._sent: dict[str, int] = {}  # slot path -> number of the batch last packed into it
         self._count = 0
+        self.short = False  # /dev/shm could not hold a slot: batches that find none free go inline
+        self._warned = False
 
     def pack(
         self, batch: Any, stacks: dict[str, list[torch.Tensor]] | None = None
@@ -76,6 +115,8 @@ class WorkerSlots:
         if slot is None:
             if stacks:
                 batch = {k: torch.stack(stacks[k]) if k in stacks else v for k, v in batch.items()}
+            if self.short:
+                return _inline(batch)
             return batch, None
         path, mm = slot
         view = memoryview(mm)
@@ -153,25 +194,80 @@ class WorkerSlots:
                 return path, mm
         if len(self.slots) >= self.max_slots:
             return None
-        size = max(MIN_SLOT_BYTES, 2 * (HEADER + total))
-        path = os.path.join(SHM_DIR, f"{PREFIX}-{self.pid}-{next(_counter)}")
+        want = max(MIN_SLOT_BYTES, 2 * (HEADER + total))
+        for size in dict.fromkeys((want, HEADER + total)):  # the usual size, else just what this batch needs
+            made = self._create(size)
+            if made is not None:
+                if size != want:
+                    self._short(
+                        want, f"it uses slots of {size / 2**20:.0f} MiB, {len(self.slots) + 1} at most"
+                    )
+                    self.max_slots = len(self.slots) + 1
+                self.slots.append(made)
+                return made
+            if not os.path.isdir(SHM_DIR):  # no /dev/shm here (not Linux): batches go the ordinary way
+                self.max_slots = len(self.slots)
+                return None
+        self.max_slots = len(self.slots)
+        what = (
+            f"it keeps its {len(self.slots)} slot(s) and sends batches that find none free through its pipe"
+            if self.slots
+            else "it sends batches through its pipe without shared memory (slower)"
+        )
+        self._short(want, what)
+        return None
+
+    def _create(self, size: int) -> tuple[str, mmap.mmap] | None:
+        """A new slot of ``size`` bytes, its tmpfs pages reserved and its file locked; None if it does not
+        fit (or there is no /dev/shm)."""
+        path = os.path.join(SHM_DIR, f"{PREFIX}-{self.pid}-{self.token}-{next(_counter)}")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except OSError:  # no /dev/shm here (not Linux) or it is full: batches go the ordinary way
-            self.max_slots = len(self.slots)
+        except OSError:
             return None
         try:
-            os.ftruncate(fd, size)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.posix_fallocate(fd, 0, size)  # ENOSPC now rather than SIGBUS when a page is first written
             mm = mmap.mmap(fd, size)
         except OSError:
+            os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            self.max_slots = len(self.slots)
             return None
-        finally:
-            os.close(fd)
-        self.slots.append((path, mm))
+        self._fds.append(fd)
         return path, mm
+
+    def _short(self, need: int, what: str) -> None:
+        self.short = True
+        if not self._warned:
+            self._warned = True
+            free = shm_free_bytes() / 2**20
+            text = SHORT_WARNING.format(pid=self.pid, free=free, need=need / 2**20, slots=SLOTS, what=what)
+            warnings.warn(text, UserWarning, stacklevel=4)
+
+
+def _inline(batch: Any) -> tuple[Any, dict[str, Any] | None]:
+    """A dict batch with its plain tensors as bytes (dtype, shape, data): what goes through the worker's pipe
+    when /dev/shm is short, since torch would put each tensor in /dev/shm to send it."""
+    if not isinstance(batch, dict):
+        return batch, None
+    tensors = {
+        k: (
+            str(v.dtype).removeprefix("torch."),
+            list(v.shape),
+            v.contiguous().view(-1).view(torch.uint8).numpy().tobytes(),
+        )
+        for k, v in batch.items()
+        if _plain(v)
+    }
+    if not tensors:
+        return batch, None
+    rest = {k: v for k, v in batch.items() if k not in tensors}
+    return rest, {"inline": tensors, "order": list(batch)}
+
+
+def _as_bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 class MainSlots:
@@ -181,12 +277,14 @@ class MainSlots:
 
     def __init__(self, *, pin_memory: bool = False) -> None:
         self.maps: dict[str, mmap.mmap] = {}
-        self.pids: set[int] = set()
+        self.owners: set[str] = set()  # "<pid>-<token>" of the workers whose slots were seen
         self.pin_memory = pin_memory  # tensors rebuilt here are pinned as DataLoader's pin_memory would
         sweep_stale()
 
     def unpack(self, rest: Any, description: dict[str, Any]) -> Any:
         """The batch as the worker's collate made it (a dict, or a list of sample dicts)."""
+        if "inline" in description:
+            return self._unpack_inline(rest, description)
         mm = self._map(description)
         if "samples" in description:
             return self._unpack_samples(mm, rest, description)
@@ -225,10 +323,22 @@ class MainSlots:
             weakref.finalize(leased, _release, mm)
         return {k: values[k] if k in values else rest[k] for k in description["order"]}
 
+    def _unpack_inline(self, rest: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:
+        values = {}
+        for k, (name, shape, data) in description["inline"].items():
+            tensor = (
+                torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                if data
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            tensor = tensor.view(getattr(torch, name)).view(shape)
+            values[k] = tensor.pin_memory() if self.pin_memory else tensor
+        return {k: values[k] if k in values else rest[k] for k in description["order"]}
+
     def _map(self, description: dict[str, Any]) -> mmap.mmap:
         mm = self.maps.get(description["path"])
         if mm is None:
-            self.pids.add(description["pid"])
+            self.owners.add(_owner(os.path.basename(description["path"])))
             fd = os.open(description["path"], os.O_RDWR)
             try:
                 mm = self.maps[description["path"]] = mmap.mmap(fd, 0)
@@ -258,9 +368,9 @@ class MainSlots:
             with contextlib.suppress(BufferError):  # views still held: unmapped when the last one goes
                 mm.close()
         self.maps.clear()
-        pids, self.pids = self.pids, set()
-        if pids:
-            _unlink_matching(lambda pid, name: pid in pids)
+        owners, self.owners = self.owners, set()
+        if owners:
+            _unlink_matching(lambda name: _owner(name) in owners)
 
     def __del__(self) -> None:
         self.close()
@@ -318,28 +428,45 @@ def worker_slots() -> WorkerSlots:
     return _worker
 
 
-def _unlink_matching(match: Callable[[int, str], bool]) -> None:
+def _owner(name: str) -> str:
+    """``"<pid>-<token>"`` of a slot file name ``fastload-<pid>-<token>-<n>``."""
+    return "-".join(name.split("-")[1:3])
+
+
+def _unlink_matching(match: Callable[[str], bool]) -> None:
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
         return
     for name in names:
-        parts = name.split("-")
-        if len(parts) == 3 and parts[0] == PREFIX and parts[1].isdigit() and match(int(parts[1]), name):
+        if name.startswith(PREFIX + "-") and match(name):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM_DIR, name))
 
 
-def sweep_stale() -> None:
-    """Remove slot files whose worker process is gone (left by a training process that was killed)."""
-
-    def dead(pid: int, name: str) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
+def _unheld(path: str, *, older_than: float) -> bool:
+    """Whether nobody holds the slot file at ``path`` (its owner holds an flock while it lives) and it was
+    last changed over ``older_than`` seconds ago."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
         return False
+    try:
+        if time.time() - os.fstat(fd).st_mtime < older_than:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        return True
+    finally:
+        os.close(fd)
 
-    _unlink_matching(dead)
+
+def sweep_stale(*, older_than: float = STALE_SECONDS) -> None:
+    """Remove slot files left by processes that are gone (a training job that was killed): files nobody
+    holds a lock on, older than ``older_than`` seconds. Holds across PID namespaces sharing /dev/shm, where
+    a process id in a name may be another process's."""
+    _unlink_matching(lambda name: _unheld(os.path.join(SHM_DIR, name), older_than=older_than))

@@ -120,22 +120,29 @@ def test_loader_batches_equal_in_process_and_leave_no_files(small: Packed, persi
 
 
 def test_slot_files_of_dead_processes_are_swept(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    dead = int(proc.stdout)
-    stale = Path(shmbatch.SHM_DIR) / f"{shmbatch.PREFIX}-{dead}-0"
+    """A slot file nobody holds a lock on and older than the grace period is a dead job's: swept. A file its
+    owner holds (locked), or one just made, is kept, whatever process id its name carries."""
+    stale = Path(shmbatch.SHM_DIR) / f"{shmbatch.PREFIX}-{os.getpid()}-deadbeef-0"
     stale.write_bytes(b"x")
-    mine = Path(shmbatch.SHM_DIR) / f"{shmbatch.PREFIX}-{os.getpid()}-999999"
-    mine.write_bytes(b"x")
+    old = time.time() - 2 * shmbatch.STALE_SECONDS
+    os.utime(stale, (old, old))
+    fresh = Path(shmbatch.SHM_DIR) / f"{shmbatch.PREFIX}-1-cafecafe-0"
+    fresh.write_bytes(b"x")
+    worker = WorkerSlots(slots=1)
+    made = worker._free(100)
+    assert made is not None
+    held = Path(made[0])
+    os.utime(held, (old, old))
     try:
         MainSlots().close()
         assert not stale.exists(), "a dead process's slot file was kept"
-        assert mine.exists(), "a live process's slot file was removed"
+        assert fresh.exists(), "a slot file just made (its batch maybe in flight) was removed"
+        assert held.exists(), "a live worker's (locked) slot file was removed"
     finally:
-        for p in (stale, mine):
+        for p in (stale, fresh, held):
             if p.exists():
                 p.unlink()
+
 
 
 def test_a_slot_whose_batch_was_discarded_is_reused() -> None:
