@@ -14,6 +14,7 @@ from fastload import formats
 from fastload.config import PARQUET_COMPRESSIONS, PackConfig
 from fastload.core.units import parse_size
 from fastload.errors import ConfigError, FastloadError, SkippedInputError
+from fastload.storage.urls import check_url
 
 
 def _size(text: str) -> int:
@@ -257,8 +258,12 @@ def _cp(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     from fastload.copy import listing
 
-    for line in listing(args.url, recursive=args.recursive):
+    lines = listing(args.url, recursive=args.recursive)
+    for line in lines:
         print(line)
+    if not lines:  # as `aws s3 ls` and `ls` of a missing path: say so, and fail
+        print(f"fastload ls: nothing under {args.url}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -318,6 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "index": _index,
     }[args.command]
     try:
+        for value in vars(args).values():  # a mistyped s3:// URL would otherwise be taken as a local path
+            for text in value if isinstance(value, list) else [value]:
+                if isinstance(text, str):
+                    check_url(text)
         return handler(args)
     except ConfigError as exc:
         print(f"fastload {args.command}: {exc}", file=sys.stderr)
@@ -325,6 +334,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FastloadError as exc:
         print(f"fastload {args.command}: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly, as Unix tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:  # e.g. a destination that cannot be created or written
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
         print(f"fastload {args.command}: {exc.strerror or exc}:{where}", file=sys.stderr)
@@ -332,8 +346,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fastload {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into `head` and the like
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0

@@ -111,7 +111,12 @@ def copy(
         upload_file(src, bucket, target_key, config=config)
         report.files, report.bytes, report.copied = 1, os.path.getsize(src), [f"s3://{bucket}/{target_key}"]
         return report
+    if not os.path.isdir(src):
+        what = "a file: drop --recursive (-r) to copy one file" if os.path.isfile(src) else "not found"
+        raise NotFoundError(f"{src} is {what}", path=src)
     files = storage.list_files(storage.normalise(src), "")
+    if not files:
+        raise NotFoundError(f"no files under {src}: nothing to copy", path=src)
     prefix = key if not key or key.endswith("/") else key + "/"
     base = storage.normalise(src)
     jobs_list = [(f, prefix + os.path.relpath(f, base).replace(os.sep, "/")) for f in files]

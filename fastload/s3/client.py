@@ -113,6 +113,8 @@ def classify_exception(exc: BaseException) -> Failure | None:
     """The retry fault for an exception raised by botocore or while reading a body; None if not ours."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         return None  # retrying cannot fix a certificate; the error says which one failed
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):  # not retried; the caller names the object
+        return Failure(Fault.DENIED, None, NO_CREDENTIALS)
     if isinstance(exc, botocore.exceptions.ClientError):
         meta = exc.response.get("ResponseMetadata", {})
         status = int(meta.get("HTTPStatusCode", 0) or 0)
@@ -165,10 +167,15 @@ def is_no_credentials(exc: BaseException) -> bool:
     return isinstance(exc, botocore.exceptions.NoCredentialsError)
 
 
+NO_CREDENTIALS = (
+    "no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (a profile in "
+    "~/.aws/config), or run where an instance role is available"
+)
+
+
 def no_credentials_error(bucket: str, key: str) -> AccessDeniedError:
     return AccessDeniedError(
-        f"s3://{bucket}/{key}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-        "or AWS_PROFILE (a profile in ~/.aws/config), or run where an instance role is available",
+        f"s3://{bucket}/{key}: {NO_CREDENTIALS}",
         bucket=bucket,
         key=key,
     )
@@ -215,6 +222,8 @@ def fail_fast_error(failure: Failure, bucket: str, key: str, what: str = "read")
             bucket=bucket,
             key=key,
         )
+    if failure.fault is Fault.DENIED and failure.message == NO_CREDENTIALS:
+        return no_credentials_error(bucket, key)
     if failure.fault is Fault.DENIED:
         return AccessDeniedError(
             f"{url}: access denied ({failure.message}); check the credentials in use (AWS_PROFILE or the "

@@ -7,6 +7,7 @@ from typing import BinaryIO
 
 from fastload.config import S3Config
 from fastload.errors import NotFoundError
+from fastload.storage.urls import check_url
 
 
 def is_remote(url: str) -> bool:
@@ -15,6 +16,7 @@ def is_remote(url: str) -> bool:
 
 def normalise(url: str | os.PathLike[str]) -> str:
     text = os.fspath(url)
+    check_url(text)
     if text.startswith("file://"):
         text = text[len("file://") :]
     return text.rstrip("/") if is_remote(text) else os.path.abspath(text)

@@ -16,11 +16,27 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (os.umask would set it, racing
+    other threads that create files)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the whole new one, never a part."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp's 0600 is for secrets)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -8,6 +8,7 @@ from typing import Any, BinaryIO
 
 from fastload.config import S3Config
 from fastload.errors import ConfigError
+from fastload.storage.urls import check_url
 
 
 def open(
@@ -26,6 +27,7 @@ def open(
     if mode not in ("rb", "br"):
         raise ConfigError(f"mode={mode!r}: fastload.open only reads binary; use 'rb'")
     text = os.fspath(url)
+    check_url(text)
     if text.startswith("s3://"):
         from fastload.s3.client import parse_s3_url
         from fastload.s3.reader import RangedReader

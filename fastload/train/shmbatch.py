@@ -33,45 +33,36 @@ copies; the slot is *leased* (byte 0 = 2) until the last of them is freed, and o
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import itertools
 import mmap
 import os
 import secrets
-import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+
+from fastload.train.shmfiles import (
+    SHM_DIR,
+    create_slot,
+    owner,
+    shm_free_bytes,
+    sweep_stale,
+    unlink_matching,
+)
 
 SLOTS = 6
 MIN_SLOT_BYTES = 8 << 20
 HEADER = 64  # byte 0: 0 free; 1 sent, not taken yet; 2 taken, views of it still held (leased)
 SMALL_TENSOR_BYTES = 64 << 10  # tensors up to this size are copied out; bigger ones handed out as views
 ALIGN = 64  # where each tensor starts in a slot
-SHM_DIR = "/dev/shm"
-PREFIX = "fastload"
-STALE_SECONDS = 60.0  # an unlocked slot file older than this is left from a process that is gone
-_counter = itertools.count()
-
 SHORT_WARNING = (
     "fastload.DataLoader worker {pid}: /dev/shm has {free:.0f} MiB free, and a batch slot needs {need:.0f} "
     "MiB ({slots} per worker); {what}. Give the job more shared memory (docker run --shm-size=2g; in "
     "Kubernetes a memory-backed emptyDir at /dev/shm), or use fewer workers or smaller batches."
 )
-
-
-def shm_free_bytes() -> int:
-    """Bytes free in :data:`SHM_DIR` (0 if it cannot be read)."""
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
 
 
 class WorkerSlots:
@@ -196,15 +187,16 @@ class WorkerSlots:
             return None
         want = max(MIN_SLOT_BYTES, 2 * (HEADER + total))
         for size in dict.fromkeys((want, HEADER + total)):  # the usual size, else just what this batch needs
-            made = self._create(size)
+            made = create_slot(self.pid, self.token, size)
             if made is not None:
+                self._fds.append(made[2])
                 if size != want:
                     self._short(
                         want, f"it uses slots of {size / 2**20:.0f} MiB, {len(self.slots) + 1} at most"
                     )
                     self.max_slots = len(self.slots) + 1
-                self.slots.append(made)
-                return made
+                self.slots.append(made[:2])
+                return made[:2]
             if not os.path.isdir(SHM_DIR):  # no /dev/shm here (not Linux): batches go the ordinary way
                 self.max_slots = len(self.slots)
                 return None
@@ -216,26 +208,6 @@ class WorkerSlots:
         )
         self._short(want, what)
         return None
-
-    def _create(self, size: int) -> tuple[str, mmap.mmap] | None:
-        """A new slot of ``size`` bytes, its tmpfs pages reserved and its file locked; None if it does not
-        fit (or there is no /dev/shm)."""
-        path = os.path.join(SHM_DIR, f"{PREFIX}-{self.pid}-{self.token}-{next(_counter)}")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.posix_fallocate(fd, 0, size)  # ENOSPC now rather than SIGBUS when a page is first written
-            mm = mmap.mmap(fd, size)
-        except OSError:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            return None
-        self._fds.append(fd)
-        return path, mm
 
     def _short(self, need: int, what: str) -> None:
         self.short = True
@@ -338,7 +310,7 @@ class MainSlots:
     def _map(self, description: dict[str, Any]) -> mmap.mmap:
         mm = self.maps.get(description["path"])
         if mm is None:
-            self.owners.add(_owner(os.path.basename(description["path"])))
+            self.owners.add(owner(os.path.basename(description["path"])))
             fd = os.open(description["path"], os.O_RDWR)
             try:
                 mm = self.maps[description["path"]] = mmap.mmap(fd, 0)
@@ -370,7 +342,7 @@ class MainSlots:
         self.maps.clear()
         owners, self.owners = self.owners, set()
         if owners:
-            _unlink_matching(lambda name: _owner(name) in owners)
+            unlink_matching(lambda name: owner(name) in owners)
 
     def __del__(self) -> None:
         self.close()
@@ -426,47 +398,3 @@ def worker_slots() -> WorkerSlots:
     if _worker is None or _worker.pid != os.getpid():
         _worker = WorkerSlots()
     return _worker
-
-
-def _owner(name: str) -> str:
-    """``"<pid>-<token>"`` of a slot file name ``fastload-<pid>-<token>-<n>``."""
-    return "-".join(name.split("-")[1:3])
-
-
-def _unlink_matching(match: Callable[[str], bool]) -> None:
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(PREFIX + "-") and match(name):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(SHM_DIR, name))
-
-
-def _unheld(path: str, *, older_than: float) -> bool:
-    """Whether nobody holds the slot file at ``path`` (its owner holds an flock while it lives) and it was
-    last changed over ``older_than`` seconds ago."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        if time.time() - os.fstat(fd).st_mtime < older_than:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return False
-            raise
-        return True
-    finally:
-        os.close(fd)
-
-
-def sweep_stale(*, older_than: float = STALE_SECONDS) -> None:
-    """Remove slot files left by processes that are gone (a training job that was killed): files nobody
-    holds a lock on, older than ``older_than`` seconds. Holds across PID namespaces sharing /dev/shm, where
-    a process id in a name may be another process's."""
-    _unlink_matching(lambda name: _unheld(os.path.join(SHM_DIR, name), older_than=older_than))

@@ -34,6 +34,13 @@ def open_index(
             except NotFoundError as missing:
                 found = storage.list_files(root, "", config=s3_config) if storage.is_folder(root) else []
                 urls = [u for u in found if _is_shard_file(u) and "/." not in u[len(root) :]]
+                if not urls and storage.is_folder(root):
+                    what = f"holds {len(found)} file(s) but" if found else "is empty or missing:"
+                    raise NotFoundError(
+                        f"{root} {what} no index.json and no tar or TFRecord shards; check the URL, or "
+                        "write a dataset there with `fastload pack` (or `fastload index` for shards)",
+                        path=root,
+                    ) from None
                 if not urls:
                     raise missing from None
                 kinds = {formats.foreign_format(u) for u in urls}

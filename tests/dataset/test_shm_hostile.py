@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import fastload
-from fastload.train import shmbatch
+from fastload.train import shmfiles
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,7 +119,7 @@ def test_sweep_keeps_live_slots_of_another_pid_namespace() -> None:
         assert holder.stdin is not None and holder.stdout is not None
         path = holder.stdout.readline().strip()
         try:
-            assert os.path.basename(path).startswith(shmbatch.PREFIX + "-") and os.path.exists(path)
+            assert os.path.basename(path).startswith(shmfiles.PREFIX + "-") and os.path.exists(path)
 
             def sweep() -> list[str]:
                 cmd = ["unshare", "-p", "-f", sys.executable, "-c", SWEEPER, path]

@@ -4,8 +4,6 @@ path, slots reused and bounded, nothing left in /dev/shm, stale files of dead pr
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,16 +11,16 @@ import pytest
 import torch
 
 import fastload
-from fastload.train import shmbatch
+from fastload.train import shmbatch, shmfiles
 from fastload.train.shmbatch import MainSlots, WorkerSlots
 
 from .helpers import Packed
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(shmbatch.SHM_DIR), reason="needs /dev/shm")
+pytestmark = pytest.mark.skipif(not os.path.isdir(shmfiles.SHM_DIR), reason="needs /dev/shm")
 
 
 def slot_files() -> set[str]:
-    return {n for n in os.listdir(shmbatch.SHM_DIR) if n.startswith(shmbatch.PREFIX + "-")}
+    return {n for n in os.listdir(shmfiles.SHM_DIR) if n.startswith(shmfiles.PREFIX + "-")}
 
 
 def close_both(worker: WorkerSlots, main: MainSlots) -> None:
@@ -122,11 +120,11 @@ def test_loader_batches_equal_in_process_and_leave_no_files(small: Packed, persi
 def test_slot_files_of_dead_processes_are_swept(tmp_path: Path) -> None:
     """A slot file nobody holds a lock on and older than the grace period is a dead job's: swept. A file its
     owner holds (locked), or one just made, is kept, whatever process id its name carries."""
-    stale = Path(shmbatch.SHM_DIR) / f"{shmbatch.PREFIX}-{os.getpid()}-deadbeef-0"
+    stale = Path(shmfiles.SHM_DIR) / f"{shmfiles.PREFIX}-{os.getpid()}-deadbeef-0"
     stale.write_bytes(b"x")
-    old = time.time() - 2 * shmbatch.STALE_SECONDS
+    old = time.time() - 2 * shmfiles.STALE_SECONDS
     os.utime(stale, (old, old))
-    fresh = Path(shmbatch.SHM_DIR) / f"{shmbatch.PREFIX}-1-cafecafe-0"
+    fresh = Path(shmfiles.SHM_DIR) / f"{shmfiles.PREFIX}-1-cafecafe-0"
     fresh.write_bytes(b"x")
     worker = WorkerSlots(slots=1)
     made = worker._free(100)
@@ -142,7 +140,6 @@ def test_slot_files_of_dead_processes_are_swept(tmp_path: Path) -> None:
         for p in (stale, fresh, held):
             if p.exists():
                 p.unlink()
-
 
 
 def test_a_slot_whose_batch_was_discarded_is_reused() -> None:
