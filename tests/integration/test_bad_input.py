@@ -9,8 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,45 +189,38 @@ def test_allow_skip_packs_the_rest_and_records_the_skip(tmp_path, make_case):
 
 # --- unreadable files: a real permission error -------------------------------------------------------------
 
-NOBODY = 65534
-
-# The interpreter may live where user nobody cannot reach it (here: under /root, mode 0700), so
-# `subprocess.run(..., user=65534)` cannot even start it. Instead the child imports fastload as root and then
-# drops to nobody before packing: every input file is opened as nobody. `api` runs fastload.pack() and prints
-# the SkippedInputError it raised as JSON; anything else runs the CLI.
+# Root reads any file, so a root test run gives up the two capabilities that let it (CAP_DAC_OVERRIDE,
+# CAP_DAC_READ_SEARCH) with `setpriv` rather than becoming another user: it stays uid 0, so it can still
+# import everything lazily from wherever the checkout and the interpreter live (e.g. under /root, mode 0700),
+# while an input file of mode 0 cannot be opened. `api` runs fastload.pack() and prints the
+# SkippedInputError it raised as JSON; anything else runs the CLI.
 _UNPRIVILEGED = """
-import json, os, sys
-import fastload, fastload.cli, fastload.packing.pack, fastload.packing.verify
-import fastload.summary, fastload.storage.manifest
+import json, sys
+import fastload, fastload.cli
 from fastload.errors import SkippedInputError
-if os.geteuid() == 0:
-    os.setgroups([])
-    os.setgid({uid})
-    os.setuid({uid})
 if sys.argv[1] == "api":
     try:
         fastload.pack(sys.argv[2], sys.argv[3], workers=1, progress=False)
     except SkippedInputError as exc:
-        print(json.dumps({{"written": exc.written, "skipped": [[s.path, s.reason] for s in exc.skipped]}}))
+        print(json.dumps({"written": exc.written, "skipped": [[s.path, s.reason] for s in exc.skipped]}))
         sys.exit(1)
     sys.exit(0)
 sys.exit(fastload.cli.main(sys.argv[1:]))
 """
+DROP_READ_CAPS = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
 @pytest.fixture
-def shared_tmp() -> Iterator[Path]:
-    """A folder other users can traverse (pytest's own temp root is private to its user)."""
-    path = Path(tempfile.mkdtemp(prefix="fastload-test-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def shared_tmp(tmp_path: Path) -> Path:
+    return tmp_path
 
 
 def _run_unprivileged(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-c", _UNPRIVILEGED.format(uid=NOBODY), *(os.fspath(a) for a in args)]
+    cmd = [sys.executable, "-c", _UNPRIVILEGED, *(os.fspath(a) for a in args)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): cannot make a file unreadable")
+        cmd = DROP_READ_CAPS + cmd
     return subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=120)
 
 
@@ -242,9 +234,7 @@ def test_unreadable_file_is_reported_and_its_sample_left_out(shared_tmp, how):
     (root / "bad/0104.jpg").chmod(0)
     dst = shared_tmp / "out" / "dst"
     (shared_tmp / "out").mkdir()
-    if os.geteuid() == 0:
-        os.chown(shared_tmp / "out", NOBODY, NOBODY)
-    else:
+    if os.geteuid() != 0:
         assert not os.access(root / "bad/0104.jpg", os.R_OK)
     bad = f"{root}/bad/0104.jpg"
 
