@@ -9,6 +9,7 @@ the dataset's own ``state_dict()``/``load_state_dict()``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,6 +29,11 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     ``loader.load_state_dict(state)`` after building the loader on restart. Batches already delivered are
     never delivered again; none are lost. The order is the rank's order for any ``num_workers``.
     ``loader.dataset`` is a handle on the dataset given (the same epoch and position).
+
+    With ``on_error="skip"`` a batch may come out smaller; one whose samples were *all* skipped still
+    counts as a step: the batch before it is delivered again (the first one after it, at the start of an
+    epoch), so every rank takes the same number of steps and DDP does not hang. ``loader.repeated_batches``
+    counts them (a warning says so once).
     """
 
     def __init__(
@@ -53,6 +59,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         super().__init__(chunks, batch_size=None, collate_fn=ChunkCollate(collate), **kwargs)  # type: ignore[arg-type]
         self._delivered = 0
         self.skipped = 0
+        self.repeated_batches = 0
         self._slots = MainSlots(pin_memory=bool(self.pin_memory) and torch.cuda.is_available())
 
     def __len__(self) -> int:
@@ -66,6 +73,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         start = dataset.start
         self._delivered = 0
         slots = self._slots
+        last: Any = None
+        owed = 0  # steps whose samples were all skipped, before any batch to repeat
         try:
             for batch, size, skipped, error, slot in super().__iter__():
                 if error is not None:
@@ -80,11 +89,39 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 self._delivered = min(total - start, self._delivered + self.fastload_batch_size)
                 if batch is not None:
                     yield batch
+                    last = batch
+                    for _ in range(owed):
+                        yield self._repeat(last)
+                    owed = 0
+                elif size:  # every sample skipped: a step all the same (equal steps on every rank)
+                    if last is None:
+                        owed += 1
+                    else:
+                        yield self._repeat(last)
+            if owed:
+                warnings.warn(
+                    f"fastload.DataLoader: every sample of this epoch's {owed} batch(es) was skipped "
+                    "(on_error='skip'), so there was no batch to repeat: this rank took fewer steps",
+                    UserWarning,
+                    stacklevel=2,
+                )
         finally:
             if not self.persistent_workers:  # the next epoch's workers make new slots
                 slots.close()
         dataset.rewind()
         self._delivered = 0
+
+    def _repeat(self, batch: Any) -> Any:
+        self.repeated_batches += 1
+        if self.repeated_batches == 1:
+            warnings.warn(
+                "fastload.DataLoader: every sample of a batch was skipped (on_error='skip'); a neighbouring "
+                "batch is delivered again in its place so that every rank takes the same number of steps "
+                "(DDP); loader.repeated_batches counts them and dataset.skipped the samples",
+                UserWarning,
+                stacklevel=3,
+            )
+        return batch
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state (epoch, what must match on restore), with ``delivered`` the samples of the

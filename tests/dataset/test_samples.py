@@ -300,3 +300,25 @@ def test_a_tampered_shard_raises_in_a_worker_too(copied: Packed) -> None:
     notes = getattr(info.value, "__notes__", None)
     if notes is not None:
         assert any("DataLoader worker" in n and "Traceback" in n for n in notes)
+
+
+def test_a_batch_whose_samples_are_all_skipped_still_counts_as_a_step(broken: Packed) -> None:
+    """Equal step counts on every rank under DDP: a chunk whose samples all failed yields the batch before it
+    again (the one after it, at the start), counted in loader.repeated_batches."""
+    for first in (False, True):
+        bad = set(broken.keys[0:4] if first else broken.keys[4:8])
+
+        def fail(sample: dict[str, Any], bad: set[str] = bad) -> dict[str, Any]:
+            if sample["__key__"] in bad:
+                raise ValueError("undecodable")
+            return sample
+
+        for workers in (0, 2):
+            ds = fastload.ShardDataset(broken.root, decode=False, map=fail, on_error="skip")
+            dl = fastload.DataLoader(ds, batch_size=4, num_workers=workers)
+            with pytest.warns(UserWarning, match="every sample of a batch was skipped"):
+                batches = [list(b["__key__"]) for b in dl]
+            assert len(batches) == -(-len(broken.keys) // 4), "one step per chunk, skipped or not"
+            assert dl.repeated_batches == 1
+            assert batches[0] == batches[1]
+            assert [k for b in batches[1:] for k in b] == [k for k in broken.keys if k not in bad]

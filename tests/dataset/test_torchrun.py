@@ -36,21 +36,15 @@ def loopback_available() -> str | None:
     return None
 
 
-def test_torchrun_two_ranks_read_every_sample_once(uneven: Packed, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def torchrun_out(uneven: Packed, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One two-rank torchrun job (both scenarios of the script): its output folder and log."""
     why = loopback_available()
     if why:
         pytest.skip(f"torchrun needs a TCP listener on loopback; {why}")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        os.fspath(SCRIPT),
-        os.fspath(uneven.root),
-        os.fspath(tmp_path),
-    ]
+    out = tmp_path_factory.mktemp("torchrun")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += [os.fspath(SCRIPT), os.fspath(uneven.root), os.fspath(out)]
     env = child_env(MASTER_ADDR="127.0.0.1")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         env.pop(name, None)
@@ -59,7 +53,11 @@ def test_torchrun_two_ranks_read_every_sample_once(uneven: Packed, tmp_path: Pat
     if proc.returncode != 0 and any(marker in output for marker in CANNOT_START):
         pytest.skip(f"torchrun could not start a rendezvous on loopback:\n{output}")
     assert proc.returncode == 0, output
+    return out, output
 
+
+def test_torchrun_two_ranks_read_every_sample_once(uneven: Packed, torchrun_out: tuple[Path, str]) -> None:
+    tmp_path = torchrun_out[0]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(2)]
     assert [r["rank_world"] for r in ranks] == [[0, 2], [1, 2]]
     keys = [flat(r["batches"]) for r in ranks]
@@ -74,3 +72,15 @@ def test_torchrun_two_ranks_read_every_sample_once(uneven: Packed, tmp_path: Pat
         assert keys[r] == uneven.rank_keys(
             rank=r, world_size=2, seed=5, epoch=0, even="split", shuffle_buffer=8
         )
+
+
+def test_torchrun_ranks_take_equal_steps_when_a_batch_is_all_skipped(torchrun_out: tuple[Path, str]) -> None:
+    """Rank 0 meets a whole batch of undecodable samples under on_error="skip": without a step for it, rank
+    0 would take one step fewer and DDP would hang. The batch before is repeated, and counted."""
+    out, output = torchrun_out
+    ranks = [json.loads((out / f"rank{r}-skip.json").read_text(encoding="utf-8")) for r in range(2)]
+    assert ranks[0]["steps"] == ranks[1]["steps"] and ranks[0]["steps"][0] == ranks[0]["steps"][1]
+    assert ranks[0]["skipped"] == 4 and ranks[1]["skipped"] == 0
+    assert ranks[0]["repeated"] == 1 and ranks[1]["repeated"] == 0
+    assert ranks[0]["batches"][1] == ranks[0]["batches"][0], "the batch before the skipped one is repeated"
+    assert "every sample of a batch was skipped" in output

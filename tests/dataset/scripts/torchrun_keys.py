@@ -1,5 +1,7 @@
 """One rank of a torchrun job: join the gloo group, read this rank's share with one DataLoader worker, and
-write the keys plus the epoch report to ``OUTDIR/rank{RANK}.json``.
+write the keys plus the epoch report to ``OUTDIR/rank{RANK}.json``. Then read it again where rank 0 meets a
+whole batch of undecodable samples (on_error="skip"): every rank must still take the same number of steps
+(else DDP hangs); written to ``OUTDIR/rank{RANK}-skip.json``.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 torchrun_keys.py DATASET OUTDIR
 """
@@ -10,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -41,9 +44,34 @@ def main() -> None:
             "report": dataset.epoch_report(),
         }
         (outdir / f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
+        skip_run(dataset_root, outdir, rank, world)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def skip_run(dataset_root: str, outdir: Path, rank: int, world: int) -> None:
+    probe = fastload.ShardDataset(dataset_root, seed=SEED)
+    names = [s.name for s in probe.index.shards]
+    bad = {(names[s], i) for s, i in probe.plan().samples[BATCH : 2 * BATCH]} if rank == 0 else set()
+
+    def check(sample: dict[str, Any]) -> dict[str, Any]:  # rank 0's second batch does not decode
+        if (sample["__shard__"], int(sample["__index__"])) in bad:
+            raise ValueError("undecodable")
+        return sample
+
+    dataset = fastload.ShardDataset(dataset_root, seed=SEED, map=check, on_error="skip")
+    loader = fastload.DataLoader(dataset, batch_size=BATCH, num_workers=1, timeout=60)
+    batches = [list(batch["__key__"]) for batch in loader]
+    steps = [0] * world
+    dist.all_gather_object(steps, len(batches))
+    out = {
+        "steps": steps,
+        "batches": batches,
+        "repeated": loader.repeated_batches,
+        "skipped": dataset.skipped,
+    }
+    (outdir / f"rank{rank}-skip.json").write_text(json.dumps(out), encoding="utf-8")
 
 
 if __name__ == "__main__":
