@@ -177,3 +177,7 @@ class S3NotFoundError(S3Error, NotFoundError):
     def __init__(self, message: str, *, bucket: str, key: str) -> None:
         S3Error.__init__(self, message, bucket=bucket, key=key)
         self.path = f"s3://{bucket}/{key}"
+
+
+class WorkerDiedError(FastloadError, RuntimeError):
+    """A DataLoader worker process ended without finishing (killed: out of memory, a signal, a crash)."""

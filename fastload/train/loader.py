@@ -16,10 +16,31 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from fastload.errors import ConfigError
+from fastload.errors import ConfigError, WorkerDiedError
 from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
 from fastload.train.shmbatch import MainSlots
+
+WORKER_DIED = (
+    "fastload.DataLoader: a worker process died ({cause}); the usual cause is the out-of-memory killer "
+    "(check `dmesg` or the container's memory limit: fewer num_workers, smaller prefetch_bytes or batches "
+    "help). "
+    "Batches delivered so far are in loader.state_dict(): resume from your last checkpoint"
+)
+
+
+def _workers_watched(batches: Iterator[Any], slots: MainSlots) -> Iterator[Any]:
+    """``batches`` from DataLoader's iterator; a worker that died becomes :class:`WorkerDiedError` (torch's
+    own message kept as the cause) and its slot files are removed."""
+    slots.watch_children()
+    try:
+        yield from batches
+    except RuntimeError as exc:
+        if "exited unexpectedly" not in str(exc) and "killed by signal" not in str(exc):
+            raise
+        slots.remove_dead_children()
+        cause = str(exc).split(". ")[0]
+        raise WorkerDiedError(WORKER_DIED.format(cause=cause)) from exc
 
 
 class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
@@ -76,7 +97,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         last: Any = None
         owed = 0  # steps whose samples were all skipped, before any batch to repeat
         try:
-            for batch, size, skipped, error, slot in super().__iter__():
+            for batch, size, skipped, error, slot in _workers_watched(super().__iter__(), slots):
                 if error is not None:
                     raise error
                 if slot is not None:

@@ -10,24 +10,10 @@ pickle, 64 KiB at a time) this is one copy in and one copy out, into memory that
 descriptor passing per tensor. When no slot is free (the training process is slow to take batches) the
 batch is sent the ordinary way: slots bound the memory, ``slots x slot size`` per worker.
 
-Slots are reserved, not just sized: ``posix_fallocate`` takes their tmpfs pages up front, so a /dev/shm too
-small for them (Docker's default is 64 MiB) fails when a slot is made, never with SIGBUS while a batch is
-written into it. When /dev/shm is short a worker makes fewer and then smaller slots, and when not even one
-fits (or while all it could make are busy) it sends tensors *inline*: as bytes through the worker's pipe,
-which needs no shared memory at all (torch's own path would put each tensor in /dev/shm). One warning per
-worker says how much was free, how much was needed and what to change.
-
-/dev/shm may be shared with other jobs and other PID namespaces (``--ipc=host``, pods sharing it), where a
-process id says nothing. So a slot file is named ``fastload-<pid>-<token>-<n>`` with a random token per
-worker, its worker holds an ``flock`` on it for as long as it lives, and the sweep of files left by killed
-jobs removes only files nobody holds a lock on and that are older than ``STALE_SECONDS`` (a batch sent by a
-worker that has since exited normally waits in the training process's queue for a moment before it is
-mapped).
-
-Big tensors (over ``SMALL_TENSOR_BYTES``, e.g. a batch of decoded images) travel through slots too, and the
-default collate stacks them straight into the slot: no fresh shared-memory file per batch (each new page
-of one costs a fault on both sides). The training process hands them out as views of the slot, not
-copies; the slot is *leased* (byte 0 = 2) until the last of them is freed, and only then reused.
+Slots are reserved (:mod:`fastload.train.shmfiles`), so a small /dev/shm (Docker's 64 MiB) fails when a
+slot is made, never with SIGBUS: a worker then makes fewer and smaller slots, and when none fits (or all are
+busy) sends tensors *inline*, as bytes through its pipe, with no shared memory at all (torch's own path
+would put each tensor in /dev/shm); one warning per worker says what was free, needed and what to change.
 """
 
 from __future__ import annotations
@@ -48,6 +34,7 @@ from fastload.train.shmfiles import (
     SHM_DIR,
     create_slot,
     owner,
+    remove_dead,
     shm_free_bytes,
     sweep_stale,
     unlink_matching,
@@ -250,6 +237,7 @@ class MainSlots:
     def __init__(self, *, pin_memory: bool = False) -> None:
         self.maps: dict[str, mmap.mmap] = {}
         self.owners: set[str] = set()  # "<pid>-<token>" of the workers whose slots were seen
+        self.children: set[int] = set()  # worker pids (watch_children)
         self.pin_memory = pin_memory  # tensors rebuilt here are pinned as DataLoader's pin_memory would
         sweep_stale()
 
@@ -294,6 +282,17 @@ class MainSlots:
             mm[0] = 2
             weakref.finalize(leased, _release, mm)
         return {k: values[k] if k in values else rest[k] for k in description["order"]}
+
+    def watch_children(self) -> None:
+        """Note this process's child processes (DataLoader workers just started), so that the slot files of
+        one that dies can be removed (:meth:`remove_dead_children`)."""
+        import multiprocessing
+
+        self.children.update(p.pid for p in multiprocessing.active_children() if p.pid is not None)
+
+    def remove_dead_children(self) -> None:
+        """Remove the unsent slot files of watched workers that are gone (e.g. killed)."""
+        remove_dead(self.children)
 
     def _unpack_inline(self, rest: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:
         values = {}

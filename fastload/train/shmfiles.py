@@ -66,7 +66,7 @@ def unlink_matching(match: Callable[[str], bool]) -> None:
                 os.unlink(os.path.join(SHM_DIR, name))
 
 
-def _unheld(path: str, *, older_than: float) -> bool:
+def unheld(path: str, *, older_than: float) -> bool:
     """Whether nobody holds the slot file at ``path`` (its owner holds an flock while it lives) and it was
     last changed over ``older_than`` seconds ago."""
     try:
@@ -91,4 +91,24 @@ def sweep_stale(*, older_than: float = STALE_SECONDS) -> None:
     """Remove slot files left by processes that are gone (a training job that was killed): files nobody
     holds a lock on, older than ``older_than`` seconds. Holds across PID namespaces sharing /dev/shm, where
     a process id in a name may be another process's."""
-    unlink_matching(lambda name: _unheld(os.path.join(SHM_DIR, name), older_than=older_than))
+    unlink_matching(lambda name: unheld(os.path.join(SHM_DIR, name), older_than=older_than))
+
+
+def remove_dead(pids: set[int]) -> None:
+    """Remove the slot files of processes ``pids`` (this process's own children, so their pids mean the
+    same here) that are gone and whose files nobody holds: a killed worker's unsent slots."""
+    dead = set()
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            dead.add(pid)
+        except PermissionError:
+            pass
+
+    def theirs(name: str) -> bool:
+        part = name.split("-")[1:2]
+        pid = int(part[0]) if part and part[0].isdigit() else -1
+        return pid in dead and unheld(os.path.join(SHM_DIR, name), older_than=0)
+
+    unlink_matching(theirs)

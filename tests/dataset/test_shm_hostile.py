@@ -141,3 +141,45 @@ def test_sweep_keeps_live_slots_of_another_pid_namespace() -> None:
                 holder.kill()
             if os.path.exists(path):
                 os.unlink(path)
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys, torch, fastload
+    from fastload.errors import WorkerDiedError
+    def big(s):  # tensors big enough to travel through shared-memory slots
+        return {"x": torch.zeros(256, 1024, dtype=torch.uint8), "k": s["__key__"]}
+    ds = fastload.ShardDataset(sys.argv[1], decode=False, map=big)
+    loader = fastload.DataLoader(ds, batch_size=2, num_workers=2, timeout=60)
+    it = iter(loader)
+    next(it)
+    import multiprocessing
+    victim = multiprocessing.active_children()[0].pid
+    os.kill(victim, signal.SIGKILL)
+    try:
+        for _ in it:
+            pass
+    except WorkerDiedError as exc:
+        print("DIED", victim, exc)
+    else:
+        print("NO ERROR")
+    del it
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(f"fastload-{victim}-")]
+    print("LEFT", left)
+    """
+)
+
+
+@pytest.mark.skipif(not os.path.isdir(shmfiles.SHM_DIR), reason="needs /dev/shm")
+def test_a_killed_worker_gives_a_clear_error_and_leaves_no_slot_files(dataset: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED, str(dataset)], capture_output=True, text=True, env=env, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    died = [line for line in proc.stdout.splitlines() if line.startswith("DIED")]
+    assert died, proc.stdout + proc.stderr[-3000:]
+    pid = died[0].split()[1]
+    assert f"pid(s) {pid})" in died[0], died[0]  # names the worker
+    assert "out-of-memory" in died[0] and "resume" in died[0]
+    assert "LEFT []" in proc.stdout, proc.stdout

@@ -82,7 +82,7 @@ def check_parquet(path: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
     try:
         parquet = pq.ParquetFile(path)
         meta = parquet.metadata
-        keys = parquet.read(columns=[KEY_COLUMN]).column(0).to_pylist()
+        keys = parquet.read(columns=[KEY_COLUMN], use_threads=False).column(0).to_pylist()
     except Exception as exc:  # pyarrow raises several types for a corrupt file
         return [VerifyError(f"not a readable Parquet file: {exc}", shard=shard.name)]
     problems: list[VerifyError] = []
