@@ -148,6 +148,7 @@ def pack(
         shards_written=len(plan.shards) - len(kept),
         shards_kept=len(kept),
         files=sum(r.files for r in results.values()),
+        empty_files=plan.empty_files,
         seconds=time.monotonic() - began,
     )
     if written_skips and not config.allow_skip:

@@ -35,12 +35,13 @@ class PackPlan:
     fingerprint: str  # layout plus mtimes/ETags: guards --resume against changed files
     payload_bytes: int
     files: int
+    empty_files: int = 0  # packed as empty values
 
 
 def list_sources(
     sources: Sequence[str], s3_config: S3Config | None
 ) -> tuple[list[tuple[str, Input]], list[Skip], list[tuple[str, str]]]:
-    """Every non-empty file of ``sources`` as ``(relpath, input)``, the inputs left out, and the sample keys
+    """Every file of ``sources`` as ``(relpath, input)``, the inputs left out, and the sample keys
     those leave incomplete (``(key, why)``: the grouping drops such samples whole)."""
     items: list[tuple[str, Input]] = []
     skipped: list[Skip] = []
@@ -53,16 +54,11 @@ def list_sources(
         else:
             source = LocalSource(src)
         for found in source.list():
-            if isinstance(found, FileEntry):
-                if found.size == 0:
-                    problem = Skip(_join(source.root, found.relpath), "empty file")
-                else:
-                    items.append((found.relpath, Input(source, found)))
-                    continue
-                relpath = found.relpath
-            else:
-                problem = Skip(_join(source.root, found.path), found.reason)
-                relpath = found.path
+            if isinstance(found, FileEntry):  # an empty file is data too: an empty value, as GNU tar keeps
+                items.append((found.relpath, Input(source, found)))
+                continue
+            problem = Skip(_join(source.root, found.path), found.reason)
+            relpath = found.path
             skipped.append(problem)
             with contextlib.suppress(KeyRuleError):
                 bad_keys.append((split_key(relpath)[0], f"{problem.path} was skipped ({problem.reason})"))
@@ -111,13 +107,14 @@ def plan_pack(sources: Sequence[str], config: PackConfig, s3_config: S3Config | 
     layout = hashlib.sha256(json.dumps(config.output_options(), sort_keys=True).encode())
     versions = hashlib.sha256()
     fields: set[str] = set()
-    payload = files = 0
+    payload = files = empty = 0
     for s in samples:
         layout.update(s.key.encode("utf-8", "surrogateescape") + b"\0")
         for f, it in s.members:
             fields.add(f)
             payload += it.entry.size
             files += 1
+            empty += it.entry.size == 0
             layout.update(
                 b"%s\0%s\0%d\n" % (f.encode(), it.relpath.encode("utf-8", "surrogateescape"), it.entry.size)
             )
@@ -131,6 +128,7 @@ def plan_pack(sources: Sequence[str], config: PackConfig, s3_config: S3Config | 
         fingerprint=layout.hexdigest() + versions.hexdigest(),
         payload_bytes=payload,
         files=files,
+        empty_files=empty,
     )
 
 

@@ -18,6 +18,7 @@ class PackReport:
     shards_written: int = 0
     shards_kept: int = 0
     files: int = 0
+    empty_files: int = 0
     seconds: float = 0.0
     already_complete: bool = False
 
@@ -38,6 +39,8 @@ class PackReport:
             f"packed {idx.samples:,} samples ({self.files:,} files, {mb:,.1f} MB) into {len(idx.shards)} "
             f"{idx.shard_format} shard(s) in {self.dst} in {self.seconds:.1f}s{rate}",
         ]
+        if self.empty_files:
+            lines.append(f"{self.empty_files:,} empty file(s) packed as empty values")
         if self.shards_kept:
             lines.append(f"resumed: kept {self.shards_kept} finished shard(s), wrote {self.shards_written}")
         if self.skipped:

@@ -79,8 +79,11 @@ _DECODERS: dict[str, Callable[[bytes], Any]] = {
 
 
 def decode_field(field: str, data: bytes, *, images: bool = True, allow_pickle: bool = False) -> Any:
-    """Decode one field's bytes by its (last) extension."""
+    """Decode one field's bytes by its (last) extension. An empty value (an empty file packed) has nothing
+    to decode: it stays ``b""`` (text fields give ``""``, token fields an empty tensor)."""
     ext = field.rsplit(".", 1)[-1].lower()
+    if not data and ext not in ("txt", "text") and ext not in TOKEN_DTYPES:
+        return data
     if ext in PICKLE_EXTENSIONS:
         if not allow_pickle:
             raise UnsafeFieldError(

@@ -126,7 +126,7 @@ def test_pickled_fields_are_decoded_when_allowed(pickled: Packed) -> None:
 
 # --- fields that do not decode -------------------------------------------------------------------------
 
-# Fields that pack fine but do not decode (an empty file would not even be packed: whitespace instead).
+# Fields that pack fine but do not decode (an empty value stays b"" undecoded: whitespace instead).
 BAD = {"b/0003": ("cls", b"three"), "b/0014": ("json", b"{not json"), "b/0020": ("cls", b" ")}
 
 

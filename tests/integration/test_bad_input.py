@@ -77,12 +77,6 @@ def file_symlink_loop(tmp_path: Path) -> Case:
     return Case([root], [f"{root}/bad/0101.jpg", f"{root}/bad/0101.cls"], "symlink loop", {"bad/0101"}, good)
 
 
-def empty_file(tmp_path: Path) -> Case:
-    root, good = _base(tmp_path)
-    _write(root, {"bad/0102.cls": b"7", "bad/0102.jpg": b""})
-    return Case([root], [f"{root}/bad/0102.jpg", f"{root}/bad/0102.cls"], "empty", {"bad/0102"}, good)
-
-
 def not_utf8_name(tmp_path: Path) -> Case:
     root, good = _base(tmp_path)
     (root / "bad").mkdir()
@@ -128,7 +122,6 @@ LISTING_CASES: dict[str, Callable[[Path], Case]] = {
         broken_symlink,
         folder_symlink_loop,
         file_symlink_loop,
-        empty_file,
         not_utf8_name,
         hidden_file,
         no_extension,
@@ -376,3 +369,28 @@ def test_an_unknown_pack_option_is_named_with_the_known_ones(tmp_path: Path) -> 
     with pytest.raises(fastload.errors.ConfigError, match=r"row_group_size.*row_group_bytes"):
         fastload.pack(tmp_path / "src", tmp_path / "dst", row_group_size=1 << 20, progress=False)
     assert not (tmp_path / "dst").exists()
+
+
+# --- empty files are data ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["tar", "parquet", "tfrecord"])
+def test_empty_files_are_packed_as_empty_values(tmp_path: Path, fmt: str) -> None:
+    """An empty caption or label is a value, as GNU tar and webdataset keep it: packed (and counted), read
+    back as b"" (text as ""), never a reason to drop the sample."""
+    src = tmp_path / "src"
+    good = {f"g/{i:04d}.{f}": b"%d" % i for i in range(8) for f in ("cls", "txt")}
+    _write(src, {**good, "e/0001.jpg": b"image", "e/0001.txt": b"", "e/0002.cls": b"", "e/0002.jpg": b"x"})
+    proc = run_cli("pack", src, tmp_path / "ds", "--format", fmt, "--quiet", check=0)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 empty file(s) packed as empty values" in proc.stdout and "skipped nothing" in proc.stdout
+    raw = {s["__key__"]: s for s in fastload.ShardDataset(tmp_path / "ds", decode=False)}
+    assert raw["e/0001"]["txt"] == b"" and raw["e/0001"]["jpg"] == b"image"
+    assert raw["e/0002"]["cls"] == b"" and raw["e/0002"]["jpg"] == b"x"
+    assert len(raw) == 10
+    decoded = {s["__key__"]: s for s in fastload.ShardDataset(tmp_path / "ds", images=False)}
+    assert decoded["e/0001"]["txt"] == "" and decoded["e/0002"]["cls"] == b""
+    assert run_cli("verify", tmp_path / "ds", check=0).returncode == 0
+    if fmt == "tar":
+        by_key = {s["__key__"]: s for s in webdataset_samples(shard_paths(tmp_path / "ds"))}
+        assert by_key["e/0001"]["txt"] == b"" and by_key["e/0002"]["cls"] == b""
