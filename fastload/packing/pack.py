@@ -8,15 +8,17 @@ and journals it -> ``index.json`` last (``packing.report.PackReport`` says what 
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
-from fastload.errors import ConfigError, Skip, SkippedInputError
+from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
 from fastload.gcpause import gc_paused
 from fastload.packing.dest import destination
@@ -29,7 +31,46 @@ from fastload.packing.write import file_shards
 
 __all__ = ["PackReport", "pack", "shard_sizes", "source_and_target"]
 
+_DESTINATION_ERRORS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EROFS: "it is on a read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
 
+
+def _destination_errors(fn: Callable[..., PackReport]) -> Callable[..., PackReport]:
+    """A write to the destination that fails for want of space or permission becomes a :class:`PackError`
+    naming the destination and what to do (finished shards are kept for ``--resume``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> PackReport:
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            why = _DESTINATION_ERRORS.get(exc.errno or 0)
+            dst = str(kwargs.get("dst", args[1] if len(args) > 1 else "the destination"))
+            where = exc.filename if isinstance(exc.filename, str) else dst
+            if why is None or (
+                exc.errno in (errno.EACCES, errno.EPERM)
+                and not where.startswith(os.path.abspath(dst) if not dst.startswith("s3://") else dst)
+            ):
+                raise
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                todo = (
+                    "free some space (or pack elsewhere), then run the same command with --resume: the "
+                    "shards finished so far are kept"
+                )
+            else:
+                todo = "choose a destination you can write to (or fix its permissions)"
+            detail = f" ({where})" if where != dst else ""
+            raise PackError(f"cannot write to {dst}: {why}{detail}; {todo}") from exc
+
+    return wrapper
+
+
+@_destination_errors
 def pack(
     sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     dst: str | os.PathLike[str],

@@ -5,6 +5,7 @@ exits non-zero, and never shows a traceback."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -151,3 +152,47 @@ def test_an_empty_prefix_says_it_is_empty(
             fastload.ShardDataset("s3://hostile-empty/none")
     finally:
         runtime.reset()
+
+
+def _can_unshare_mount() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30).returncode == 0
+
+
+FULL_DISK = """
+set -u
+mount -t tmpfs -o size=3m tmpfs "$MNT" || exit 90
+"$PY" -m fastload pack "$SRC" "$MNT/ds" --shard-size 1MB --quiet; echo "rc1=$?"
+ls "$MNT/ds" | sed 's/^/LS /'
+mount -o remount,size=20m "$MNT"
+"$PY" -m fastload pack "$SRC" "$MNT/ds" --shard-size 1MB --quiet --resume; echo "rc2=$?"
+"$PY" -m fastload verify "$MNT/ds"; echo "rc3=$?"
+umount "$MNT"
+mount -t tmpfs -o size=3m,ro tmpfs "$MNT"
+"$PY" -m fastload pack "$SRC" "$MNT/ro" --quiet; echo "rc4=$?"
+"""
+
+
+@pytest.mark.skipif(not _can_unshare_mount(), reason="needs root and unshare -m (a small tmpfs)")
+def test_full_disk_and_read_only_destination(tmp_path: Path) -> None:
+    """Disk full during pack: a clear error naming the destination, no partial shard under a final name,
+    and --resume completes once there is space. A read-only destination: a clear error too."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"{i:03d}.bin").write_bytes(os.urandom(200_000))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PY": sys.executable, "SRC": str(src), "MNT": str(mnt)}
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", FULL_DISK], capture_output=True, text=True, env=env, timeout=300
+    )
+    out, err = proc.stdout, proc.stderr
+    assert "rc1=1" in out, out + err
+    assert f"cannot write to {mnt}/ds: no space left on the device" in err and "--resume" in err, err
+    assert "Traceback" not in err
+    listed = [line[3:] for line in out.splitlines() if line.startswith("LS ")]
+    assert listed and all(name.startswith("shard-") and name.endswith(".tar") for name in listed), listed
+    assert "rc2=0" in out and "rc3=0" in out, out + err
+    assert "rc4=1" in out and "read-only file system" in err, out + err
