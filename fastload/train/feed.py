@@ -162,6 +162,10 @@ class Loader:
         return int(getattr(self.dataloader, "skipped", 0))
 
     def set_epoch(self, epoch: int) -> None:
+        own = getattr(self.dataloader, "set_epoch", None)
+        if own is not None:  # fastload.DataLoader keeps track of its epochs
+            own(epoch)
+            return
         dataset = self.dataset
         if dataset is None or not hasattr(dataset, "set_epoch"):
             raise ConfigError("set_epoch needs a dataset with set_epoch (e.g. fastload.ShardDataset)")

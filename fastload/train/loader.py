@@ -55,6 +55,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     counts as a step: the batch before it is delivered again (the first one after it, at the start of an
     epoch), so every rank takes the same number of steps and DDP does not hang. ``loader.repeated_batches``
     counts them (a warning says so once).
+
+    Epochs: each new pass after a complete one reads the next epoch (its own order), unless
+    :meth:`set_epoch` chose one (as with ``DistributedSampler``); a pass cut short and started again, or a
+    restored position, continues the same epoch.
     """
 
     def __init__(
@@ -81,6 +85,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._delivered = 0
         self.skipped = 0
         self.repeated_batches = 0
+        self._completed: int | None = None  # the epoch the last complete pass read
+        self._epoch_chosen = False  # set_epoch/load_state_dict since then: no automatic advance
         self._slots = MainSlots(pin_memory=bool(self.pin_memory) and torch.cuda.is_available())
 
     def __len__(self) -> int:
@@ -88,8 +94,27 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         size = self.fastload_batch_size
         return left // size if self.fastload_drop_last else -(-left // size)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (its order from the dataset's seed and ``epoch``). Optional: without it,
+        each new pass after a complete one reads the next epoch. After :meth:`load_state_dict`, setting the
+        restored epoch keeps the restored position. Setting the epoch just read again warns: the same
+        order as before."""
+        if self._completed is not None and epoch == self._completed:
+            warnings.warn(
+                f"fastload.DataLoader.set_epoch({epoch}): epoch {epoch} was just read; this pass repeats its "
+                "order exactly (set a new epoch number each epoch, or let the loader advance it)",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
+        self._epoch_chosen = True
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        if self._completed is not None and not self._epoch_chosen and dataset.epoch == self._completed:
+            dataset.set_epoch(self._completed + 1)  # a new pass after a complete one: the next epoch
+            # (unless the epoch was chosen since: here, or on the dataset as with DistributedSampler)
+        self._epoch_chosen = False
         total = len(dataset.plan().samples)
         start = dataset.start
         self._delivered = 0
@@ -131,6 +156,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 slots.close()
         dataset.rewind()
         self._delivered = 0
+        self._completed = dataset.epoch
 
     def _repeat(self, batch: Any) -> Any:
         self.repeated_batches += 1
@@ -162,3 +188,4 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             )
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
         self._delivered = 0
+        self._epoch_chosen = True
