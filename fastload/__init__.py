@@ -63,3 +63,8 @@ def __getattr__(name: str) -> object:
 
         return getattr(feed, name)
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazily loaded ones included (``dir(fastload)``, tab completion)."""
+    return sorted(set(globals()) | set(__all__))

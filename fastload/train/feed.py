@@ -143,7 +143,7 @@ class Loader:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.dataloader = dataloader
-        self.device = None if device is None else torch.device(device)
+        self.device = None if device is None else checked_device(device)
         self.non_blocking = non_blocking
         self.stats = LoaderStats()
         self._clock = clock
@@ -224,6 +224,30 @@ class Loader:
             yield batch
 
 
+def checked_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device, or :class:`ConfigError` when this machine has none such (asking for
+    ``"cuda"`` without CUDA otherwise fails at the first batch with torch's own message)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(
+            f"device={device!r} is not a torch device ({exc}); e.g. 'cuda', 'cuda:1', 'cpu'"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device={device!r}, but this machine has no CUDA GPU torch can use (torch "
+                f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); pass device=None to keep "
+                "batches on the CPU, or install a CUDA build of torch on a GPU machine"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device={device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                f"(cuda:0..cuda:{torch.cuda.device_count() - 1})"
+            )
+    return dev
+
+
 def loader(
     source: Any,
     batch_size: int = 1,
@@ -250,6 +274,8 @@ def loader(
 
     if batch_size < 1:
         raise ConfigError(f"batch_size={batch_size} must be >= 1")
+    if device is not None:
+        device = checked_device(device)
     if isinstance(source, (str, os.PathLike)):
         dataset: Any = ShardDataset(source, **dataset_kwargs)
     else:
