@@ -113,9 +113,10 @@ class Reader:
     def _parquet(self, f: IO[bytes]) -> Iterator[Chunk]:
         import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
-        parquet = pq.ParquetFile(f)
+        from fastload.formats.parquet.arrowfile import open_parquet
+
+        parquet = open_parquet(f)
         columns = [self.column] + ([self.key_column] if self.key_column else [])
         row = 0
         for batch in parquet.iter_batches(batch_size=CHUNK_DOCS, columns=columns):
