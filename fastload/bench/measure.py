@@ -85,6 +85,8 @@ class Run:
     first_size: int = 0
     first_nbytes: int = 0
     loader_stats: dict[str, Any] | None = None
+    bad_samples: int = 0  # did not decode: named (the first few in ``bad``), left out of the figures
+    bad: list[str] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
     computes: list[float] = field(default_factory=list)
 
@@ -135,6 +137,8 @@ class Run:
             "wall_s": round(self.wall_s, 6),
             "complete": self.complete,
             "unique_keys": self.unique_keys,
+            "bad_samples": self.bad_samples,
+            "bad": self.bad,
             "error": self.error,
         }
         if self.computes:
@@ -188,6 +192,9 @@ def consume(
             worker = int(batch.get("worker", -1))
             arrivals.append(Arrival(t0, t1, float(batch.get("made", t1)), worker, size, nbytes))
             made_by[worker] = made_by.get(worker, 0) + 1
+            bad = batch.get("bad") or []
+            run.bad_samples += len(bad)
+            run.bad.extend(bad[: max(0, 3 - len(run.bad))])
             if keys is not None:
                 keys.update(batch["__key__"])
             if step is not None:

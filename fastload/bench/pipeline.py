@@ -28,7 +28,9 @@ class Decode:
 
     Every image field is decoded with Pillow (the same call fastload's decoder makes), converted to RGB and
     resized to ``px x px``; the first one is kept. ``cls`` gives the label, else the key's folder via
-    ``classes``. ``nbytes`` counts the encoded bytes of all fields.
+    ``classes``. ``nbytes`` counts the encoded bytes of all fields. A sample whose image or label does not
+    decode is marked ``bad`` (``"key field: why"``) with a blank image: collate leaves it out of the counts,
+    so it is named and counted but not measured.
     """
 
     def __init__(self, px: int, classes: Mapping[str, int]) -> None:
@@ -41,39 +43,46 @@ class Decode:
         nbytes = 0
         image: torch.Tensor | None = None
         label = -1
+        bad: str | None = None
         for name, value in raw.items():
             if name.startswith("__") or not isinstance(value, bytes):
                 continue
             nbytes += len(value)
             ext = name.rsplit(".", 1)[-1].lower()
-            if ext in IMAGE_EXTENSIONS:
-                img = (
-                    decode_field(name, value)
-                    .convert("RGB")
-                    .resize((self.px, self.px), Image.Resampling.BILINEAR)
-                )
-                if image is None:
-                    image = torch.from_numpy(np.array(img)).permute(2, 0, 1)
-            elif ext in ("cls", "cls2"):
-                label = int(decode_field(name, value))
+            try:
+                if ext in IMAGE_EXTENSIONS:
+                    img = (
+                        decode_field(name, value)
+                        .convert("RGB")
+                        .resize((self.px, self.px), Image.Resampling.BILINEAR)
+                    )
+                    if image is None:
+                        image = torch.from_numpy(np.array(img)).permute(2, 0, 1)
+                elif ext in ("cls", "cls2"):
+                    label = int(decode_field(name, value))
+            except Exception as exc:  # one bad file must not end the measurement: named and counted
+                bad = bad or f"{key}.{name}: {type(exc).__name__}: {exc}"
         if label < 0:
             label = label_of(key, self.classes)
         if image is None:
             image = torch.zeros((3, self.px, self.px), dtype=torch.uint8)
-        return {"image": image, "label": label, "__key__": key, "nbytes": nbytes}
+        return {"image": image, "label": label, "__key__": key, "nbytes": nbytes, "bad": bad}
 
 
 def collate(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Stack images and labels; keys as a list; ``nbytes`` summed; ``size`` the sample count; ``made`` the
     ``time.monotonic()`` at which the batch was complete (system-wide on Linux, so comparable across the
-    DataLoader's worker processes) and ``worker`` the DataLoader worker that made it (-1: main process)."""
+    DataLoader's worker processes) and ``worker`` the DataLoader worker that made it (-1: main process).
+    ``bad``: the samples that did not decode (``"key field: why"``), left out of ``size`` and ``nbytes``."""
     info = torch.utils.data.get_worker_info()
+    bad = [str(s["bad"]) for s in samples if s.get("bad")]
     return {
         "image": torch.stack([s["image"] for s in samples]),
         "label": torch.tensor([s["label"] for s in samples], dtype=torch.int64),
         "__key__": [s["__key__"] for s in samples],
-        "nbytes": sum(int(s["nbytes"]) for s in samples),
-        "size": len(samples),
+        "nbytes": sum(int(s["nbytes"]) for s in samples if not s.get("bad")),
+        "size": len(samples) - len(bad),
+        "bad": bad,
         "made": time.monotonic(),
         "worker": -1 if info is None else info.id,
     }

@@ -128,12 +128,22 @@ def table(report: BenchReport) -> str:
             lines += ["", f"delivery check FAILED for {name}: {check['error']}"]
             continue
         same = " (the same bytes as the files)" if check.get("expected_bytes") is not None else ""
-        verdict = "ok" if check["ok"] else "FAILED"
+        verdict = "ok" if check["ok"] else f"FAILED ({check.get('why') or 'see the JSON report'})"
         lines += [
             "",
             f"delivery check, {name}: {check['delivered']:,} of {check['expected']:,} samples, "
             f"{check['unique']:,} distinct, {check['bytes'] / 1e6:,.1f} MB{same}: {verdict}",
         ]
+    bad: dict[tuple[int, tuple[str, ...]], list[str]] = {}  # (count, examples) -> variants
+    seen: set[str] = set()
+    for run in report.runs:
+        if run.bad_samples and run.variant not in seen:
+            seen.add(run.variant)
+            bad.setdefault((run.bad_samples, tuple(run.bad)), []).append(run.variant)
+    for (count, examples), names in bad.items():
+        where = "every variant" if len(names) == len(report.variants) else ", ".join(names)
+        lines += ["", f"{count:,} sample(s) did not decode ({where}) and were left out of the figures:"]
+        lines += [f"  {e}" for e in examples]
     for note in report.notes:
         lines.append(f"note: {note}")
     lines.append("")

@@ -243,9 +243,15 @@ def _check_delivery(work: Workload, report: BenchReport) -> None:
                 "bytes": nbytes,
                 "expected_bytes": work.file_bytes if work.samples is not None else None,
             }
-            check["ok"] = len(keys) == expected == len(set(keys)) and (
-                check["expected_bytes"] is None or nbytes == check["expected_bytes"]
-            )
+            why = []
+            if len(keys) != expected:
+                why.append(f"{len(keys) - expected:+,} samples against the index")
+            if len(set(keys)) != len(keys):
+                why.append(f"{len(keys) - len(set(keys)):,} delivered twice")
+            if check["expected_bytes"] is not None and nbytes != check["expected_bytes"]:
+                why.append(f"{nbytes - check['expected_bytes']:+,} bytes against the files")
+            check["ok"] = not why
+            check["why"] = "; ".join(why)
         except Exception as exc:
             check = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         report.checks[name] = check

@@ -50,8 +50,13 @@ def _image(data: bytes) -> Any:
         raise ConfigError(
             "decoding images needs Pillow: pip install pillow (or decode=False for bytes)"
         ) from None
-    image = Image.open(io.BytesIO(data))
-    image.load()
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+    except Image.UnidentifiedImageError:
+        raise ValueError(
+            f"not an image Pillow can read ({len(data):,} bytes starting {data[:8]!r})"
+        ) from None
     return image
 
 

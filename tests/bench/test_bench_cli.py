@@ -95,17 +95,23 @@ def test_bench_on_a_folder_of_files_leaves_it_untouched(
         folder = src / ("cats" if i % 2 else "dogs")
         folder.mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (40 + i, 30), (i * 5, 100, 200)).save(folder / f"{i:03d}.jpg", quality=80)
+    (src / "dogs" / "999.jpg").write_bytes(b"not a jpeg")  # one unreadable image: named, counted, skipped
     before = sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in src.rglob("*"))
     out = tmp_path / "b.json"
     argv = ["bench", str(src), *TINY, "--workers", "0", "--num-workers", "0", "--latency-ms", "0"]
     assert main([*argv, "--json", str(out)]) == 0
     assert sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in src.rglob("*")) == before
     doc = json.loads(out.read_text())
-    assert doc["workload"]["kind"] == "files" and doc["workload"]["files"] == 40
+    assert doc["workload"]["kind"] == "files" and doc["workload"]["files"] == 41
     assert doc["checks"]["fastload s3"]["ok"]
     for run in doc["runs"]:
         _sane_run(run)
-    assert "these 40 files average" in capsys.readouterr().out
+        assert run["bad_samples"] <= 1 and all(b.startswith("dogs/999.jpg: ") for b in run["bad"]), run
+        if run["complete"]:
+            assert run["bad_samples"] == 1 and run["samples"] == 40, run
+    table = capsys.readouterr().out
+    assert "these 41 files average" in table
+    assert "did not decode" in table and "dogs/999.jpg: ValueError: not an image Pillow can read" in table
 
 
 @pytest.mark.parametrize(
