@@ -10,6 +10,7 @@ from fastload.errors import ConfigError
 
 WAIT_COLOUR, COMPUTE_COLOUR = "#d62728", "#1f77b4"
 TOOL_COLOURS = {"fastload": "#2ca02c", "per-file": "#7f7f7f", "webdataset": "#9467bd"}
+POINT_STYLES = [("#17becf", "D"), ("#8c564b", "^"), ("#bcbd22", "v"), ("#e377c2", "P")]  # one-off variants
 TIMELINE_S = 2.0
 
 
@@ -26,10 +27,14 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
     fig = plt.figure(figsize=(11, 4.2), dpi=90)
     grid = fig.add_gridspec(rows, 2, width_ratios=[1.0, 1.25], wspace=0.28, hspace=0.55)
     ax = fig.add_subplot(grid[:, 0])
-    for v in report.variants:
+    ticks: set[int] = set()
+    points = iter(POINT_STYLES * 4)
+    for v in report.variants:  # the sweeps as lines; the variants measured at one num_workers as points
         by = report.by_workers(v["name"])
-        if not by or not v["sweep"]:
+        if not by:
             continue
+        ticks.update(by)
+        style = ("", "") if v["sweep"] else next(points)
         xs = list(by)
         rates = [sorted(r.samples_per_s for r in by[w]) for w in xs]
         mid = [r[len(r) // 2] for r in rates]
@@ -39,20 +44,21 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
             xs,
             mid,
             yerr=[low, high],
-            fmt="o-" if v["where"] == "local" else "s--",
-            color=TOOL_COLOURS.get(v["tool"], "#333333"),
+            fmt=("o-" if v["where"] == "local" else "s--") if v["sweep"] else style[1],
+            color=TOOL_COLOURS.get(v["tool"], "#333333") if v["sweep"] else style[0],
             capsize=3,
             label=v["name"],
             lw=1.6,
             ms=4,
         )
     ax.set_yscale("log")
+    ax.set_xticks(sorted(ticks))  # whole workers, not fractions
     ax.set_xlabel("num_workers")
     ax.set_ylabel("samples/s (median, min-max)")
     ax.set_title("loader alone: throughput vs num_workers", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    if ax.has_data():
-        ax.legend(fontsize=8, loc="best")
+    if ax.has_data():  # below the axes, never over the lines
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     longest = max((sum(r.waits[1:]) + sum(r.computes[1:]) for r in report.training), default=0.0)
     window = min(TIMELINE_S, longest) if longest > 0 else TIMELINE_S
     for i, run in enumerate(report.training):

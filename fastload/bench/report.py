@@ -66,7 +66,8 @@ def table(report: BenchReport) -> str:
     lines = _header(report)
     sweep_workers = list(o.workers or ())
     reps = o.reps or 1
-    lines += ["", f"loader alone: samples/s by num_workers (median of {reps} interleaved repetitions)"]
+    how = f"median of {reps} interleaved repetitions" if reps > 1 else "one run each: --reps 3 for medians"
+    lines += ["", f"loader alone: samples/s by num_workers ({how})"]
     head = f"{'variant':<28}" + "".join(f"{'w=' + str(w):>9}" for w in sweep_workers)
     lines.append(head + f"{'best':>9}{'MB/s':>8}{'1st batch':>11}")
     for v in report.variants:

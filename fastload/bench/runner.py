@@ -359,8 +359,7 @@ def run_bench(options: BenchOptions) -> BenchReport:
                 {"name": v.name, "tool": v.tool, "where": v.where, "sweep": v.sweep, "note": v.note}
                 for v in chosen
             ]
-            if "webdataset" in options.compare and not any(v.tool == "webdataset" for v in chosen):
-                report.notes.append("webdataset not measured: not installed, or the data is not tar shards")
+            report.notes += variants.not_measured(work, options, chosen)
             t = time.perf_counter()
             if work.endpoint is not None and work.serve_root is not None:
                 _probe(work, options, report)

@@ -187,6 +187,26 @@ def _fill_once(url: str, config: S3Config | None, cache_dir: str) -> Callable[[]
     return fill
 
 
+def not_measured(work: Workload, options: Any, chosen: list[Variant]) -> list[str]:
+    """Why a peer asked for with ``--compare`` is not in ``chosen`` (one note each, saying which reason)."""
+    notes = []
+    tools = {v.tool for v in chosen}
+    if "webdataset" in options.compare and "webdataset" not in tools:
+        if not _webdataset_installed():
+            why = "it is not installed (pip install webdataset)"
+        elif not _is_tar(work):
+            why = "the data is not tar shards (webdataset reads tar only)"
+        else:
+            why = "there are no packed shards to give it"
+        notes.append(f"webdataset not measured: {why}")
+    if "naive" in options.compare and "per-file" not in tools:
+        notes.append(
+            "the per-file Dataset (--compare naive) not measured: the source is a packed dataset, not a "
+            "folder of files, so there are no files to read one by one"
+        )
+    return notes
+
+
 def build(work: Workload, options: Any, *, scratch: str) -> list[Variant]:
     """The variants that apply to ``work`` with ``options`` (resolved), in table order."""
     transform = Decode(options.image_px, work.classes)

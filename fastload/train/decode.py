@@ -45,7 +45,7 @@ def _npy(data: bytes) -> Any:
 
 def _image(data: bytes) -> Any:
     try:
-        from PIL import Image
+        from PIL import Image, UnidentifiedImageError
     except ImportError:
         raise ConfigError(
             "decoding images needs Pillow: pip install pillow (or decode=False for bytes)"
@@ -53,7 +53,7 @@ def _image(data: bytes) -> Any:
     try:
         image = Image.open(io.BytesIO(data))
         image.load()
-    except Image.UnidentifiedImageError:
+    except UnidentifiedImageError:
         raise ValueError(
             f"not an image Pillow can read ({len(data):,} bytes starting {data[:8]!r})"
         ) from None
