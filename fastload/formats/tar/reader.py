@@ -11,6 +11,10 @@ index or the plain ustar form says (so they take the bytes the parser would), an
 - without it: plain ustar headers (checksums verified) matched to the index's keys as they come
   (:func:`samples_of_run`).
 
+With the CRC32C of each sample in the index (v2 ``crcs``), every byte of each sample's range (headers, data,
+padding) is checked before its sample is made (:func:`check_crcs`; in C on the direct path): damage the tar
+structure cannot show (a flipped data byte, a size shrunk within its last block) is caught on every read.
+
 Whatever the path, a shard that does not match its index raises :class:`~fastload.errors.VerifyError` naming
 the shard, the sample and what to do; the C reader never raises for the content, it stops and the Python
 parser names the problem, so both give the same samples and the same errors.
@@ -21,6 +25,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+from crc32c import crc32c
 
 from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
@@ -88,6 +94,34 @@ def short_read(shard: str, size: int, offset: int, key: str | None = None) -> Ve
     )
 
 
+def crc_mismatch(shard: str, key: str, offset: int, size: int, got: int, want: int) -> VerifyError:
+    """The error for a sample whose bytes are not the ones packed."""
+    return VerifyError(
+        f"the sample's {size} bytes have CRC32C {got:08x}, the index says {want:08x}: the shard was damaged "
+        "or changed after packing; run `fastload verify` on the dataset and re-pack or re-download the shard "
+        "(with cache_dir=, a damaged cached copy is fetched again), or read with verify_samples=False",
+        shard=shard,
+        key=key,
+        offset=offset,
+    )
+
+
+def check_crcs(data: bytes | memoryview, entry: ShardEntry, first: int, stop: int, *, shard: str) -> None:
+    """Check samples ``first..stop-1`` (their bytes ``data``, from sample ``first``'s offset) against the
+    index's per-sample CRC32C, if it has them; :class:`VerifyError` at the first that differs."""
+    crcs = entry.crcs
+    if not crcs:
+        return
+    offsets, sizes = entry.offsets, entry.sizes
+    base = offsets[first]
+    view = memoryview(data)
+    for i in range(first, stop):
+        at = offsets[i] - base
+        got = crc32c(view[at : at + sizes[i]])
+        if got != crcs[i]:
+            raise crc_mismatch(shard, entry.keys[i], offsets[i], sizes[i], got, crcs[i])
+
+
 def parse_tar_fragment(
     data: bytes | memoryview, *, shard: str, base: int = 0
 ) -> Iterator[tuple[str, str, bytes]]:
@@ -138,6 +172,7 @@ def group_members(members: Iterator[tuple[str, str, bytes]]) -> Iterator[RawSamp
 
 def samples_of_bytes(data: bytes, entry: ShardEntry, first: int, stop: int, *, shard: str) -> list[RawSample]:
     """Samples ``first..stop-1`` from their bytes (see :func:`read_run`)."""
+    check_crcs(data, entry, first, stop, shard=shard)
     if entry.member_fields:
         samples = slice_by_layout(data, entry, first, stop)
         if samples is not None:
@@ -314,15 +349,19 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
     layout_run = native.layout_run
     if layout_run is not None:  # the same, in C (fastload/_native.c), a batch of samples per call
         dots = _dotted(entry.member_fields)
+        keys = entry.keys[first:stop]  # (a list: a v2 table's keys are decoded when asked for)
+        crcs = entry.crcs if entry.crcs else []
         i = first
         while i < stop:
             samples, i, whole = layout_run(
                 fd,
                 entry.offsets,
-                entry.keys,
+                keys,
+                first,
                 entry.member_sizes,
                 entry.member_fields,
                 dots,
+                crcs,
                 i,
                 stop,
                 NATIVE_BATCH_BYTES,
@@ -333,7 +372,7 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
                 return
         return
     keys, offsets, sizes, rows = entry.keys, entry.offsets, entry.sizes, entry.member_sizes
-    fields = entry.member_fields
+    fields, crcs = entry.member_fields, entry.crcs
     dots = _dotted(fields)
     pread = os.pread
     run_end = offsets[stop - 1] + sizes[stop - 1]
@@ -359,6 +398,7 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
                 yield from _file_run(fd, entry, i, stop, shard)
                 return
         row = rows[i]
+        crc = 0  # over every byte of the sample's range, as read (with crcs)
         for k, field_name in enumerate(fields):
             size = row[k]
             if not (b0 <= pos and pos + BLOCK <= b1):
@@ -373,14 +413,27 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
             if not is_header_of(buf, pos - b0, raw_key + dots[k], size):
                 yield from _file_run(fd, entry, i, stop, shard)
                 return
-            pos += BLOCK
-            if pos + size <= b1:
+            padded = (size + BLOCK - 1) & ~(BLOCK - 1)
+            if pos + BLOCK + padded <= b1:
+                if crcs:
+                    crc = crc32c(memoryview(buf)[pos - b0 : pos - b0 + BLOCK + padded], crc)
+                pos += BLOCK
                 value = buf[pos - b0 : pos - b0 + size]
             else:
+                if crcs:
+                    crc = crc32c(memoryview(buf)[pos - b0 : pos - b0 + BLOCK], crc)
+                pos += BLOCK
                 value = pread(fd, size, pos)
                 if len(value) != size:
                     yield from _file_run(fd, entry, i, stop, shard)
                     return
+                if crcs:
+                    crc = crc32c(value, crc)
+                    if padded > size:
+                        crc = crc32c(pread(fd, padded - size, pos + size), crc)
             sample[field_name] = value
-            pos += (size + BLOCK - 1) & ~(BLOCK - 1)
+            pos += padded
+        if crcs and crc != crcs[i]:  # the parsing reader names it
+            yield from _file_run(fd, entry, i, stop, shard)
+            return
         yield sample
