@@ -5,6 +5,7 @@ Parquet rows by row group, TFRecord records; and :class:`ShardReaders`, the read
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 from collections import Counter
@@ -24,6 +25,26 @@ if TYPE_CHECKING:
     from fastload.storage.cache import ShardCache
 
 RawSample = dict[str, Any]
+
+
+def _read_range(
+    file: BinaryIO, fd: int | None, lock: threading.Lock, name: str, offset: int, size: int
+) -> bytes:
+    """Exactly ``size`` bytes of the shard ``file`` at ``offset``; safe to call from several threads at once
+    (``lock`` guards reads that go through the file position)."""
+    if fd is not None:
+        data = os.pread(fd, size, offset)
+    else:
+        fetch_range = getattr(file, "fetch_range", None)
+        if fetch_range is not None:
+            data = fetch_range(offset, offset + size)
+        else:
+            with lock:
+                file.seek(offset)
+                data = file.read(size)
+    if len(data) != size:
+        raise short_read(name, size, offset)
+    return data
 
 
 class ShardReader:
@@ -52,9 +73,10 @@ class ShardReader:
             )
         self._file: BinaryIO = file if file is not None else storage.open_read(url, config=config)
         self._fd = self._file.fileno() if file is not None or not storage.is_remote(url) else None
-        self._seek_lock = threading.Lock()  # for reads that go through the file position
+        # (a function of the file, not of this reader: no reference cycle keeps a closed shard's table)
+        read = functools.partial(_read_range, self._file, self._fd, threading.Lock(), self.name)
         try:
-            self._samples = fmt.samples(entry, read=self._read, file=self._file, fd=self._fd)
+            self._samples = fmt.samples(entry, read=read, file=self._file, fd=self._fd)
         except BaseException:
             self._file.close()
             raise
@@ -62,22 +84,6 @@ class ShardReader:
     def close(self) -> None:
         self._samples.close()
         self._file.close()
-
-    def _read(self, offset: int, size: int) -> bytes:
-        """Exactly ``size`` bytes at ``offset``; safe to call from several threads at once."""
-        if self._fd is not None:
-            data = os.pread(self._fd, size, offset)
-        else:
-            fetch_range = getattr(self._file, "fetch_range", None)
-            if fetch_range is not None:
-                data = fetch_range(offset, offset + size)
-            else:
-                with self._seek_lock:
-                    self._file.seek(offset)
-                    data = self._file.read(size)
-        if len(data) != size:
-            raise short_read(self.name, size, offset)
-        return data
 
     def read_samples(
         self, positions: Sequence[int], columns: Sequence[str] | None = None
@@ -146,7 +152,9 @@ class ShardReaders:
     ) -> Iterator[ReadTask]:
         """The read tasks of ``refs`` (:func:`~fastload.core.readplan.iter_reads`), each shard's planned
         when reached, after its table is fetched; ``ahead``: the next shard's table fetched meanwhile."""
-        return iter_reads(refs, self.entry, max_task_bytes=max_task_bytes, ahead=self.ahead if ahead else None)
+        return iter_reads(
+            refs, self.entry, max_task_bytes=max_task_bytes, ahead=self.ahead if ahead else None
+        )
 
     def entry(self, shard: int) -> ShardEntry:
         """Shard ``shard``'s full entry (its sample table fetched once while the shard is in flight)."""

@@ -193,7 +193,7 @@ def test_the_direct_path_reads_through_the_c_reader_when_built(
     real = native.layout_run
 
     def counting(*args: Any) -> Any:
-        calls.append((args[6], args[7]))
+        calls.append((args[8], args[9]))  # (first, stop)
         return real(*args)
 
     monkeypatch.setattr(native, "layout_run", counting)
