@@ -111,13 +111,14 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
             if (off != pos || pos - start >= max_bytes) break;
         }
         PyObject *row = PyList_GET_ITEM(rows, last);
-        if (!PyList_Check(row) || PyList_GET_SIZE(row) != nf) {
+        /* (a list or a tuple: index v2 tables give tuples, which the cyclic GC need not track) */
+        if (!(PyList_Check(row) || PyTuple_Check(row)) || PySequence_Fast_GET_SIZE(row) != nf) {
             ok = last == first ? 0 : 1; /* not this reader's business: the parsing reader decides */
             break;
         }
         Py_ssize_t s = last - first;
         for (Py_ssize_t k = 0; k < nf; k++) {
-            long long size = PyLong_AsLongLong(PyList_GET_ITEM(row, k));
+            long long size = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(row, k));
             if (size == -1 && PyErr_Occurred()) goto done;
             if (size < 0) {
                 PyErr_SetString(PyExc_ValueError, "layout_run: negative member size");

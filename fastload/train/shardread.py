@@ -19,6 +19,7 @@ from fastload.core.index import ShardEntry
 from fastload.core.readplan import ReadTask, iter_reads, runs
 from fastload.errors import ConfigError, VerifyError
 from fastload.formats.tar.reader import short_read
+from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 
 if TYPE_CHECKING:
@@ -151,10 +152,18 @@ class ShardReaders:
         self, refs: Sequence[tuple[int, int]], *, max_task_bytes: int, ahead: bool = False
     ) -> Iterator[ReadTask]:
         """The read tasks of ``refs`` (:func:`~fastload.core.readplan.iter_reads`), each shard's planned
-        when reached, after its table is fetched; ``ahead``: the next shard's table fetched meanwhile."""
-        return iter_reads(
+        when reached, after its table is fetched; ``ahead``: the next shard's table fetched meanwhile.
+        (The cyclic collector is paused while a task is planned: tables and plans are many small acyclic
+        objects, see :mod:`fastload.gcpause`.)"""
+        planned = iter_reads(
             refs, self.entry, max_task_bytes=max_task_bytes, ahead=self.ahead if ahead else None
         )
+        while True:
+            with gc_paused():
+                task = next(planned, None)
+            if task is None:
+                return
+            yield task
 
     def entry(self, shard: int) -> ShardEntry:
         """Shard ``shard``'s full entry (its sample table fetched once while the shard is in flight)."""
@@ -183,9 +192,10 @@ class ShardReaders:
     def _full_entry(self, shard: int) -> ShardEntry:
         entry = self.shards[shard]
         if entry.detached:
-            entry = formats.full_entry(
-                self.root, entry, shard_format=self.shard_format, s3_config=self.config, cache=self.cache
-            )
+            with gc_paused():
+                entry = formats.full_entry(
+                    self.root, entry, shard_format=self.shard_format, s3_config=self.config, cache=self.cache
+                )
             with self._lock:
                 self.tables_fetched += 1
         if not self.verify and entry.crcs:
