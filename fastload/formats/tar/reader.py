@@ -18,6 +18,9 @@ structure cannot show (a flipped data byte, a size shrunk within its last block)
 Whatever the path, a shard that does not match its index raises :class:`~fastload.errors.VerifyError` naming
 the shard, the sample and what to do; the C reader never raises for the content, it stops and the Python
 parser names the problem, so both give the same samples and the same errors.
+
+(Over 400 lines on purpose: the one read function, its fast paths and the parser they fall back to are
+kept side by side, so that what each fast path takes is visibly what the parser would.)
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
 from fastload.errors import VerifyError
 from fastload.formats import native
+from fastload.formats.tar.crcs import check_crcs
 from fastload.formats.tar.header import BLOCK, Member, TarFormatError, UnsupportedMember, is_header_of
 from fastload.formats.tar.scan import BufferCursor, iter_members
 
@@ -92,34 +96,6 @@ def short_read(shard: str, size: int, offset: int, key: str | None = None) -> Ve
         key=key,
         offset=offset,
     )
-
-
-def crc_mismatch(shard: str, key: str, offset: int, size: int, got: int, want: int) -> VerifyError:
-    """The error for a sample whose bytes are not the ones packed."""
-    return VerifyError(
-        f"the sample's {size} bytes have CRC32C {got:08x}, the index says {want:08x}: the shard was damaged "
-        "or changed after packing; run `fastload verify` on the dataset and re-pack or re-download the shard "
-        "(with cache_dir=, a damaged cached copy is fetched again), or read with verify_samples=False",
-        shard=shard,
-        key=key,
-        offset=offset,
-    )
-
-
-def check_crcs(data: bytes | memoryview, entry: ShardEntry, first: int, stop: int, *, shard: str) -> None:
-    """Check samples ``first..stop-1`` (their bytes ``data``, from sample ``first``'s offset) against the
-    index's per-sample CRC32C, if it has them; :class:`VerifyError` at the first that differs."""
-    crcs = entry.crcs
-    if not crcs:
-        return
-    offsets, sizes = entry.offsets, entry.sizes
-    base = offsets[first]
-    view = memoryview(data)
-    for i in range(first, stop):
-        at = offsets[i] - base
-        got = crc32c(view[at : at + sizes[i]])
-        if got != crcs[i]:
-            raise crc_mismatch(shard, entry.keys[i], offsets[i], sizes[i], got, crcs[i])
 
 
 def parse_tar_fragment(
