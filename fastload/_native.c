@@ -30,6 +30,7 @@
 static PyObject *str_key; /* "__key__" */
 static PyObject *str_index; /* "__index__" */
 
+static char pad_sink[BLOCK]; /* padding not kept (no CRC to check) */
 static uint32_t crc32c_update(uint32_t crc, const void *data, size_t n); /* below, with TFRecord's */
 
 /* Whether hdr is the plain ustar header of a regular file named key + dotfield with size bytes, exactly as
@@ -51,7 +52,7 @@ typedef struct {
     Py_ssize_t count;
     PyObject **values; /* count * nfields new references (NULL where not yet made) */
     char *headers;     /* count * nfields * BLOCK */
-    char *pads;        /* count * nfields * BLOCK: each member's padding (kept for the CRC) */
+    char *pads;        /* count * nfields * BLOCK: each member's padding, kept for the CRC (NULL: none) */
     struct iovec *iov;
 } Batch;
 
@@ -94,10 +95,10 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
     int ok = 1;
     b.values = PyMem_Calloc((size_t)(cap * nf), sizeof(PyObject *));
     b.headers = PyMem_Malloc((size_t)(cap * nf * BLOCK));
-    b.pads = PyMem_Malloc((size_t)(cap * nf * BLOCK));
+    b.pads = check ? PyMem_Malloc((size_t)(cap * nf * BLOCK)) : NULL;
     b.iov = PyMem_Malloc((size_t)(cap * nf * 3) * sizeof(struct iovec));
     PyObject *result = NULL, *samples = NULL;
-    if (b.values == NULL || b.headers == NULL || b.pads == NULL || b.iov == NULL) {
+    if (b.values == NULL || b.headers == NULL || (check && b.pads == NULL) || b.iov == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -135,7 +136,7 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
             }
             long long pad = (BLOCK - size % BLOCK) % BLOCK;
             if (pad) {
-                b.iov[niov].iov_base = b.pads + (s * nf + k) * BLOCK;
+                b.iov[niov].iov_base = check ? b.pads + (s * nf + k) * BLOCK : pad_sink;
                 b.iov[niov++].iov_len = (size_t)pad;
             }
             pos += BLOCK + size + pad;
