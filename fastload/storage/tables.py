@@ -66,6 +66,6 @@ def fetch_table(
         # rows as tuples: tuples of ints leave the cyclic collector's care at its next young collection,
         # while tens of thousands of lists per table would reach the oldest generation and trigger full
         # collections (~70 ms each once torch is imported) every few shards
-        rows = [tuple(row) for row in table.member_sizes]  # (read-only rows: the readers only index them)
+        rows = list(map(tuple, table.member_sizes))  # (read-only rows: the readers only index them)
         table = dataclasses.replace(table, member_sizes=cast(list[list[int]], rows))
     return attach(entry, table, where=url)
