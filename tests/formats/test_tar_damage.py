@@ -63,13 +63,14 @@ def corpus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         (base / "ds").mkdir()
         write_tar(base / "ds" / "a.tar", members, "tarfile-gnu")
         assert build_index(str(base / "ds"), workers=1).ok
-    index = json.loads((base / "ds" / "index.json").read_bytes())
-    (shard,) = index["shards"]
-    assert bool(shard.get("member_fields")) == (request.param == "packed")
-    name = shard["name"]
+    index = fastload.ShardDataset(base / "ds").index
+    (shard,) = [formats.full_entry(str(base / "ds"), s, shard_format="tar") for s in index.shards]
+    assert bool(shard.member_fields) == (request.param == "packed")
+    name = shard.name
     with tarfile.open(base / "ds" / name) as tf:
         spans = [(m.offset_data - 512, m.offset_data) for m in tf]
-    return {"root": base / "ds", "name": name, "spans": spans, "samples": samples_of(members)}
+    v1 = json.loads((base / "ds" / "index.json").read_bytes())["version"] == 1
+    return {"root": base / "ds", "name": name, "spans": spans, "samples": samples_of(members), "v1": v1}
 
 
 def _fix_checksum(data: bytearray, at: int) -> None:
@@ -191,7 +192,7 @@ def _check(corpus: dict[str, Any], damage: Damage, tmp: Path) -> None:
 def test_a_damaged_shard_reads_right_or_raises_naming_it(
     corpus: dict[str, Any], how: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    if how == "size-smaller" and request.node.callspec.params["corpus"] != "packed":
+    if how == "size-smaller" and request.node.callspec.params["corpus"] != "packed" and corpus["v1"]:
         # A KNOWN LIMITATION OF INDEX v1: a size made smaller within the member's last 512-byte block, its
         # checksum fixed, in a shard whose index has no member layout (names past 100 bytes): the tar is
         # valid and every sample is where the index says; only a checksum over the sample's bytes could
@@ -245,7 +246,8 @@ def test_damage_the_tar_cannot_show_is_caught_by_the_v2_crc(
 ) -> None:
     root = tmp_path / "ds"
     shutil.copytree(corpus["root"], root)
-    upgrade_index(str(root))
+    if corpus["v1"]:
+        upgrade_index(str(root))
     assert "crcs" not in json.loads((root / "index.json").read_bytes())["shards"][0]  # (in the sidecar)
     path = root / corpus["name"]
     data = bytearray(path.read_bytes())
@@ -259,9 +261,12 @@ def test_damage_the_tar_cannot_show_is_caught_by_the_v2_crc(
     damaged = list(samples)[2]  # member 5 is the second of sample 2
     assert keys == list(samples)[: len(keys)] and damaged not in keys  # (a whole piece is checked first)
     (entry,) = fastload.ShardDataset(root).index.shards
-    offset = formats.full_entry(str(root), entry, shard_format="tar").offsets[2]
+    entry = formats.full_entry(str(root), entry, shard_format="tar")
+    offset = entry.offsets[2]
     assert error.startswith(f"VerifyError: {name}, sample {damaged!r}, byte offset {offset}: ")
-    assert "CRC32C" in error and "fastload verify" in error
+    assert "fastload verify" in error
+    if how != "size-smaller" or not entry.member_fields:  # (with a member layout, the layout check names it)
+        assert "CRC32C" in error
     if how != "flipped-data-byte":
         return
     # verify_samples=False: the bytes as they are, and no error

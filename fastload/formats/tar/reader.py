@@ -147,8 +147,14 @@ def group_members(members: Iterator[tuple[str, str, bytes]]) -> Iterator[RawSamp
 
 
 def samples_of_bytes(data: bytes, entry: ShardEntry, first: int, stop: int, *, shard: str) -> list[RawSample]:
-    """Samples ``first..stop-1`` from their bytes (see :func:`read_run`)."""
+    """Samples ``first..stop-1`` from their bytes (see :func:`read_run`): the tar structure checked against
+    the index first (its errors say what is wrong), then each sample's bytes against its CRC32C."""
+    samples = _structured(data, entry, first, stop, shard)
     check_crcs(data, entry, first, stop, shard=shard)
+    return samples
+
+
+def _structured(data: bytes, entry: ShardEntry, first: int, stop: int, shard: str) -> list[RawSample]:
     if entry.member_fields:
         samples = slice_by_layout(data, entry, first, stop)
         if samples is not None:
