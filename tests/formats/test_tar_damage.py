@@ -63,10 +63,10 @@ def corpus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         (base / "ds").mkdir()
         write_tar(base / "ds" / "a.tar", members, "tarfile-gnu")
         assert build_index(str(base / "ds"), workers=1).ok
-    index = fastload.ShardDataset(base / "ds").index
-    (shard,) = [formats.full_entry(str(base / "ds"), s, shard_format="tar") for s in index.shards]
-    assert bool(shard.member_fields) == (request.param == "packed")
-    name = shard.name
+    index = json.loads((base / "ds" / "index.json").read_bytes())
+    (shard,) = index["shards"]
+    assert bool(shard.get("member_fields")) == (request.param == "packed")
+    name = shard["name"]
     with tarfile.open(base / "ds" / name) as tf:
         spans = [(m.offset_data - 512, m.offset_data) for m in tf]
     v1 = json.loads((base / "ds" / "index.json").read_bytes())["version"] == 1
