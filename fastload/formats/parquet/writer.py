@@ -118,7 +118,7 @@ def write_tables(
             compression=compression,
             use_dictionary=key_only,
             write_statistics=key_only,
-            write_page_checksum=True,  # so that readers check every page (ParquetSamples)
+            write_page_checksum=True,
         )
         for table in tables:
             writer.write_table(table, row_group_size=table.num_rows)
