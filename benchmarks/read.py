@@ -57,8 +57,9 @@ MB = 1e6
 MIB = 1 << 20
 SEED = 20240611
 CHILD_TIMEOUT_S = 1800
-LOCAL_READERS = ("cat", "decode-only", "fastload", "webdataset", "litdata", "perfile")
-S3_READERS = ("fastload", "webdataset", "perfile")
+# fastload-nocrc: fastload with verify_samples=False (index v2's per-sample CRC32C not checked)
+LOCAL_READERS = ("cat", "decode-only", "fastload", "fastload-nocrc", "webdataset", "litdata", "perfile")
+S3_READERS = ("fastload", "fastload-nocrc", "webdataset", "perfile")
 # (name, location, subject variant, peer variant, minimum ratio, measure)
 TARGETS = (
     ("raw in-process >= 0.8x cat", "local", "fastload/inproc/raw", "cat", 0.8, "mb_s"),

@@ -114,7 +114,7 @@ def build(spec: dict[str, Any]) -> tuple[Iterable[Any], bool]:
     """The variant's iterable and whether it yields batches (dicts of lists) rather than samples."""
     reader, mode, decode = spec["reader"], spec["mode"], spec["payload"] == "decode"
     batch, s3 = spec["batch_size"], spec.get("s3")
-    if reader == "fastload":
+    if reader in ("fastload", "fastload-nocrc"):
         import fastload
 
         s3_config = (
@@ -122,8 +122,13 @@ def build(spec: dict[str, Any]) -> tuple[Iterable[Any], bool]:
             if s3
             else None
         )
+        options = {"verify_samples": False} if reader == "fastload-nocrc" else {}
         ds = fastload.ShardDataset(
-            spec["source"], decode=False, map=decode_sample if decode else None, s3_config=s3_config
+            spec["source"],
+            decode=False,
+            map=decode_sample if decode else None,
+            s3_config=s3_config,
+            **options,
         )
         if mode == "inproc":
             return ds, False

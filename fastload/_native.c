@@ -5,7 +5,8 @@
  * and member sizes.  One preadv() per batch puts every member's data straight into its own new bytes
  * object (one copy, like cat) and the 512-byte headers and padding into scratch space; each header is then
  * compared with what the index says (name, octal size field, regular-file type, no prefix), as
- * fastload.formats.tar.header.is_header_of does.  tfrecord_run() reads consecutive records of a plain
+ * fastload.formats.tar.header.is_header_of does, and with the index's CRC32C of each sample (index v2), the
+ * CRC runs over every byte of the sample's range: headers, data and padding.  tfrecord_run() reads consecutive records of a plain
  * TFRecord shard, each value straight into its own bytes, both CRCs checked (see below).  Neither raises
  * for the shard's content: at the first sample that does not match, or a short read, they stop and return
  * how far they got, and the caller hands the rest to the Python reader, which names the problem.
@@ -28,7 +29,9 @@
 
 static PyObject *str_key; /* "__key__" */
 static PyObject *str_index; /* "__index__" */
-static char pad_sink[BLOCK];
+
+static char pad_sink[BLOCK]; /* padding not kept (no CRC to check) */
+static uint32_t crc32c_update(uint32_t crc, const void *data, size_t n); /* below, with TFRecord's */
 
 /* Whether hdr is the plain ustar header of a regular file named key + dotfield with size bytes, exactly as
  * fastload.formats.tar.header.is_header_of decides (name, octal size, type '0', no ustar prefix). */
@@ -49,6 +52,7 @@ typedef struct {
     Py_ssize_t count;
     PyObject **values; /* count * nfields new references (NULL where not yet made) */
     char *headers;     /* count * nfields * BLOCK */
+    char *pads;        /* count * nfields * BLOCK: each member's padding, kept for the CRC (NULL: none) */
     struct iovec *iov;
 } Batch;
 
@@ -56,42 +60,45 @@ static void batch_clear(Batch *b, Py_ssize_t nvalues) {
     for (Py_ssize_t v = 0; v < nvalues; v++) Py_CLEAR(b->values[v]);
 }
 
-/* layout_run(fd, offsets, keys, rows, fields, dot_fields, first, stop, max_bytes)
+/* layout_run(fd, offsets, keys, key_base, rows, fields, dot_fields, crcs, first, stop, max_bytes)
  *   -> (samples, next, ok)
  * samples: dicts {"__key__", "__index__", field: bytes...} for first..next-1 (one batch of at most about
- * max_bytes); ok False: sample `next` did not match the index or the file ended early (read it with the
- * parsing reader). */
+ * max_bytes); ok False: sample `next` did not match the index (its headers, or its CRC32C in crcs), or the
+ * file ended early (read it with the parsing reader).  keys[i - key_base] is sample i's key; crcs empty:
+ * no CRC check. */
 static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd;
-    PyObject *offsets, *keys, *rows, *fields, *dot_fields;
-    Py_ssize_t first, stop, max_bytes;
-    if (!PyArg_ParseTuple(args, "iO!O!O!O!O!nnn", &fd, &PyList_Type, &offsets, &PyList_Type, &keys,
-                          &PyList_Type, &rows, &PyList_Type, &fields, &PyList_Type, &dot_fields, &first,
-                          &stop, &max_bytes))
+    PyObject *offsets, *keys, *rows, *fields, *dot_fields, *crcs;
+    Py_ssize_t key_base, first, stop, max_bytes;
+    if (!PyArg_ParseTuple(args, "iO!O!nO!O!O!O!nnn", &fd, &PyList_Type, &offsets, &PyList_Type, &keys,
+                          &key_base, &PyList_Type, &rows, &PyList_Type, &fields, &PyList_Type, &dot_fields,
+                          &PyList_Type, &crcs, &first, &stop, &max_bytes))
         return NULL;
     Py_ssize_t nf = PyList_GET_SIZE(fields);
     if (nf < 1 || PyList_GET_SIZE(dot_fields) != nf || 3 * nf > MAX_IOV) {
         PyErr_SetString(PyExc_ValueError, "layout_run: fields and dot_fields must match (1 to 340)");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (first < 0 || stop > n || first >= stop || PyList_GET_SIZE(offsets) < stop ||
-        PyList_GET_SIZE(rows) < stop) {
+    int check = PyList_GET_SIZE(crcs) > 0;
+    if (first < 0 || key_base < 0 || first < key_base || stop - key_base > PyList_GET_SIZE(keys) ||
+        first >= stop || PyList_GET_SIZE(offsets) < stop || PyList_GET_SIZE(rows) < stop ||
+        (check && PyList_GET_SIZE(crcs) < stop)) {
         PyErr_SetString(PyExc_ValueError, "layout_run: bad sample range");
         return NULL;
     }
     /* the batch: samples first..last-1, contiguous in the file, within max_bytes and MAX_IOV */
     Py_ssize_t cap = stop - first;
     if (cap > MAX_IOV / (3 * nf)) cap = MAX_IOV / (3 * nf);
-    Batch b = {0, NULL, NULL, NULL};
+    Batch b = {0, NULL, NULL, NULL, NULL};
     Py_ssize_t last = first;
     int niov = 0;
     int ok = 1;
     b.values = PyMem_Calloc((size_t)(cap * nf), sizeof(PyObject *));
     b.headers = PyMem_Malloc((size_t)(cap * nf * BLOCK));
+    b.pads = check ? PyMem_Malloc((size_t)(cap * nf * BLOCK)) : NULL;
     b.iov = PyMem_Malloc((size_t)(cap * nf * 3) * sizeof(struct iovec));
     PyObject *result = NULL, *samples = NULL;
-    if (b.values == NULL || b.headers == NULL || b.iov == NULL) {
+    if (b.values == NULL || b.headers == NULL || (check && b.pads == NULL) || b.iov == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -105,13 +112,14 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
             if (off != pos || pos - start >= max_bytes) break;
         }
         PyObject *row = PyList_GET_ITEM(rows, last);
-        if (!PyList_Check(row) || PyList_GET_SIZE(row) != nf) {
+        /* (a list or a tuple: index v2 tables give tuples, which the cyclic GC need not track) */
+        if (!(PyList_Check(row) || PyTuple_Check(row)) || PySequence_Fast_GET_SIZE(row) != nf) {
             ok = last == first ? 0 : 1; /* not this reader's business: the parsing reader decides */
             break;
         }
         Py_ssize_t s = last - first;
         for (Py_ssize_t k = 0; k < nf; k++) {
-            long long size = PyLong_AsLongLong(PyList_GET_ITEM(row, k));
+            long long size = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(row, k));
             if (size == -1 && PyErr_Occurred()) goto done;
             if (size < 0) {
                 PyErr_SetString(PyExc_ValueError, "layout_run: negative member size");
@@ -128,7 +136,7 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
             }
             long long pad = (BLOCK - size % BLOCK) % BLOCK;
             if (pad) {
-                b.iov[niov].iov_base = pad_sink;
+                b.iov[niov].iov_base = check ? b.pads + (s * nf + k) * BLOCK : pad_sink;
                 b.iov[niov++].iov_len = (size_t)pad;
             }
             pos += BLOCK + size + pad;
@@ -175,7 +183,7 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
         for (; good < b.count; good++) {
             Py_ssize_t i = first + good;
             Py_ssize_t key_len;
-            const char *key = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(keys, i), &key_len);
+            const char *key = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(keys, i - key_base), &key_len);
             if (key == NULL) goto done;
             int match = 1;
             for (Py_ssize_t k = 0; k < nf && match; k++) {
@@ -190,6 +198,19 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
                         header_matches(b.headers + (good * nf + k) * BLOCK, key, key_len,
                                        PyBytes_AS_STRING(dot), PyBytes_GET_SIZE(dot), (long long)size);
             }
+            if (match && check) { /* every byte of the sample's range, in order */
+                unsigned long want_crc = PyLong_AsUnsignedLong(PyList_GET_ITEM(crcs, i));
+                if (want_crc == (unsigned long)-1 && PyErr_Occurred()) goto done;
+                uint32_t crc = 0;
+                for (Py_ssize_t k = 0; k < nf; k++) {
+                    PyObject *value = b.values[good * nf + k];
+                    Py_ssize_t size = PyBytes_GET_SIZE(value);
+                    crc = crc32c_update(crc, b.headers + (good * nf + k) * BLOCK, BLOCK);
+                    crc = crc32c_update(crc, PyBytes_AS_STRING(value), (size_t)size);
+                    crc = crc32c_update(crc, b.pads + (good * nf + k) * BLOCK, (size_t)((BLOCK - size % BLOCK) % BLOCK));
+                }
+                match = crc == (uint32_t)want_crc;
+            }
             if (!match) break;
         }
     }
@@ -202,7 +223,7 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
         PyList_SET_ITEM(samples, s, d);
         PyObject *index = PyLong_FromSsize_t(first + s);
         if (index == NULL) goto done;
-        int err = PyDict_SetItem(d, str_key, PyList_GET_ITEM(keys, first + s)) ||
+        int err = PyDict_SetItem(d, str_key, PyList_GET_ITEM(keys, first + s - key_base)) ||
                   PyDict_SetItem(d, str_index, index);
         Py_DECREF(index);
         if (err) goto done;
@@ -215,6 +236,7 @@ done:
     if (b.values) batch_clear(&b, cap * nf);
     PyMem_Free(b.values);
     PyMem_Free(b.headers);
+    PyMem_Free(b.pads);
     PyMem_Free(b.iov);
     return result;
 }
@@ -791,7 +813,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"layout_run", layout_run, METH_VARARGS,
-     "layout_run(fd, offsets, keys, rows, fields, dot_fields, first, stop, max_bytes) -> "
+     "layout_run(fd, offsets, keys, key_base, rows, fields, dot_fields, crcs, first, stop, max_bytes) -> "
      "(samples, next, ok): one batch of samples of a local tar shard read by its member layout."},
     {"tfrecord_run", tfrecord_run, METH_VARARGS,
      "tfrecord_run(fd, offsets, sizes, keys, stem, first, stop, max_bytes) -> (samples, next, ok): one "

@@ -45,7 +45,17 @@ def to_ray(source: str | os.PathLike[str], *, s3_config: S3Config | None = None)
     root = storage.normalise(source)
     if root.endswith(".json"):  # the index file itself was given: shards are named relative to its folder
         root = root.rsplit("/", 1)[0] if storage.is_remote(root) else os.path.dirname(root)
-    items = [{"url": storage.join(root, s.name), "entry": json.dumps(s.to_dict())} for s in index.shards]
+    items = [
+        {
+            "url": storage.join(root, s.name),
+            "root": root,
+            "format": index.shard_format,
+            # (a v2 manifest entry: the task fetches the shard's sample table itself)
+            "entry": json.dumps(s.manifest_dict() if s.detached else s.to_dict()),
+            "detached": s.detached,
+        }
+        for s in index.shards
+    ]
     if not items:
         raise PackError(f"{root} holds no shards; there is nothing to read")
     ds = ray.data.from_items(items, override_num_blocks=len(items))
@@ -56,9 +66,12 @@ def _shard_rows(
     item: dict[str, Any], *, fields: list[str], s3_config: S3Config | None
 ) -> list[dict[str, Any]]:
     """Every sample of one shard as a row with ``__key__`` and every field (None where missing)."""
+    from fastload import formats
     from fastload.train.shardread import ShardReader
 
-    entry = ShardEntry.from_dict(json.loads(item["entry"]))
+    raw = json.loads(item["entry"])
+    entry = ShardEntry.from_manifest(raw) if item.get("detached") else ShardEntry.from_dict(raw)
+    entry = formats.full_entry(item["root"], entry, shard_format=item["format"], s3_config=s3_config)
     reader = ShardReader(item["url"], entry, config=s3_config)
     try:
         return [

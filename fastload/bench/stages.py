@@ -119,6 +119,7 @@ def packed(
     device: str | None,
 ) -> dict[str, Any] | None:
     """Stage times of a packed tar dataset (None for Parquet, whose reads are whole row groups)."""
+    from fastload import formats
     from fastload.formats.tar.reader import group_members, parse_tar_fragment
     from fastload.storage.manifest import load_index
 
@@ -127,7 +128,11 @@ def packed(
         return None
     runs: list[tuple[str, int, int]] = []  # (shard name, offset, size)
     left = count
-    for entry in index.shards:
+    for shard in index.shards:
+        if left <= 0:
+            break
+        # (an index v2 shard's offsets are in its sample table, fetched for the shards used only)
+        entry = formats.full_entry(url, shard, shard_format=index.shard_format, s3_config=config)
         for first in range(0, entry.samples, batch):
             if left <= 0:
                 break

@@ -4,12 +4,16 @@ A task is one read of one shard: a run of consecutive samples of a tar (or TFRec
 range from the index offsets and capped at ``max_task_bytes`` so prefetch stays fine-grained; or the rows of
 a Parquet shard wanted in a row, read by row group. Tasks keep the order of the references exactly, so the
 samples they return, concatenated, are the references' samples in order.
+
+A task never spans two shards, so the references can be planned one run of a shard at a time
+(:func:`iter_reads`), each when its shard's per-sample columns are at hand (index v2 fetches a shard's
+sample table only when the reader reaches it): the tasks are the same as :func:`plan_reads` gives.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fastload.core.index import ShardEntry
@@ -40,42 +44,81 @@ def plan_reads(
     range stays within ``max_task_bytes`` (a single larger sample gets a task of its own). Without offsets
     (Parquet), a task is a maximal group of consecutive references to one shard.
     """
+    return list(iter_reads(refs, shards.__getitem__, max_task_bytes=max_task_bytes))
+
+
+def shard_runs(refs: Sequence[tuple[int, int]]) -> Iterator[tuple[int, int, int]]:
+    """``(shard, i, j)`` for each maximal run ``refs[i:j]`` of references to one shard, in order."""
+    i, n = 0, len(refs)
+    while i < n:
+        shard = refs[i][0]
+        j = i + 1
+        while j < n and refs[j][0] == shard:
+            j += 1
+        yield shard, i, j
+        i = j
+
+
+def iter_reads(
+    refs: Sequence[tuple[int, int]],
+    entry_of: Callable[[int], ShardEntry],
+    *,
+    max_task_bytes: int,
+    ahead: Callable[[int], None] | None = None,
+) -> Iterator[ReadTask]:
+    """The tasks of :func:`plan_reads`, planned lazily one run of a shard at a time: ``entry_of(shard)``
+    (the shard's full entry, with its per-sample columns) is called when the run is reached, and
+    ``ahead(shard)`` (if given) just before, with the next run's shard, so that a caller can start
+    fetching that shard's columns while this run is read."""
     if max_task_bytes < 1:
         raise ValueError(f"max_task_bytes={max_task_bytes} must be >= 1")
-    tasks: list[ReadTask] = []
-    i = 0
-    while i < len(refs):
-        shard, first = refs[i]
-        entry = shards[shard]
-        if entry.offsets:
+    pending = shard_runs(refs)
+    run = next(pending, None)
+    while run is not None:
+        following = next(pending, None)
+        if ahead is not None and following is not None:
+            ahead(following[0])
+        shard, i, stop = run
+        yield from _plan_run(refs, i, stop, shard, entry_of(shard), max_task_bytes)
+        run = following
+
+
+def _plan_run(
+    refs: Sequence[tuple[int, int]], i: int, stop: int, shard: int, entry: ShardEntry, max_task_bytes: int
+) -> Iterator[ReadTask]:
+    """The tasks of ``refs[i:stop]``, all references to ``shard`` (see :func:`plan_reads`)."""
+    if entry.offsets:
+        while i < stop:
+            first = refs[i][1]
             end = first + 1
             nbytes = entry.sizes[first]
             j = i + 1
-            while j < len(refs) and refs[j] == (shard, end):
+            while j < stop and refs[j][1] == end:
                 size = entry.sizes[end]
                 if nbytes + size > max_task_bytes:
                     break
                 nbytes += size
                 end += 1
                 j += 1
-            tasks.append(ReadTask(shard, tuple(range(first, end)), nbytes))
-        else:
-            starts = _row_group_starts(entry)
-            groups: set[int] = set()
-            nbytes = 0
-            j = i
-            while j < len(refs) and refs[j][0] == shard:
-                g = bisect.bisect_right(starts, refs[j][1]) - 1
-                if g not in groups:
-                    size = entry.row_groups[g][1] if 0 <= g < len(entry.row_groups) else 0
-                    if groups and nbytes + size > max_task_bytes:
-                        break
-                    groups.add(g)
-                    nbytes += size
-                j += 1
-            tasks.append(ReadTask(shard, tuple(p for _, p in refs[i:j]), nbytes))
+            yield ReadTask(shard, tuple(range(first, end)), nbytes)
+            i = j
+        return
+    starts = _row_group_starts(entry)
+    while i < stop:
+        groups: set[int] = set()
+        nbytes = 0
+        j = i
+        while j < stop:
+            g = bisect.bisect_right(starts, refs[j][1]) - 1
+            if g not in groups:
+                size = entry.row_groups[g][1] if 0 <= g < len(entry.row_groups) else 0
+                if groups and nbytes + size > max_task_bytes:
+                    break
+                groups.add(g)
+                nbytes += size
+            j += 1
+        yield ReadTask(shard, tuple(p for _, p in refs[i:j]), nbytes)
         i = j
-    return tasks
 
 
 def runs(positions: Sequence[int]) -> list[tuple[int, int]]:

@@ -6,7 +6,9 @@
   first fill and then uses its file; the kernel drops a dead holder's lock, so a killed worker never
   deadlocks the others.
 - A cached file is checked against the index (size, and CRC32C the first time each process uses it);
-  one that does not match is deleted and fetched again, never used.
+  one that does not match is deleted and fetched again, never used. A reader that later finds a sample of
+  it that does not match its CRC32C (damage after the check) drops it (:meth:`ShardCache.discard`) and
+  reads a fresh copy.
 - ``limit_bytes`` bounds the folder: least recently used shards (by the mtime each use refreshes) are
   evicted after a fill. A shard larger than the limit is not cached. Files are opened under the shard's
   lock (:meth:`ShardCache.open`) and readers that have an evicted file open keep reading it (POSIX unlink
@@ -121,6 +123,16 @@ class ShardCache:
             with self._lock:
                 self.hits += 1
         return f
+
+    def discard(self, url: str, entry: ShardEntry) -> None:
+        """Drop the cached copy of shard ``url`` (a reader found a sample in it that does not match the
+        index): the next :meth:`open` fetches the shard again. Readers that have the file open keep it."""
+        path = self.path_for(url, entry)
+        with self._flock(path), contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._checked.pop(path, None)
+        with self._lock:
+            self.refetched += 1
 
     # -- internals ------------------------------------------------------------------------------------
 

@@ -56,7 +56,9 @@ ORDER_WARNING = (
 
 # ShardDataset's flat keywords, by option group: keyword -> the group's field
 ORDER_KEYWORDS = {k: k for k in ("seed", "shuffle_buffer", "even", "rank", "world_size", "batch_size")}
-DECODE_KEYWORDS = {k: k for k in ("decode", "images", "allow_pickle", "map", "columns", "on_error")}
+DECODE_KEYWORDS = {
+    k: k for k in ("decode", "images", "allow_pickle", "map", "columns", "on_error", "verify_samples")
+}
 PREFETCH_KEYWORDS = {"prefetch_bytes": "max_bytes", "prefetch_threads": "threads", "prefetch_runs": "runs"}
 CACHE_KEYWORDS = {"cache_dir": "path", "cache_limit_bytes": "limit_bytes", "cache_verify": "verify"}
 
@@ -77,7 +79,8 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     Options, by group (each also takes a config object, e.g. ``order=OrderConfig(...)``, see
     :mod:`fastload.train.options`): order ``seed``, ``shuffle_buffer``, ``even``, ``rank``, ``world_size``,
-    ``batch_size``; decoding ``decode``, ``images``, ``allow_pickle``, ``map``, ``columns``, ``on_error``;
+    ``batch_size``; decoding ``decode``, ``images``, ``allow_pickle``, ``map``, ``columns``, ``on_error``,
+    ``verify_samples`` (each sample's CRC32C checked on read; default on);
     prefetch ``prefetch_bytes``, ``prefetch_threads``, ``prefetch_runs``; cache ``cache_dir``,
     ``cache_limit_bytes``, ``cache_verify``. :meth:`epoch_report` says which samples ``even`` dropped or
     repeated.
@@ -99,6 +102,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         map: Callable[[dict[str, Any]], Any] | None = None,
         columns: Sequence[str] | None = None,
         on_error: str = "raise",
+        verify_samples: bool = True,
         prefetch_bytes: int | None = None,
         prefetch_threads: int = 8,
         prefetch_runs: int = 64,
@@ -385,6 +389,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             refs,
             root=self.root,
             shards=self.index.shards,
+            shard_format=self.index.shard_format,
             decoding=self.decoding,
             prefetch=self.prefetch,
             s3_config=self.s3_config,

@@ -1,15 +1,16 @@
 """Ordered prefetch: run read tasks ahead of the consumer on a thread pool, bounded in bytes.
 
 Results come back in task order whatever order the threads finish in; an error in a task is re-raised in
-the consumer when it reaches that task (so it surfaces with the task it belongs to). The pool has one
-owner, a stop event that running fetches can watch, and ``close()``.
+the consumer when it reaches that task (so it surfaces with the task it belongs to). Tasks are taken from
+their iterator only as the bounds let them in (the iterator may plan them lazily, in the consumer's thread).
+The pool has one owner, a stop event that running fetches can watch, and ``close()``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
@@ -19,7 +20,7 @@ T = TypeVar("T")
 
 
 class Prefetcher(Generic[T]):
-    """``fetch(task, stop)`` for each task, run ahead of iteration.
+    """``fetch(task, stop)`` for each task of ``tasks`` (any iterable, read once), run ahead of iteration.
 
     At most ``max_bytes`` worth of tasks (by their ``nbytes``) and at most ``max_tasks`` tasks are fetched
     or fetching but not yet consumed, and always at least one. ``max_bytes=0`` fetches each task in the
@@ -29,7 +30,7 @@ class Prefetcher(Generic[T]):
 
     def __init__(
         self,
-        tasks: Sequence[ReadTask],
+        tasks: Iterable[ReadTask],
         fetch: Callable[[ReadTask, threading.Event], T],
         *,
         max_bytes: int,
@@ -56,20 +57,18 @@ class Prefetcher(Generic[T]):
                     self._done(task)
                 return
             self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="fastload-prefetch")
-            nxt = 0
+            tasks = iter(self._tasks)
+            failed: list[Exception] = []  # planning the next task failed: raised after the tasks before it
+            nxt = _next(tasks, failed)
             in_flight = 0
-            while nxt < len(self._tasks) or self._pending:
-                while nxt < len(self._tasks) and (
+            while nxt is not None or self._pending:
+                while nxt is not None and (
                     not self._pending
-                    or (
-                        len(self._pending) < self._max_tasks
-                        and in_flight + self._tasks[nxt].nbytes <= self._max_bytes
-                    )
+                    or (len(self._pending) < self._max_tasks and in_flight + nxt.nbytes <= self._max_bytes)
                 ):
-                    task = self._tasks[nxt]
-                    self._pending.append((task, self._pool.submit(self._fetch, task, self._stop)))
-                    in_flight += task.nbytes
-                    nxt += 1
+                    self._pending.append((nxt, self._pool.submit(self._fetch, nxt, self._stop)))
+                    in_flight += nxt.nbytes
+                    nxt = _next(tasks, failed)
                 task, future = self._pending[0]
                 result = future.result()
                 self._pending.popleft()
@@ -77,6 +76,8 @@ class Prefetcher(Generic[T]):
                 yield task, result
                 del result
                 self._done(task)
+            if failed:
+                raise failed[0]
         finally:
             self.close()
 
@@ -93,3 +94,12 @@ class Prefetcher(Generic[T]):
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _next(tasks: Iterator[ReadTask], failed: list[Exception]) -> ReadTask | None:
+    """The next task, or None at the end or when getting it raised (the error kept in ``failed``)."""
+    try:
+        return next(tasks, None)
+    except Exception as exc:
+        failed.append(exc)
+        return None

@@ -1,6 +1,7 @@
-"""From sample references to samples: plan the reads (``core.readplan``), fetch them ahead
-(:class:`~fastload.train.prefetch.Prefetcher`), parse them (:class:`~fastload.train.shardread.ShardReaders`),
-then decode and map each sample."""
+"""From sample references to samples: plan the reads (``core.readplan``, one shard at a time, as the
+prefetcher reaches it: a v2 shard's sample table is fetched then, and dropped when the shard is done), fetch
+them ahead (:class:`~fastload.train.prefetch.Prefetcher`), parse them
+(:class:`~fastload.train.shardread.ShardReaders`), then decode and map each sample."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ from typing import Any
 
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
-from fastload.core.readplan import plan_reads
 from fastload.errors import FastloadError
-from fastload.gcpause import gc_paused
 from fastload.storage.cache import ShardCache
 from fastload.train.decode import decode_sample
 from fastload.train.options import DecodeConfig, PrefetchConfig
@@ -27,6 +26,7 @@ def read_samples(
     *,
     root: str,
     shards: Sequence[ShardEntry],
+    shard_format: str,
     decoding: DecodeConfig,
     prefetch: PrefetchConfig,
     s3_config: S3Config | None,
@@ -35,7 +35,8 @@ def read_samples(
     mark_skipped: bool = False,
     on_skip: Callable[[], None] | None = None,
 ) -> Generator[Any, None, None]:
-    """The samples of ``refs`` (``(shard, position)`` pairs) in order, decoded and mapped.
+    """The samples of ``refs`` (``(shard, position)`` pairs of ``shards``, manifest entries of
+    ``shard_format``: attached or v2) in order, decoded and mapped.
 
     ``progress.consumed`` counts the references passed so far (delivered or skipped). A skipped sample is
     yielded as :data:`SKIPPED` with ``mark_skipped``, else reported to ``on_skip`` and left out.
@@ -44,11 +45,19 @@ def read_samples(
     # without prefetch nothing is held ahead, and local shards stream sample by sample: bigger tasks only
     # mean fewer of them
     task_bytes = 16 << 20 if max_bytes == 0 else max(1 << 20, min(16 << 20, max_bytes // 4))
-    with gc_paused():
-        tasks = plan_reads(refs, shards, max_task_bytes=task_bytes)
     readers = ShardReaders(
-        root, shards, tasks, columns=decoding.columns, config=s3_config, cache=cache, defer=max_bytes == 0
+        root,
+        shards,
+        refs,
+        shard_format=shard_format,
+        columns=decoding.columns,
+        config=s3_config,
+        cache=cache,
+        defer=max_bytes == 0,
+        verify=decoding.verify_samples,
     )
+    # with prefetch, the next shard's table is fetched while this one is read
+    tasks = readers.tasks(refs, max_task_bytes=task_bytes, ahead=max_bytes > 0)
     prefetcher = Prefetcher(
         tasks,
         readers.fetch,

@@ -4,24 +4,48 @@ Parquet rows by row group, TFRecord records; and :class:`ShardReaders`, the read
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
-from fastload.core.readplan import ReadTask, runs
-from fastload.errors import ConfigError
+from fastload.core.readplan import ReadTask, iter_reads, runs
+from fastload.errors import ConfigError, VerifyError
 from fastload.formats.tar.reader import short_read
+from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 
 if TYPE_CHECKING:
     from fastload.storage.cache import ShardCache
 
 RawSample = dict[str, Any]
+
+
+def _read_range(
+    file: BinaryIO, fd: int | None, lock: threading.Lock, name: str, offset: int, size: int
+) -> bytes:
+    """Exactly ``size`` bytes of the shard ``file`` at ``offset``; safe to call from several threads at once
+    (``lock`` guards reads that go through the file position)."""
+    if fd is not None:
+        data = os.pread(fd, size, offset)
+    else:
+        fetch_range = getattr(file, "fetch_range", None)
+        if fetch_range is not None:
+            data = fetch_range(offset, offset + size)
+        else:
+            with lock:
+                file.seek(offset)
+                data = file.read(size)
+    if len(data) != size:
+        raise short_read(name, size, offset)
+    return data
 
 
 class ShardReader:
@@ -41,6 +65,7 @@ class ShardReader:
         self.url = url
         self.entry = entry
         self.name = entry.name
+        self.cached = False  # reads a copy from the shard cache (set by ShardReaders)
         fmt = formats.for_path(self.name)
         if fmt is None:
             raise ConfigError(
@@ -49,9 +74,10 @@ class ShardReader:
             )
         self._file: BinaryIO = file if file is not None else storage.open_read(url, config=config)
         self._fd = self._file.fileno() if file is not None or not storage.is_remote(url) else None
-        self._seek_lock = threading.Lock()  # for reads that go through the file position
+        # (a function of the file, not of this reader: no reference cycle keeps a closed shard's table)
+        read = functools.partial(_read_range, self._file, self._fd, threading.Lock(), self.name)
         try:
-            self._samples = fmt.samples(entry, read=self._read, file=self._file, fd=self._fd)
+            self._samples = fmt.samples(entry, read=read, file=self._file, fd=self._fd)
         except BaseException:
             self._file.close()
             raise
@@ -59,22 +85,6 @@ class ShardReader:
     def close(self) -> None:
         self._samples.close()
         self._file.close()
-
-    def _read(self, offset: int, size: int) -> bytes:
-        """Exactly ``size`` bytes at ``offset``; safe to call from several threads at once."""
-        if self._fd is not None:
-            data = os.pread(self._fd, size, offset)
-        else:
-            fetch_range = getattr(self._file, "fetch_range", None)
-            if fetch_range is not None:
-                data = fetch_range(offset, offset + size)
-            else:
-                with self._seek_lock:
-                    self._file.seek(offset)
-                    data = self._file.read(size)
-        if len(data) != size:
-            raise short_read(self.name, size, offset)
-        return data
 
     def read_samples(
         self, positions: Sequence[int], columns: Sequence[str] | None = None
@@ -97,69 +107,201 @@ class ShardReader:
 
 
 class ShardReaders:
-    """The readers a list of read tasks needs: each shard opened on first use (from the local cache when
-    there is one and the shard is remote), shared by the threads reading it, and closed after its last task.
-    Use as the ``fetch``/``release`` pair of a :class:`~fastload.train.prefetch.Prefetcher`."""
+    """The readers of one pass over a list of sample references: each shard's full entry (a v2 sample table
+    fetched when the planner reaches the shard, :meth:`entry`; optionally the next one fetched ahead,
+    :meth:`ahead`), each shard opened on first use (from the local cache when there is one and the shard is
+    remote), shared by the threads reading it; both dropped after the shard's last reference is consumed,
+    so a process holds the tables of the shards in flight only. Use :meth:`tasks` and the
+    ``fetch``/``release`` pair with a :class:`~fastload.train.prefetch.Prefetcher`.
+
+    A sample that fails its CRC32C in a shard read from the cache has the cached copy dropped and the shard
+    fetched again, once per shard (the cache heals); a second failure raises."""
 
     def __init__(
         self,
         root: str,
         shards: Sequence[ShardEntry],
-        tasks: Sequence[ReadTask],
+        refs: Sequence[tuple[int, int]],
         *,
+        shard_format: str,
         columns: Sequence[str] | None = None,
         config: S3Config | None = None,
         cache: ShardCache | None = None,
         defer: bool = False,
+        verify: bool = True,
     ) -> None:
         """``defer``: each fetch's result is used at once in the fetching thread (no prefetch), so local
-        reads may be done there (see :meth:`ShardReader.load`)."""
+        reads may be done there (see :meth:`ShardReader.load`). ``verify``: check each sample's CRC32C
+        where the index has them (tar, index v2)."""
         self.root, self.shards, self.columns = root, shards, columns
-        self.config, self.cache, self.defer = config, cache, defer
-        self._left = Counter(t.shard for t in tasks)
+        self.shard_format = shard_format
+        self.config, self.cache, self.defer, self.verify = config, cache, defer, verify
+        self._left = Counter(shard for shard, _ in refs)  # references not yet consumed, per shard
+        self._entries: dict[int, ShardEntry] = {}  # full entries of the shards in flight
+        self._ahead: dict[int, Future[ShardEntry]] = {}
+        self._tables: ThreadPoolExecutor | None = None
         self._open: dict[int, ShardReader] = {}
+        self._retired: dict[int, list[ShardReader]] = {}  # replaced after a heal, closed with the shard
+        self._healed: set[int] = set()
         self._opening: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.tables_fetched = 0
+
+    def tasks(
+        self, refs: Sequence[tuple[int, int]], *, max_task_bytes: int, ahead: bool = False
+    ) -> Iterator[ReadTask]:
+        """The read tasks of ``refs`` (:func:`~fastload.core.readplan.iter_reads`), each shard's planned
+        when reached, after its table is fetched; ``ahead``: the next shard's table fetched meanwhile.
+        (The cyclic collector is paused while a task is planned: tables and plans are many small acyclic
+        objects, see :mod:`fastload.gcpause`.)"""
+        planned = iter_reads(
+            refs, self.entry, max_task_bytes=max_task_bytes, ahead=self.ahead if ahead else None
+        )
+        while True:
+            with gc_paused():
+                task = next(planned, None)
+            if task is None:
+                return
+            yield task
+
+    def entry(self, shard: int) -> ShardEntry:
+        """Shard ``shard``'s full entry (its sample table fetched once while the shard is in flight)."""
+        with self._lock:
+            full = self._entries.get(shard)
+            pending = self._ahead.pop(shard, None)
+        if full is not None:
+            return full
+        full = pending.result() if pending is not None else self._full_entry(shard)
+        with self._lock:
+            if self._left[shard] > 0:
+                full = self._entries.setdefault(shard, full)
+        return full
+
+    def ahead(self, shard: int) -> None:
+        """Start fetching shard ``shard``'s table in the background (if it has one to fetch)."""
+        with self._lock:
+            if self._closed or shard in self._entries or shard in self._ahead:
+                return
+            if not self.shards[shard].detached:
+                return
+            if self._tables is None:
+                self._tables = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-tables")
+            self._ahead[shard] = self._tables.submit(self._full_entry, shard)
+
+    def _full_entry(self, shard: int) -> ShardEntry:
+        entry = self.shards[shard]
+        if entry.detached:
+            with gc_paused():
+                entry = formats.full_entry(
+                    self.root, entry, shard_format=self.shard_format, s3_config=self.config, cache=self.cache
+                )
+            with self._lock:
+                self.tables_fetched += 1
+        if not self.verify and entry.crcs:
+            entry = dataclasses.replace(entry, crcs=[])
+        return entry
 
     def fetch(self, task: ReadTask, stop: threading.Event | None = None) -> Callable[[], Iterable[RawSample]]:
         """Do the I/O of ``task``; the returned function gives its samples, in its order."""
-        return self._reader(task.shard, stop).load(task.positions, self.columns, defer=self.defer)
+        reader, cached = self._reader(task.shard, stop)
+        try:
+            parse = reader.load(task.positions, self.columns, defer=self.defer)
+        except VerifyError:
+            if not cached or not self._heal(task.shard, reader):
+                raise
+            return self.fetch(task, stop)
+        if not cached:
+            return parse
+        return lambda: self._healing(task, reader, parse, stop)
+
+    def _healing(
+        self,
+        task: ReadTask,
+        reader: ShardReader,
+        parse: Callable[[], Iterable[RawSample]],
+        stop: threading.Event | None,
+    ) -> Iterator[RawSample]:
+        """The samples of ``parse()`` (a task of a shard read from the cache); on a sample that does not
+        match the index, the rest of the task read again from a fresh copy (once per shard)."""
+        done = 0
+        try:
+            for sample in parse():
+                yield sample
+                done += 1
+        except VerifyError:
+            if not self._heal(task.shard, reader):
+                raise
+            again, _ = self._reader(task.shard, stop)
+            yield from again.load(task.positions[done:], self.columns, defer=True)()
+
+    def _heal(self, shard: int, reader: ShardReader) -> bool:
+        """Whether to read again after ``reader`` (a cached copy of shard ``shard``) gave a sample that
+        does not match the index: its copy dropped from the cache so that the next open fetches the shard
+        again, once per shard (or done already by another thread); False when that copy was the fresh
+        one (the damage is not the cache's)."""
+        with self._lock:
+            if self._closed or self.cache is None:
+                return False
+            if shard in self._healed:
+                return reader not in self._open.values()  # an older copy: read the fresh one
+            self._healed.add(shard)
+            if self._open.get(shard) is reader:
+                del self._open[shard]
+                self._retired.setdefault(shard, []).append(reader)
+            entry = self._entries.get(shard, self.shards[shard])
+        self.cache.discard(reader.url, entry)
+        return True
 
     def release(self, task: ReadTask) -> None:
         with self._lock:
-            self._left[task.shard] -= 1
-            reader = self._open.pop(task.shard) if self._left[task.shard] <= 0 else None
-        if reader is not None:
-            reader.close()
+            self._left[task.shard] -= len(task.positions)
+            done = self._left[task.shard] <= 0
+            reader = self._open.pop(task.shard, None) if done else None
+            retired = self._retired.pop(task.shard, []) if done else []
+            if done:
+                self._entries.pop(task.shard, None)
+                self._opening.pop(task.shard, None)
+        for r in [*retired, *([reader] if reader is not None else [])]:
+            r.close()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             readers, self._open = list(self._open.values()), {}
+            readers += [r for rs in self._retired.values() for r in rs]
+            self._retired, self._entries = {}, {}
+            pending, self._ahead = list(self._ahead.values()), {}
+            tables, self._tables = self._tables, None
+        for future in pending:
+            future.cancel()
+        if tables is not None:
+            tables.shutdown(wait=False, cancel_futures=True)
         for reader in readers:
             reader.close()
 
-    def _reader(self, shard: int, stop: threading.Event | None = None) -> ShardReader:
+    def _reader(self, shard: int, stop: threading.Event | None = None) -> tuple[ShardReader, bool]:
+        """The open reader of ``shard`` and whether it reads a cached copy."""
         with self._lock:
             reader = self._open.get(shard)
             if reader is not None:
-                return reader
+                return reader, reader.cached
             opening = self._opening.setdefault(shard, threading.Lock())
         with opening:
             with self._lock:
                 reader = self._open.get(shard)
             if reader is not None:
-                return reader
-            entry = self.shards[shard]
+                return reader, reader.cached
+            entry = self.entry(shard)
             url = storage.join(self.root, entry.name)
             cached = None
             if self.cache is not None and storage.is_remote(url) and self.cache.cacheable(entry):
                 cached = self.cache.open(url, entry, stop=stop)
             reader = ShardReader(url, entry, config=self.config, file=cached)
+            reader.cached = cached is not None
             with self._lock:
                 if self._closed:
                     reader.close()
                     raise RuntimeError("shard readers closed")
                 self._open[shard] = reader
-            return reader
+            return reader, reader.cached

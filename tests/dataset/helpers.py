@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import fastload
+from fastload import formats
 from fastload.core.sharding import rank_order
 
 # A bound on every wait for a batch from a worker: a hang fails the test instead of the suite.
@@ -27,7 +28,7 @@ class Packed:
 
     root: Path
     samples: dict[str, dict[str, bytes]]  # key -> field -> source bytes
-    index: dict[str, Any]  # index.json as written
+    index: dict[str, Any]  # index.json as v1 (every sample listed; from the sample tables of a v2 index)
 
     @property
     def keys(self) -> list[str]:
@@ -72,8 +73,20 @@ def pack_files(base: Path, files: dict[str, bytes], **options: Any) -> Packed:
     """Write ``files`` under ``base/src`` and pack them into ``base/ds``."""
     write_files(base / "src", files)
     fastload.pack(base / "src", base / "ds", progress=False, **options)
-    index = json.loads((base / "ds" / "index.json").read_bytes())
-    return Packed(base / "ds", samples_of(files), index)
+    return Packed(base / "ds", samples_of(files), attached_index(base / "ds"))
+
+
+def attached_index(root: Path) -> dict[str, Any]:
+    """The dataset's ``index.json`` in v1 form, every shard's per-sample columns listed: as written (v1),
+    or the v2 manifest with each shard's sample table attached. Written back to ``index.json`` (e.g. after
+    a test changes it), it is a v1 index that readers still take."""
+    raw: dict[str, Any] = json.loads((root / "index.json").read_bytes())
+    if raw.get("version", 1) == 1:
+        return raw
+    index = formats.load_index(str(root))
+    full = [formats.full_entry(str(root), e, shard_format=index.shard_format) for e in index.shards]
+    shards = json.loads(json.dumps([e.to_dict() for e in full]))  # (as JSON has them: rows as lists)
+    return {**raw, "version": 1, "shards": shards}
 
 
 # Seven groups of samples of one size each. With 256 KiB shards and at most 40 samples a shard, each group

@@ -18,7 +18,7 @@ from fastload.core.index import ShardEntry, layout_problem, plain_member_bytes
 from fastload.errors import IndexFormatError, VerifyError
 from fastload.formats import native
 
-from .helpers import Packed, pack_files, samples_of
+from .helpers import Packed, attached_index, pack_files, samples_of
 
 # prefetch_bytes=0: local shards read member by member in the consumer; > 0: runs read by prefetch
 # threads and cut by the layout; "stripped": the index without the layout (the header-parsing reader)
@@ -61,7 +61,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
 
 def strip_layout(packed: Packed, dest: Path) -> Packed:
     shutil.copytree(packed.root, dest)
-    index = json.loads((dest / "index.json").read_bytes())
+    index = attached_index(dest)
     for shard in index["shards"]:
         shard.pop("member_fields", None)
         shard.pop("member_sizes", None)
@@ -163,7 +163,7 @@ def test_a_damaged_big_sample_raises_whichever_reader(
 
 def test_an_index_whose_layout_does_not_add_up_is_refused(mixed: Packed, tmp_path: Path) -> None:
     shutil.copytree(mixed.root, tmp_path / "ds")
-    index = json.loads((tmp_path / "ds" / "index.json").read_bytes())
+    index = attached_index(tmp_path / "ds")
     index["shards"][0]["member_sizes"][2][1] += 1000
     (tmp_path / "ds" / "index.json").write_text(json.dumps(index))
     with pytest.raises(IndexFormatError, match="member layout"):
@@ -193,7 +193,7 @@ def test_the_direct_path_reads_through_the_c_reader_when_built(
     real = native.layout_run
 
     def counting(*args: Any) -> Any:
-        calls.append((args[6], args[7]))
+        calls.append((args[8], args[9]))  # (first, stop)
         return real(*args)
 
     monkeypatch.setattr(native, "layout_run", counting)

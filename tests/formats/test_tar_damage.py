@@ -4,7 +4,9 @@ prefetched (bytes) path, ``fastload index`` and ``fastload verify``: each reads 
 ``fastload.errors`` error naming the shard; never a crash, never short or wrong bytes silently. The C and
 Python direct readers give the same samples and the same error.
 
-Data bytes are left alone: tar has no checksum over them (``fastload verify`` checks the shard's CRC32C).
+Tar has no checksum over data bytes: with an index v1 they are left alone (``fastload verify`` checks the
+shard's CRC32C); an index v2 records each sample's CRC32C, and a flipped data byte or a size shrunk within
+its last block raises on read, the same error from every reader (``..._v2`` tests).
 Runs standalone (CI runs it under AddressSanitizer)."""
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fastload
+from fastload import formats
 from fastload.errors import FastloadError
 from fastload.formats.tar.index import index_tar_shard
 from fastload.packing.indexing import build_index
+from fastload.packing.upgrade import upgrade_index
 
 from .tarbuild import dataset_sees, samples_of, write_tar
 
@@ -65,7 +69,8 @@ def corpus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     name = shard["name"]
     with tarfile.open(base / "ds" / name) as tf:
         spans = [(m.offset_data - 512, m.offset_data) for m in tf]
-    return {"root": base / "ds", "name": name, "spans": spans, "samples": samples_of(members)}
+    v1 = not fastload.ShardDataset(base / "ds").index.detached  # (fastload index writes v2 once it does)
+    return {"root": base / "ds", "name": name, "spans": spans, "samples": samples_of(members), "v1": v1}
 
 
 def _fix_checksum(data: bytearray, at: int) -> None:
@@ -187,13 +192,14 @@ def _check(corpus: dict[str, Any], damage: Damage, tmp: Path) -> None:
 def test_a_damaged_shard_reads_right_or_raises_naming_it(
     corpus: dict[str, Any], how: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    if how == "size-smaller" and request.node.callspec.params["corpus"] != "packed":
-        # A size made smaller within the member's last 512-byte block, its checksum fixed, in a shard whose
-        # index has no member layout (names past 100 bytes): the tar is valid and every sample is where
-        # the index says; only a checksum over the sample's bytes could tell (verify's CRC32C does).
+    if how == "size-smaller" and request.node.callspec.params["corpus"] != "packed" and corpus["v1"]:
+        # A KNOWN LIMITATION OF INDEX v1: a size made smaller within the member's last 512-byte block, its
+        # checksum fixed, in a shard whose index has no member layout (names past 100 bytes): the tar is
+        # valid and every sample is where the index says; only a checksum over the sample's bytes could
+        # tell (verify's CRC32C does; index v2's per-sample CRC32C does on read: the test below).
         with pytest.raises(AssertionError):  # the sample comes back one byte short, silently
             _check(corpus, DAMAGES[how], tmp_path)
-        pytest.xfail("tar has no checksum over data; needs a per-sample CRC in the index")
+        pytest.xfail("index v1 has no per-sample checksum over data; `fastload index --upgrade` to v2")
     _check(corpus, DAMAGES[how], tmp_path)
 
 
@@ -228,3 +234,42 @@ def test_index_refuses_a_shard_of_only_damage(tmp_path: Path) -> None:
         pass
     entry, _ = index_tar_shard(str(tmp_path / "empty.tar"), "empty.tar")
     assert entry.keys == []
+
+
+def _flip_data(data: bytearray, spans: list[tuple[int, int]]) -> None:
+    data[spans[5][1] + 1] ^= 0x40  # a byte of member 5's data
+
+
+@pytest.mark.parametrize("how", ["size-smaller", "flipped-data-byte"])
+def test_damage_the_tar_cannot_show_is_caught_by_the_v2_crc(
+    corpus: dict[str, Any], how: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "ds"
+    shutil.copytree(corpus["root"], root)
+    if corpus["v1"]:
+        upgrade_index(str(root))
+    assert fastload.ShardDataset(root).index.detached  # (each sample's CRC32C in the sidecar)
+    path = root / corpus["name"]
+    data = bytearray(path.read_bytes())
+    (DAMAGES["size-smaller"] if how == "size-smaller" else _flip_data)(data, corpus["spans"])
+    path.write_bytes(bytes(data))
+    samples, name = corpus["samples"], corpus["name"]
+    outcomes = [_read(root, samples, name, kind, **options) for kind, options in READS]
+    assert outcomes[0] == outcomes[1]  # C and Python direct: the same samples, the same error
+    assert outcomes[2][1] == outcomes[0][1]  # prefetched: the same error (a run's samples come together)
+    keys, error = outcomes[0]
+    damaged = list(samples)[2]  # member 5 is the second of sample 2
+    assert keys == list(samples)[: len(keys)] and damaged not in keys  # (a whole piece is checked first)
+    (entry,) = fastload.ShardDataset(root).index.shards
+    entry = formats.full_entry(str(root), entry, shard_format="tar")
+    offset = entry.offsets[2]
+    assert error.startswith(f"VerifyError: {name}, sample {damaged!r}, byte offset {offset}: ")
+    assert "fastload verify" in error
+    if how != "size-smaller" or not entry.member_fields:  # (with a member layout, the layout check names it)
+        assert "CRC32C" in error
+    if how != "flipped-data-byte":
+        return
+    # verify_samples=False: the bytes as they are, and no error
+    delivered = dict(dataset_sees(root, "C", verify_samples=False))
+    assert list(delivered) == list(samples)
+    assert [k for k in samples if delivered[k] != samples[k]] == [damaged]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from ray_helpers import uneven_files, write_files
 
 import fastload
 from fastload.errors import ConfigError, PackError
+from fastload.packing.upgrade import upgrade_index
 
 pytestmark = [
     pytest.mark.usefixtures("ray_cluster"),
@@ -52,6 +54,10 @@ def packed(files: dict[str, bytes], tmp_path_factory: pytest.TempPathFactory) ->
     for fmt in ("tar", "parquet", "tfrecord"):
         fastload.pack(src, base / fmt, progress=False, shard_format=fmt, shard_size_bytes=64 << 10)
         out[fmt] = base / fmt
+    shutil.copytree(base / "tar", base / "tar-v2")
+    if json.loads((base / "tar-v2" / "index.json").read_bytes())["version"] == 1:
+        upgrade_index(str(base / "tar-v2"))  # (index v2: each task fetches its shard's sample table)
+    out["tar-v2"] = base / "tar-v2"
     return out
 
 
@@ -63,13 +69,13 @@ def by_key(rows: list[dict[str, Any]]) -> dict[str, dict[str, bytes]]:
     return out
 
 
-@pytest.mark.parametrize("fmt", ["tar", "parquet", "tfrecord"])
+@pytest.mark.parametrize("fmt", ["tar", "parquet", "tfrecord", "tar-v2"])
 def test_to_ray_reads_every_sample(fmt: str, packed: dict[str, Path], files: dict[str, bytes]) -> None:
     ds = fastload.to_ray(packed[fmt])
     rows = ds.take_all()
     assert set(ds.schema().names) == {"__key__", "cls", "jpg", "seg.png", "bin", "txt"}
     assert by_key(rows) == expected_samples(files)  # missing fields are null, never dropped or invented
-    if fmt == "tar":  # the index file itself names the dataset too
+    if fmt.startswith("tar"):  # the index file itself names the dataset too
         assert fastload.to_ray(packed[fmt] / "index.json").count() == len(rows)
 
 

@@ -25,26 +25,44 @@ needs_c = pytest.mark.skipif(
 
 
 def write_tar(path: Path, samples: list[tuple[str, list[bytes]]], fields: list[str]) -> dict[str, Any]:
-    """A plain tar of ``samples`` (key, one value per field) and the index lists the reader takes."""
-    offsets, rows, out = [], [], bytearray()
+    """A plain tar of ``samples`` (key, one value per field) and the index lists the reader takes (with
+    the CRC32C of each sample's bytes, as index v2 records them)."""
+    offsets, rows, crcs, out = [], [], [], bytearray()
     for key, values in samples:
         offsets.append(len(out))
         rows.append([len(v) for v in values])
         for field, value in zip(fields, values, strict=True):
             out += member_header(f"{key}.{field}", len(value))
             out += value + b"\0" * (padded(len(value)) - len(value))
+        crcs.append(crc32c(bytes(out[offsets[-1] :])))
     out += b"\0" * (2 * BLOCK)
     path.write_bytes(bytes(out))
-    return {"offsets": offsets, "keys": [k for k, _ in samples], "rows": rows, "fields": fields}
+    keys = [k for k, _ in samples]
+    return {"offsets": offsets, "keys": keys, "rows": rows, "fields": fields, "crcs": crcs}
 
 
-def run(path: Path, ix: dict[str, Any], first: int, stop: int, max_bytes: int = 1 << 20) -> Any:
+def run(
+    path: Path, ix: dict[str, Any], first: int, stop: int, max_bytes: int = 1 << 20, *, crcs: bool = False
+) -> Any:
+    """``layout_run`` over samples ``first..stop-1``, given the keys from ``first`` on (as the reader
+    does), with the CRC check when ``crcs``."""
     assert native.layout_run is not None
     fd = os.open(path, os.O_RDONLY)
     try:
         dots = [b"." + f.encode() for f in ix["fields"]]
+        keys = ix["keys"][first:]
         return native.layout_run(
-            fd, ix["offsets"], ix["keys"], ix["rows"], ix["fields"], dots, first, stop, max_bytes
+            fd,
+            ix["offsets"],
+            keys,
+            first,
+            ix["rows"],
+            ix["fields"],
+            dots,
+            ix["crcs"] if crcs else [],
+            first,
+            stop,
+            max_bytes,
         )
     finally:
         os.close(fd)
@@ -146,7 +164,34 @@ def test_bad_arguments_raise(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="bad sample range"):
         run(tmp_path / "a.tar", ix, 1, 1)
     with pytest.raises(OSError):
-        native.layout_run(-1, ix["offsets"], ix["keys"], ix["rows"], ["x"], [b".x"], 0, 1, 1 << 20)  # type: ignore[misc]
+        native.layout_run(-1, ix["offsets"], ix["keys"], 0, ix["rows"], ["x"], [b".x"], [], 0, 1, 1 << 20)
+    two = write_tar(tmp_path / "b.tar", [("k", [b"a"]), ("l", [b"b"])], ["x"])
+    with pytest.raises(ValueError, match="bad sample range"):  # fewer CRCs than samples
+        run(tmp_path / "b.tar", {**two, "crcs": two["crcs"][:1]}, 0, 2, crcs=True)
+
+
+@needs_c
+def test_each_sample_is_checked_against_its_crc_headers_and_padding_included(tmp_path: Path) -> None:
+    samples = [(f"k{i}", [b"%d" % i, bytes([i]) * (20_000 + i)]) for i in range(8)]
+    ix = write_tar(tmp_path / "a.tar", samples, ["cls", "bin"])
+    got = run(tmp_path / "a.tar", ix, 0, 8, crcs=True)
+    assert (len(got[0]), got[1:]) == (8, (8, True))
+    assert run(tmp_path / "a.tar", ix, 3, 8, crcs=True)[0][0]["__key__"] == "k3"  # keys from first on
+    good = (tmp_path / "a.tar").read_bytes()
+    bin_data = ix["offsets"][5] + BLOCK + padded(ix["rows"][5][0]) + BLOCK
+    places = {
+        "data": bin_data + 7,
+        "padding": bin_data + ix["rows"][5][1] + 3,  # (not a member's bytes: only the CRC sees it)
+        "header": ix["offsets"][5] + 300,  # an unused header byte (past the name, before the mode)
+    }
+    for where, at in places.items():
+        data = bytearray(good)
+        data[at] ^= 0x10
+        (tmp_path / "a.tar").write_bytes(bytes(data))
+        got, nxt, whole = run(tmp_path / "a.tar", ix, 1, 8, crcs=True)
+        assert (len(got), nxt, whole) == (4, 5, False), where
+        assert [[s["cls"], s["bin"]] for s in got] == [v for _, v in samples[1:5]]
+        assert run(tmp_path / "a.tar", ix, 1, 8)[1:] == (8, True), where  # what the header check sees
 
 
 @pytest.mark.skipif(os.environ.get("FASTLOAD_REQUIRE_NATIVE") != "1", reason="only where CI requires it")

@@ -227,3 +227,31 @@ def test_bad_arguments_raise() -> None:
 def test_no_tasks_yields_nothing() -> None:
     for max_bytes in (0, 100):
         assert list(Prefetcher([], lambda t, s: None, max_bytes=max_bytes)) == []
+
+
+def test_tasks_are_taken_from_their_iterator_only_as_the_bounds_let_them_in() -> None:
+    taken: list[int] = []
+
+    def planned() -> Iterator[ReadTask]:
+        for i in range(20):
+            taken.append(i)
+            yield ReadTask(0, (i,), 100)
+
+    prefetcher = Prefetcher(planned(), lambda t, s: number(t), max_bytes=300, max_tasks=64, threads=2)
+    it = iter(prefetcher)
+    assert next(it)[1] == 0
+    assert len(taken) <= 5  # 3 in flight within 300 bytes, and the one looked at next
+    assert [r for _, r in it] == list(range(1, 20))
+
+
+@pytest.mark.parametrize("max_bytes", [0, 1 << 20])
+def test_an_error_planning_a_later_task_comes_after_the_tasks_before_it(max_bytes: int) -> None:
+    def planned() -> Iterator[ReadTask]:
+        yield from make_tasks([10, 10, 10])
+        raise RuntimeError("no sample table for shard 7")
+
+    got: list[int] = []
+    with pytest.raises(RuntimeError, match="shard 7"):
+        for task, _ in Prefetcher(planned(), lambda t, s: None, max_bytes=max_bytes, threads=2):
+            got.append(number(task))
+    assert got == [0, 1, 2]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastload.core.index import ShardEntry
-from fastload.core.readplan import ReadTask, plan_reads
+from fastload.core.readplan import ReadTask, iter_reads, plan_reads, shard_runs
 
 SETTINGS = settings(max_examples=100, deadline=None)
 
@@ -172,3 +172,33 @@ def test_no_references_no_tasks() -> None:
 def test_max_task_bytes_below_one_raises(cap: int) -> None:
     with pytest.raises(ValueError, match="max_task_bytes"):
         plan_reads([(0, 0)], [tar_entry(0, [5])], max_task_bytes=cap)
+
+
+@SETTINGS
+@given(plans())
+def test_planned_lazily_the_tasks_are_the_same_and_each_shard_is_looked_up_when_reached(
+    plan: tuple[list[ShardEntry], list[tuple[int, int]], int],
+) -> None:
+    entries, refs, cap = plan
+    looked_up: list[int] = []
+    announced: list[int] = []
+
+    def entry_of(shard: int) -> ShardEntry:
+        looked_up.append(shard)
+        return entries[shard]
+
+    lazy = iter_reads(refs, entry_of, max_task_bytes=cap, ahead=announced.append)
+    got: list[ReadTask] = []
+    for task in lazy:
+        assert looked_up[-1] == task.shard  # looked up no earlier than its first task is handed out
+        got.append(task)
+    assert got == plan_reads(refs, entries, max_task_bytes=cap)
+    runs = [s for s, _, _ in shard_runs(refs)]
+    assert looked_up == runs  # once per run of a shard, in order
+    assert announced == runs[1:]  # each next run's shard, one run ahead
+
+
+def test_shard_runs_split_references_where_the_shard_changes() -> None:
+    refs = [(0, 1), (0, 2), (1, 0), (0, 3), (0, 0), (2, 5)]
+    assert list(shard_runs(refs)) == [(0, 0, 2), (1, 2, 3), (0, 3, 5), (2, 5, 6)]
+    assert list(shard_runs([])) == []

@@ -27,7 +27,9 @@ KEY_COLUMN = "__key__"
 
 
 class ParquetSamples:
-    """Rows of one indexed Parquet shard: whole row groups are read, then the wanted rows picked."""
+    """Rows of one indexed Parquet shard: whole row groups are read, then the wanted rows picked. Each page's
+    CRC (written by ``fastload pack``) is checked as it is read: a damaged page raises
+    :class:`~fastload.errors.VerifyError` naming the shard, the row group and its keys."""
 
     def __init__(self, entry: ShardEntry, file: BinaryIO) -> None:
         self.entry = entry
@@ -50,7 +52,7 @@ class ParquetSamples:
         with self._lock:
             entry = self.entry
             self._file.seek(0)
-            parquet = pq.ParquetFile(self._file)
+            parquet = pq.ParquetFile(self._file, page_checksum_verification=True)
             starts = [0]
             for rg in entry.row_groups:
                 starts.append(starts[-1] + rg[2])
@@ -64,7 +66,7 @@ class ParquetSamples:
                     g += 1
                 if p in rows:
                     continue
-                table = parquet.read_row_group(g, columns=cols).to_pydict()
+                table = self._row_group(parquet, g, cols, starts)
                 names = list(table)
                 for r in range(len(table[KEY_COLUMN])):
                     pos = starts[g] + r
@@ -73,6 +75,26 @@ class ParquetSamples:
                         sample["__index__"] = pos
                         rows[pos] = sample
             return [rows[p] for p in positions]
+
+    def _row_group(
+        self, parquet: Any, g: int, cols: list[str] | None, starts: list[int]
+    ) -> dict[str, list[Any]]:
+        """Row group ``g`` as columns; a page that fails its checksum raises :class:`VerifyError`."""
+        try:
+            return parquet.read_row_group(g, columns=cols).to_pydict()  # type: ignore[no-any-return]
+        except OSError as exc:
+            if "checksum" not in str(exc).lower():
+                raise
+            keys = self.entry.keys
+            first, last = keys[starts[g]], keys[starts[g + 1] - 1]
+            raise VerifyError(
+                f"row group {g} (keys {first!r}..{last!r}) has a page that fails its checksum ({exc}): the "
+                "shard was damaged after packing; run `fastload verify` and re-pack or re-download it (with "
+                "cache_dir=, a damaged cached copy is fetched again)",
+                shard=self.entry.name,
+                key=first,
+                offset=self.entry.row_groups[g][0],
+            ) from None
 
 
 def check_parquet(path: BinaryIO, shard: ShardEntry) -> list[VerifyError]:

@@ -113,7 +113,12 @@ def write_tables(
     try:
         key_only: list[str] | bool = [KEY_COLUMN] if key_stats else False
         writer = pq.ParquetWriter(
-            tmp_path, schema, compression=compression, use_dictionary=key_only, write_statistics=key_only
+            tmp_path,
+            schema,
+            compression=compression,
+            use_dictionary=key_only,
+            write_statistics=key_only,
+            write_page_checksum=True,
         )
         for table in tables:
             writer.write_table(table, row_group_size=table.num_rows)

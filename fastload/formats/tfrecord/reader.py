@@ -185,6 +185,14 @@ class TFRecordSamples:
         self._spool = GzipSpool(file, entry.name) if is_gzip_name(entry.name) else None
         self._read = self._spool.read if self._spool is not None else read
         self._direct = True
+        self._keys: list[str] | None = None
+
+    def _key_list(self) -> list[str]:
+        """The entry's keys as a list (what the C reader takes; a v2 table's keys are decoded lazily)."""
+        if self._keys is None:
+            keys = self.entry.keys
+            self._keys = keys if isinstance(keys, list) else list(keys)
+        return self._keys
 
     def close(self) -> None:
         if self._spool is not None:
@@ -263,7 +271,7 @@ class TFRecordSamples:
             stem = shard_stem(self.name)
             i = first
             while i < stop:
-                args = (fd, entry.offsets, entry.sizes, entry.keys, stem, i, stop, NATIVE_BATCH_BYTES)
+                args = (fd, entry.offsets, entry.sizes, self._key_list(), stem, i, stop, NATIVE_BATCH_BYTES)
                 samples, i, whole = tfrecord_run(*args)
                 yield from samples
                 if not whole:
