@@ -81,6 +81,8 @@ def test_workers_exactly_once_and_exact_resume(foreign: tuple[Path, dict]) -> No
     loader = fastload.DataLoader(ds, batch_size=4, num_workers=2)
     whole = keys_of(loader)
     assert sorted(whole) == sorted(data)
+    # (a new loader: this one would go on to epoch 1 after its complete pass)
+    loader = fastload.DataLoader(ds, batch_size=4, num_workers=2)
     it = iter(loader)
     head = [k for _ in range(3) for k in next(it)["__key__"]]
     state = loader.state_dict()
