@@ -231,10 +231,28 @@ def attach(entry: ShardEntry, table: SampleTable, *, where: str) -> ShardEntry:
         format=entry.format,
     )
     if full.member_sizes:
-        problem = layout_problem(full)
+        problem = _layout_problem_arrays(table) if "member_sizes" in table.arrays else layout_problem(full)
         if problem:
             raise IndexFormatError(f"{where}: shard {entry.name}: member layout: {problem}")
     return full
+
+
+def _layout_problem_arrays(table: SampleTable) -> str | None:
+    """:func:`layout_problem` over a decoded table's numpy columns (one pass per column, no per-row loop)."""
+    import numpy as np
+
+    rows, sizes = table.arrays["member_sizes"], table.arrays.get("sizes")
+    if sizes is None or rows.ndim != 2 or rows.shape != (table.samples, len(table.member_fields)):
+        return "needs offsets and one member_sizes row per sample"
+    if len(set(table.member_fields)) != len(table.member_fields):
+        return "member_fields has duplicates"
+    block = np.uint64(_TAR_BLOCK)
+    spans = (block + (rows + block - np.uint64(1)) // block * block).sum(axis=1, dtype=np.uint64)
+    bad = np.flatnonzero(spans != sizes)
+    if bad.size:
+        i = int(bad[0])
+        return f"row {i} ({table.member_sizes[i]}) does not add up to the sample's {table.sizes[i]} bytes"
+    return None
 
 
 def detach(entry: ShardEntry, table: TableRef, *, shard_format: str) -> ShardEntry:

@@ -101,6 +101,8 @@ class SampleTable:
     member_fields: list[str] = field(default_factory=list)
     member_sizes: list[list[int]] = field(default_factory=list)
     row_groups: list[tuple[int, int, int]] = field(default_factory=list)
+    # the columns as decoded (numpy), for whole-column checks without a Python loop per sample
+    arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
 
 def _column(name: str, values: Any, dtype: str) -> tuple[str, np.ndarray]:
@@ -203,6 +205,7 @@ def decode_table(data: bytes, *, where: str, crc: Callable[[bytes], int] | None 
         member_fields=fields,
         member_sizes=arrays["member_sizes"].tolist() if "member_sizes" in arrays else [],
         row_groups=[(a, b, c) for a, b, c in arrays["row_groups"].tolist()] if "row_groups" in arrays else [],
+        arrays={k: v for k, v in arrays.items() if k in ("sizes", "member_sizes")},
     )
     if table.member_sizes and any(len(r) != len(fields) for r in table.member_sizes):
         raise bad("member_sizes rows do not match fields")
