@@ -164,10 +164,11 @@ def check_input(
     with open_input(inp.url, s3_config) as f:
         if inp.is_parquet:
             import pyarrow as pa
-            import pyarrow.parquet as pq
+
+            from fastload.formats.parquet.arrowfile import open_parquet
 
             try:
-                schema = pq.read_schema(f)
+                schema = open_parquet(f).schema_arrow
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"{inp.url} is not a readable Parquet file ({exc})") from None
             missing = [c for c in wanted if c not in schema.names]

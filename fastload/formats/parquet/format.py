@@ -47,12 +47,12 @@ class ParquetSamples:
 
     def read_rows(self, positions: Sequence[int], columns: Sequence[str] | None) -> list[RawSample]:
         """The rows at index ``positions``, in that order; ``columns`` projects fields (the key stays)."""
-        import pyarrow.parquet as pq
+        from fastload.formats.parquet.arrowfile import open_parquet
 
         with self._lock:
             entry = self.entry
             self._file.seek(0)
-            parquet = pq.ParquetFile(self._file, page_checksum_verification=True)
+            parquet = open_parquet(self._file, page_checksum_verification=True)
             starts = [0]
             for rg in entry.row_groups:
                 starts.append(starts[-1] + rg[2])
@@ -81,7 +81,8 @@ class ParquetSamples:
     ) -> dict[str, list[Any]]:
         """Row group ``g`` as columns; a page that fails its checksum raises :class:`VerifyError`."""
         try:
-            return parquet.read_row_group(g, columns=cols).to_pydict()  # type: ignore[no-any-return]
+            table = parquet.read_row_group(g, columns=cols, use_threads=False)  # (see arrowfile)
+            return table.to_pydict()  # type: ignore[no-any-return]
         except OSError as exc:
             if "checksum" not in str(exc).lower():
                 raise
