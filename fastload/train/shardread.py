@@ -17,7 +17,7 @@ from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.readplan import ReadTask, iter_reads, runs
-from fastload.errors import ConfigError, VerifyError
+from fastload.errors import ConfigError, NotFoundError, VerifyError
 from fastload.formats.tar.reader import short_read
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
@@ -72,7 +72,15 @@ class ShardReader:
                 f"{self.name}: no shard format reads files named so (registered formats: "
                 f"{', '.join(formats.names())})"
             )
-        self._file: BinaryIO = file if file is not None else storage.open_read(url, config=config)
+        try:
+            self._file: BinaryIO = file if file is not None else storage.open_read(url, config=config)
+        except FileNotFoundError:  # (NotFoundError and S3's included)
+            raise NotFoundError(
+                f"{url}: shard {self.name}, listed in the dataset's index, is missing (deleted or moved "
+                "since the dataset was opened?); restore it, or re-pack the dataset (`fastload verify` "
+                "checks every shard)",
+                path=url,
+            ) from None
         self._fd = self._file.fileno() if file is not None or not storage.is_remote(url) else None
         # (a function of the file, not of this reader: no reference cycle keeps a closed shard's table)
         read = functools.partial(_read_range, self._file, self._fd, threading.Lock(), self.name)

@@ -257,3 +257,30 @@ def test_a_damaged_parquet_page_raises_naming_shard_row_group_and_keys(tmp_path:
         read(root)
     assert (info.value.shard, info.value.key) == (shard["name"], shard["keys"][0])
     assert f"row group 0 (keys {shard['keys'][0]!r}..{shard['keys'][-1]!r})" in str(info.value)
+
+
+def test_a_shard_deleted_or_replaced_mid_epoch_is_named_never_mixed(tmp_path: Path) -> None:
+    """A shard deleted while an epoch runs: NotFoundError naming it and what to do. One replaced by other
+    bytes of the same size: the per-sample CRC32C refuses it (never samples mixed from two versions)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"{i:03d}.txt").write_text(f"sample {i:03d}")
+    fastload.pack(str(src), str(tmp_path / "ds"), progress=False, max_samples=10)
+    shards = sorted(p.name for p in (tmp_path / "ds").glob("*.tar"))
+    it = iter(fastload.ShardDataset(tmp_path / "ds", decode=False))
+    next(it)
+    (tmp_path / "ds" / shards[2]).unlink()
+    with pytest.raises(NotFoundError, match=rf"shard {shards[2]}, listed in the dataset's index, is missing"):
+        list(it)
+    fastload.pack(str(src), str(tmp_path / "ds2"), progress=False, max_samples=10)
+    if json.loads((tmp_path / "ds2" / "index.json").read_text())["version"] == 1:
+        upgrade_index(tmp_path / "ds2")
+    it = iter(fastload.ShardDataset(tmp_path / "ds2", decode=False))
+    next(it)
+    replaced = tmp_path / "ds2" / shards[2]
+    data = bytearray(replaced.read_bytes())
+    data[data.index(b"sample 02") + 8] ^= 0x01  # same size and keys, one byte of a value differs
+    replaced.write_bytes(bytes(data))
+    with pytest.raises(VerifyError, match=shards[2]):
+        list(it)
