@@ -20,13 +20,30 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from fastload.core.refs import Ints, Refs
+from fastload.core.shuffle import buffer_shuffle, buffer_shuffle_array
 
 EVEN_POLICIES = ("split", "drop", "pad", "none")
+__all__ = [
+    "EVEN_POLICIES",
+    "EpochLayout",
+    "RankPlan",
+    "Span",
+    "buffer_shuffle",
+    "buffer_shuffle_array",
+    "epoch_seed",
+    "rank_order",
+    "rank_plan",
+    "resumed_rank_order",
+    "shard_order",
+    "split_rotation",
+    "worker_position_array",
+    "worker_positions",
+    "worker_span",
+]
 
 
 @dataclass(frozen=True)
@@ -154,7 +171,7 @@ class EpochLayout:
 
 
 def rank_plan(
-    counts: Sequence[int],
+    counts: Sequence[int] | Ints,
     *,
     rank: int,
     world_size: int,
@@ -176,110 +193,8 @@ def rank_plan(
     return EpochLayout(counts, world_size=world_size, seed=seed, epoch=epoch, even=even).plan(rank)
 
 
-def _buffer_shuffle_loop(n: int, buffer: int, rng: random.Random) -> list[int]:
-    """The streaming shuffle buffer, one sample at a time (the definition; see :func:`buffer_shuffle`)."""
-    pending: list[int] = []
-    out: list[int] = []
-    for i in range(n):
-        pending.append(i)
-        if len(pending) >= buffer:
-            j = rng.randrange(len(pending))
-            pending[j], pending[-1] = pending[-1], pending[j]
-            out.append(pending.pop())
-    rng.shuffle(pending)
-    out.extend(pending)
-    return out
-
-
-def _draws(rng: random.Random, steps: int, buffer: int) -> Ints:
-    """The next ``steps`` values of ``rng.randrange(buffer)``, drawn from ``rng``'s own Mersenne Twister
-    stream by numpy (CPython draws ``getrandbits(buffer.bit_length())`` until one is below ``buffer``; for
-    ``k <= 32`` bits that is the top ``k`` bits of one 32-bit output). ``rng`` is left where the draws
-    leave it."""
-    k = buffer.bit_length()
-    version, words, gauss = rng.getstate()
-    start: Any = {"key": np.asarray(words[:624], dtype=np.uint32), "pos": words[624]}
-    gen = np.random.MT19937()
-    gen.state = {"bit_generator": "MT19937", "state": start}
-    got: list[Ints] = []
-    have = used = 0
-    while have < steps:
-        batch = int((steps - have) * (2**k / buffer) * 1.02) + 64
-        raw = (gen.random_raw(batch) >> np.uint64(32 - k)).astype(np.int64)
-        ok = np.flatnonzero(raw < buffer)
-        if have + len(ok) >= steps:  # the words after the last draw needed stay in rng's stream
-            ok = ok[: steps - have]
-            used += int(ok[-1]) + 1
-        else:
-            used += batch
-        got.append(raw[ok])
-        have += len(ok)
-    gen.state = {"bit_generator": "MT19937", "state": start}
-    gen.random_raw(used)
-    end = gen.state["state"]
-    rng.setstate((version, (*(int(w) for w in end["key"]), int(end["pos"])), gauss))
-    return np.concatenate(got) if got else np.zeros(0, dtype=np.int64)
-
-
-def _buffer_shuffle_vectorised(n: int, buffer: int, rng: random.Random) -> Ints:
-    """:func:`_buffer_shuffle_loop`'s permutation by numpy. Once the buffer is full, step ``t`` takes in
-    sample ``buffer - 1 + t`` and draws a slot ``j``: the last slot gives out the new sample, any other
-    gives out what it held (the sample put there by the previous step that drew it, or its first one) and
-    keeps the new sample; the slots left at the end are shuffled by ``rng`` as the loop does."""
-    steps = max(0, n - buffer + 1)
-    out = np.arange(buffer - 1, buffer - 1 + steps, dtype=np.int64)  # j == buffer - 1: the new sample
-    slots = np.arange(min(n, buffer - 1), dtype=np.int64)
-    if steps:
-        j = _draws(rng, steps, buffer)
-        t = np.flatnonzero(j < buffer - 1)
-        js = j[t]
-        by_slot = np.argsort(js.astype(np.uint16) if buffer <= 1 << 16 else js, kind="stable")
-        ts, gs = t[by_slot], js[by_slot]
-        first = np.ones(len(ts), dtype=bool)
-        first[1:] = gs[1:] != gs[:-1]
-        given = gs.copy()  # a slot's first draw gives out its first sample
-        given[1:][~first[1:]] = buffer - 1 + ts[:-1][~first[1:]]
-        out[ts] = given
-        last = np.ones(len(ts), dtype=bool)
-        last[:-1] = gs[:-1] != gs[1:]
-        slots[gs[last]] = buffer - 1 + ts[last]
-    rest = slots.tolist()
-    rng.shuffle(rest)
-    return np.concatenate([out, np.asarray(rest, dtype=np.int64)])
-
-
-def _vectorised_matches_loop() -> bool:
-    """Whether this Python's ``randrange``/``shuffle`` draw as :func:`_draws` assumes (checked once)."""
-    cases = [(300, 7, 1), (200, 16, 2), (50, 64, 3), (1000, 1000, 4), (40, 2, 5)]
-    return all(
-        _buffer_shuffle_vectorised(n, b, random.Random(s)).tolist()
-        == _buffer_shuffle_loop(n, b, random.Random(s))
-        for n, b, s in cases
-    )
-
-
-_VECTORISED: list[bool] = []
-
-
-def buffer_shuffle_array(n: int, buffer: int, rng: random.Random) -> Ints:
-    """:func:`buffer_shuffle` as a numpy array, in O(n) numpy work (+ O(``buffer``) Python)."""
-    if buffer <= 1:
-        return np.arange(n, dtype=np.int64)
-    if not _VECTORISED:
-        _VECTORISED.append(_vectorised_matches_loop())
-    if _VECTORISED[0] and buffer.bit_length() <= 32:
-        return _buffer_shuffle_vectorised(n, buffer, rng)
-    return np.asarray(_buffer_shuffle_loop(n, buffer, rng), dtype=np.int64)
-
-
-def buffer_shuffle(n: int, buffer: int, rng: random.Random) -> list[int]:
-    """A permutation of ``range(n)`` as a streaming shuffle buffer of ``buffer`` items would produce it:
-    each output is drawn at random from the next ``buffer`` pending inputs (``buffer`` <= 1: identity)."""
-    return buffer_shuffle_array(n, buffer, rng).tolist()  # type: ignore[no-any-return]
-
-
 def rank_order(
-    counts: Sequence[int],
+    counts: Sequence[int] | Ints,
     *,
     rank: int,
     world_size: int,
@@ -346,7 +261,7 @@ def _interleaved(rests: Ints, q: Ints) -> tuple[Ints, Ints]:
 
 
 def resumed_rank_order(
-    counts: Sequence[int],
+    counts: Sequence[int] | Ints,
     *,
     rank: int,
     world_size: int,
