@@ -359,6 +359,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if old_world == world:
             resumed = None if earlier is None else (int(earlier["world_size"]), int(earlier["delivered"]))
             start = delivered
+            total = len(self._plan(epoch, resumed).samples)
+            if not 0 <= start <= total:
+                raise ConfigError(
+                    f"cannot resume: the checkpoint has delivered={start} samples of epoch {epoch}, but this "
+                    f"rank's epoch has {total}; resume with the same dataset and settings"
+                )
         elif earlier is not None:
             raise ConfigError(
                 f"cannot resume: this checkpoint already continues an epoch with world_size={old_world} "

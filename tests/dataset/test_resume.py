@@ -353,3 +353,10 @@ def test_a_checkpoint_from_before_the_split_rotation(uneven: Packed, epoch: int)
         dl.load_state_dict(old)
     # a checkpoint of this version resumes exactly
     assert before + resume(uneven, state, **kw) == uninterrupted(uneven, epoch=1, **kw)
+
+
+def test_resume_refuses_a_position_past_the_end_of_the_epoch(uneven: Packed) -> None:
+    _, state = stop_after(uneven, 2, rank=0, world_size=2)
+    _, dl = make_loader(uneven, batch_size=4, rank=0, world_size=2, **KW)
+    with pytest.raises(ConfigError, match="delivered=400"):
+        dl.load_state_dict({**state, "delivered": 400})
