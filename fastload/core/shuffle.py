@@ -13,6 +13,7 @@ import random
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from fastload.core.refs import Ints
 
@@ -37,29 +38,20 @@ def _draws(rng: random.Random, steps: int, buffer: int) -> Ints:
     stream by numpy (CPython draws ``getrandbits(buffer.bit_length())`` until one is below ``buffer``; for
     ``k <= 32`` bits that is the top ``k`` bits of one 32-bit output). ``rng`` is left where the draws
     leave it."""
-    k = buffer.bit_length()
+    shift = np.uint64(32 - buffer.bit_length())
     version, words, gauss = rng.getstate()
-    start: Any = {"key": np.asarray(words[:624], dtype=np.uint32), "pos": words[624]}
     gen = np.random.MT19937()
+    start: Any = {"key": np.asarray(words[:624], dtype=np.uint32), "pos": words[624]}
     gen.state = {"bit_generator": "MT19937", "state": start}
-    got: list[Ints] = []
-    have = used = 0
-    while have < steps:
-        batch = int((steps - have) * (2**k / buffer) * 1.02) + 64
-        raw = (gen.random_raw(batch) >> np.uint64(32 - k)).astype(np.int64)
-        ok = np.flatnonzero(raw < buffer)
-        if have + len(ok) >= steps:  # the words after the last draw needed stay in rng's stream
-            ok = ok[: steps - have]
-            used += int(ok[-1]) + 1
-        else:
-            used += batch
-        got.append(raw[ok])
-        have += len(ok)
-    gen.state = {"bit_generator": "MT19937", "state": start}
-    gen.random_raw(used)
-    end = gen.state["state"]
-    rng.setstate((version, (*(int(w) for w in end["key"]), int(end["pos"])), gauss))
-    return np.concatenate(got) if got else np.zeros(0, dtype=np.int64)
+    got: list[npt.NDArray[np.uint64]] = []
+    have = 0
+    while have < steps:  # each draw takes at least one word: never more words than draws still wanted
+        raw = gen.random_raw(steps - have) >> shift
+        got.append(raw[raw < buffer])
+        have += len(got[-1])
+    end: Any = gen.state["state"]
+    rng.setstate((version, (*end["key"].tolist(), int(end["pos"])), gauss))
+    return np.concatenate(got).astype(np.int64) if got else np.zeros(0, dtype=np.int64)
 
 
 def _buffer_shuffle_vectorised(n: int, buffer: int, rng: random.Random) -> Ints:
@@ -76,13 +68,11 @@ def _buffer_shuffle_vectorised(n: int, buffer: int, rng: random.Random) -> Ints:
         js = j[t]
         by_slot = np.argsort(js.astype(np.uint16) if buffer <= 1 << 16 else js, kind="stable")
         ts, gs = t[by_slot], js[by_slot]
-        first = np.ones(len(ts), dtype=bool)
-        first[1:] = gs[1:] != gs[:-1]
-        given = gs.copy()  # a slot's first draw gives out its first sample
-        given[1:][~first[1:]] = buffer - 1 + ts[:-1][~first[1:]]
+        same = gs[1:] == gs[:-1]  # entry m + 1 is the next draw of entry m's slot
+        given = gs.copy()  # a slot's first draw gives out its first sample, a later one the previous new one
+        given[1:] = np.where(same, buffer - 1 + ts[:-1], gs[1:])
         out[ts] = given
-        last = np.ones(len(ts), dtype=bool)
-        last[:-1] = gs[:-1] != gs[1:]
+        last = np.append(~same, len(ts) > 0)[: len(ts)]
         slots[gs[last]] = buffer - 1 + ts[last]
     rest = slots.tolist()
     rng.shuffle(rest)

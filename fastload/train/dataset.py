@@ -221,12 +221,23 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     def order_fingerprint(self, world_size: int | None = None) -> str:
         """A digest of everything that decides the sample order (shards, counts, seed, policies, world size
         (default: this run's), and the order's algorithm where it changed: ``even="split"`` without a seed
-        rotates its cut with the epoch since index v2, see :func:`fastload.core.sharding.split_rotation`)."""
+        rotates its cut with the epoch from this version on: :func:`~fastload.core.sharding.split_rotation`).
+        """
         world = self.rank_world()[1] if world_size is None else world_size
         return self._fingerprint(world, legacy=False)
 
+    def _counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Each shard's sample count (computed once: O(shards))."""
+        counts = self.__dict__.get("_counts_array")
+        if counts is None:
+            counts = self._counts_array = np.fromiter((s.samples for s in self.index.shards), np.int64)
+        return counts
+
+    def _samples(self) -> int:
+        return int(self._counts().sum())
+
     def _rotates(self, world: int) -> bool:
-        return self.seed is None and self.even == "split" and self.index.samples % world != 0
+        return self.seed is None and self.even == "split" and self._samples() % world != 0
 
     def _fingerprint(self, world: int, *, legacy: bool) -> str:
         """:meth:`order_fingerprint`; ``legacy``: as fastload before the split rotation computed it."""
@@ -255,9 +266,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         cached = self.__dict__.get("_plan_cache")
         if cached is not None and cached[0] == key:
             return cached[1]  # type: ignore[no-any-return]
-        counts = self.__dict__.get("_counts")
-        if counts is None:  # O(shards), once
-            counts = self._counts = np.fromiter((s.samples for s in self.index.shards), np.int64)
+        counts = self._counts()
         o = self.order
         common: dict[str, Any] = {"rank": rank, "world_size": world, "seed": o.seed, "epoch": epoch}
         common.update(even=o.even, shuffle_buffer=o.shuffle_buffer)
@@ -298,7 +307,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             "dropped": named(plan.dropped),
             "repeated": named(plan.repeated),
             "skipped_on_error": self.skipped,
-            "cut_from": split_rotation(self.index.samples, world_size=world, seed=self.seed, epoch=epoch)
+            "cut_from": split_rotation(self._samples(), world_size=world, seed=self.seed, epoch=epoch)
             if self.even == "split"
             else 0,
         }
@@ -325,7 +334,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             "seed": self.seed,
             "world_size": world,
             "rank": rank,
-            "samples": self.index.samples,
+            "samples": self._samples(),
             "order": self.order_fingerprint(),
         }
         if resumed is not None:
@@ -346,7 +355,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         state = self._legacy_split(state, old_world if isinstance(old_world, int) else world)
         for name, mine in (
             ("seed", self.seed),
-            ("samples", self.index.samples),
+            ("samples", self._samples()),
             ("order", self.order_fingerprint(old_world if isinstance(old_world, int) else None)),
         ):
             if name in state and state[name] != mine:
