@@ -248,6 +248,8 @@ def worker_span(total: int, *, worker: int, workers: int, start: int = 0) -> tup
 def _interleaved(rests: Ints, q: Ints) -> tuple[Ints, Ints]:
     """Item ``q`` of the old ranks' remaining samples interleaved position by position, rank by rank (a
     rank that has run out is skipped) -> ``(old rank, its remaining position)``, for an array ``q``."""
+    if len(rests) and rests.min() == rests.max():  # every old rank has as many left (split, drop, pad)
+        return q % len(rests), q // len(rests)
     levels = np.unique(rests[rests > 0])  # rows [levels[s-1], levels[s]) have the same ranks left
     lows = np.concatenate([[0], levels[:-1]])
     active = [np.flatnonzero(rests >= top) for top in levels]
@@ -297,8 +299,10 @@ def resumed_rank_order(
     def refs(q: Ints) -> Refs:
         olds, at = _interleaved(rests, q)
         shards, pos = np.zeros(len(q), dtype=np.int64), np.zeros(len(q), dtype=np.int64)
-        for old in np.unique(olds).tolist():
-            picked = np.flatnonzero(olds == old)
+        by_old = np.argsort(olds, kind="stable")
+        cuts = np.flatnonzero(np.diff(olds[by_old])) + 1
+        for picked in np.split(by_old, cuts) if len(q) else []:  # the old ranks read from, one at a time
+            old = int(olds[picked[0]])
             got = layout.order_of(old, shuffle_buffer).samples.take(delivered + at[picked])
             shards[picked], pos[picked] = got
         return Refs.from_arrays(shards, pos)

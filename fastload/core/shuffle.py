@@ -33,7 +33,7 @@ def _buffer_shuffle_loop(n: int, buffer: int, rng: random.Random) -> list[int]:
     return out
 
 
-def _draws(rng: random.Random, steps: int, buffer: int) -> Ints:
+def _draws(rng: random.Random, steps: int, buffer: int) -> npt.NDArray[np.uint64]:
     """The next ``steps`` values of ``rng.randrange(buffer)``, drawn from ``rng``'s own Mersenne Twister
     stream by numpy (CPython draws ``getrandbits(buffer.bit_length())`` until one is below ``buffer``; for
     ``k <= 32`` bits that is the top ``k`` bits of one 32-bit output). ``rng`` is left where the draws
@@ -51,7 +51,7 @@ def _draws(rng: random.Random, steps: int, buffer: int) -> Ints:
         have += len(got[-1])
     end: Any = gen.state["state"]
     rng.setstate((version, (*end["key"].tolist(), int(end["pos"])), gauss))
-    return np.concatenate(got).astype(np.int64) if got else np.zeros(0, dtype=np.int64)
+    return np.concatenate(got) if got else np.zeros(0, dtype=np.uint64)
 
 
 def _buffer_shuffle_vectorised(n: int, buffer: int, rng: random.Random) -> Ints:
@@ -65,9 +65,9 @@ def _buffer_shuffle_vectorised(n: int, buffer: int, rng: random.Random) -> Ints:
     if steps:
         j = _draws(rng, steps, buffer)
         t = np.flatnonzero(j < buffer - 1)
-        js = j[t]
-        by_slot = np.argsort(js.astype(np.uint16) if buffer <= 1 << 16 else js, kind="stable")
-        ts, gs = t[by_slot], js[by_slot]
+        js = j[t].astype(np.uint16 if buffer <= 1 << 16 else np.int64)  # 16 bits: a radix sort
+        ts = t[np.argsort(js, kind="stable")]
+        gs = np.repeat(np.arange(buffer - 1, dtype=np.int64), np.bincount(js, minlength=buffer - 1))
         same = gs[1:] == gs[:-1]  # entry m + 1 is the next draw of entry m's slot
         given = gs.copy()  # a slot's first draw gives out its first sample, a later one the previous new one
         given[1:] = np.where(same, buffer - 1 + ts[:-1], gs[1:])
