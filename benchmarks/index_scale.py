@@ -165,20 +165,27 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     t = time.perf_counter()
     if task == "plan":
         out["samples"] = len(ds)
+        out["plan_s"] = time.perf_counter() - t
+        from fastload.core.sharding import worker_position_array
+
+        t = time.perf_counter()  # what DataLoader worker 0 of 8 reads, batches of 256, as (shard, i) tuples
+        positions = worker_position_array(len(ds), worker=0, workers=8, chunk=256)
+        out["worker_refs"] = len(ds.plan().samples.pairs(positions))
+        out["worker_refs_s"] = time.perf_counter() - t
+        task = "done"
     elif task == "first":
         try:
             out["key"] = next(iter(ds))["__key__"]
         except Exception as exc:  # index v2 before its read path landed: say so, no figure
             out["first_error"] = repr(exc)[:200]
     elif task == "resume":
-        old = fastload.ShardDataset(spec["root"], **{**kw, "world_size": spec["old_world"]})
-        old.set_epoch(1)
-        delivered = len(old) // 4  # a quarter of the epoch done
-        state = {**old.state_dict(), "epoch": 1, "delivered": delivered}
-        t = time.perf_counter()  # the old run's state is given; resuming is what is timed
-        ds.load_state_dict(state)
+        ds.load_state_dict(spec["state"])
         out["samples"] = len(ds)
-    out[f"{task}_s"] = time.perf_counter() - t
+    elif task == "state":  # (untimed) the checkpoint a rank of the old world wrote a quarter into epoch 1
+        ds.set_epoch(1)
+        out["state"] = {**ds.state_dict(), "delivered": len(ds) // 4}
+    if task != "done":
+        out[f"{task}_s"] = time.perf_counter() - t
     if task == "first":
         out["first_s"] += out["construct_s"]
         if "first_error" in out:
@@ -211,12 +218,30 @@ def span(values: list[float], fmt: str = "{:.2f}") -> str:
     return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
 
+def with_states(cases: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """Resume cases with the checkpoint of their old world, written once by a child of its own (so the
+    resuming child holds one dataset, as a resuming rank does)."""
+    states: dict[tuple[str, int, int], Any] = {}
+    out = []
+    for name, spec in cases:
+        if spec["task"] == "resume":
+            key = (spec["root"], spec["old_world"], spec.get("buffer", 0))
+            if key not in states:
+                old = {"root": key[0], "world": key[1], "buffer": key[2], "task": "state"}
+                states[key] = run_child(old)["state"]
+            spec = {**spec, "state": states[key]}
+        out.append((name, spec))
+    return out
+
+
 def measure(cases: list[tuple[str, dict[str, Any]]], runs: int) -> dict[str, list[dict[str, Any]]]:
+    cases = with_states(cases)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in cases}
     for r in range(runs):
         for name, spec in cases[r % len(cases) :] + cases[: r % len(cases)]:  # rotated each run
             results[name].append(run_child(spec))
-            print(f"  run {r + 1} {name}: {json.dumps(results[name][-1])}", flush=True)
+            shown = {k: v for k, v in results[name][-1].items() if k != "state"}
+            print(f"  run {r + 1} {name}: {json.dumps(shown)}", flush=True)
     return results
 
 
@@ -229,21 +254,26 @@ def main() -> None:
     parser.add_argument("--only", choices=["real", "synthetic"])
     parser.add_argument("--child")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--quick", action="store_true", help="a check of the script: tiny sizes, one run")
     args = parser.parse_args()
+    global SYNTHETIC, V1_SYNTHETIC
+    if args.quick:
+        SYNTHETIC, V1_SYNTHETIC, args.runs, args.data = [50_000, 500_000], [50_000], 1, args.data / "quick"
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
     args.data.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
     if args.only in (None, "real"):
-        v1, v2 = make_real(args.data)
+        v1, v2 = make_real(args.data, *((2, 1000) if args.quick else ()))
         cases = []
         for label, root in (("v1", v1), ("v2", v2)):
             for task in ("plan", "first"):
                 cases.append((f"real-{label}-{task}", {"root": str(root), "world": 8, "task": task}))
         res = measure(cases, args.runs)
         report["real"] = res
-        print("\nreal 1M (20 x 50,000), rank 3 of 8:")
+        shards = sorted(v1.glob("*.tar"))
+        print(f"\nreal data ({len(shards)} tar shards, {shards[0].stat().st_size:,} bytes each), rank 3 of 8:")
         print("| index | construct s | construct MiB | plan s | first sample s (fresh process) | peak MiB |")
         print("|---|---|---|---|---|---|")
         for label in ("v1", "v2"):
@@ -277,16 +307,20 @@ def main() -> None:
         report["synthetic"] = res
         print("\nsynthetic manifests, 5,000 samples a shard, rank 3 of 1,024 (MiB over torch+fastload):")
         print(
-            "| index | samples | shards | construct s | construct MiB | plan s | plan s, shuffle 10k | "
-            "resume same world s | resume 512 -> 1,024 s | resume 512 -> 1,024, shuffle s | peak MiB |"
+            "| index | samples | shards | construct s | construct MiB | plan s | worker 0/8 refs s | plan s, "
+            "shuffle 10k | resume same world s | resume 512 -> 1,024 s | resume 512 -> 1,024, shuffle s | "
+            "peak MiB |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for version, sizes in (("v1", V1_SYNTHETIC), ("v2", SYNTHETIC)):
             for samples in sizes:
                 p = res[f"{version}-{samples}-plan"]
                 row = [version, f"{samples:,}", f"{samples // PER_SHARD:,}"]
                 row += [span([x["construct_s"] for x in p]), span([x["construct_mib"] for x in p], "{:.0f}")]
-                row += [span([x["plan_s"] for x in p], "{:.3f}")]
+                row += [
+                    span([x["plan_s"] for x in p], "{:.3f}"),
+                    span([x["worker_refs_s"] for x in p], "{:.3f}"),
+                ]
                 if version == "v2":
                     row.append(span([x["plan_s"] for x in res[f"v2-{samples}-plan-shuffle"]], "{:.3f}"))
                     for key in ("1024-0", "512-0", "512-10000"):
@@ -295,7 +329,7 @@ def main() -> None:
                     row += ["", "", "", ""]
                 row.append(span([max(x["peak_mib"] for x in p)], "{:.0f}"))
                 print("| " + " | ".join(row) + " |")
-        print("\n1B (v2): resume rank 3 from a checkpoint of world 1,024 under another world size:")
+        print(f"\n{SYNTHETIC[-1]:,} samples (v2): resume rank 3 from a checkpoint of world 1,024 under another world size:")
         for new, buf in ((512, 0), (512, 10_000), (1016, 0), (1016, 10_000)):
             r = res[f"v2-{SYNTHETIC[-1]}-to-{new}-{buf}"]
             print(
