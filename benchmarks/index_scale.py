@@ -273,7 +273,8 @@ def main() -> None:
         res = measure(cases, args.runs)
         report["real"] = res
         shards = sorted(v1.glob("*.tar"))
-        print(f"\nreal data ({len(shards)} tar shards, {shards[0].stat().st_size:,} bytes each), rank 3 of 8:")
+        each = shards[0].stat().st_size
+        print(f"\nreal data ({len(shards)} tar shards, {each:,} bytes each), rank 3 of 8:")
         print("| index | construct s | construct MiB | plan s | first sample s (fresh process) | peak MiB |")
         print("|---|---|---|---|---|---|")
         for label in ("v1", "v2"):
@@ -329,7 +330,8 @@ def main() -> None:
                     row += ["", "", "", ""]
                 row.append(span([max(x["peak_mib"] for x in p)], "{:.0f}"))
                 print("| " + " | ".join(row) + " |")
-        print(f"\n{SYNTHETIC[-1]:,} samples (v2): resume rank 3 from a checkpoint of world 1,024 under another world size:")
+        top = f"{SYNTHETIC[-1]:,}"
+        print(f"\n{top} (v2): rank 3 resumes from a checkpoint of world 1,024 on another world size:")
         for new, buf in ((512, 0), (512, 10_000), (1016, 0), (1016, 10_000)):
             r = res[f"v2-{SYNTHETIC[-1]}-to-{new}-{buf}"]
             print(
