@@ -167,10 +167,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         out["samples"] = len(ds)
         out["plan_s"] = time.perf_counter() - t
         from fastload.core.sharding import worker_position_array
+        from fastload.gcpause import gc_paused
 
         t = time.perf_counter()  # what DataLoader worker 0 of 8 reads, batches of 256, as (shard, i) tuples
-        positions = worker_position_array(len(ds), worker=0, workers=8, chunk=256)
-        out["worker_refs"] = len(ds.plan().samples.pairs(positions))
+        with gc_paused():  # as ShardDataset does when it makes them
+            positions = worker_position_array(len(ds), worker=0, workers=8, chunk=256)
+            out["worker_refs"] = len(ds.plan().samples.pairs(positions))
         out["worker_refs_s"] = time.perf_counter() - t
         task = "done"
     elif task == "first":
