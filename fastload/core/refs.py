@@ -29,17 +29,7 @@ class Refs(Sequence[tuple[int, int]]):
 
     __slots__ = ("_base", "_begins", "_firsts", "_hi", "_lo", "_perm", "_shards")
 
-    def __init__(
-        self,
-        shards: Any,
-        firsts: Any,
-        lens: Any,
-        *,
-        length: int | None = None,
-        perm: Ints | None = None,
-        lo: int = 0,
-        hi: int | None = None,
-    ) -> None:
+    def __init__(self, shards: Any, firsts: Any, lens: Any) -> None:
         lens_a = _ints(lens)
         keep = lens_a > 0  # empty spans never address anything
         self._shards, self._firsts = _ints(shards)[keep], _ints(firsts)[keep]
@@ -47,13 +37,8 @@ class Refs(Sequence[tuple[int, int]]):
         self._begins = np.zeros(len(lens_a) + 1, dtype=np.int64)
         np.cumsum(lens_a, out=self._begins[1:])
         self._base = int(self._begins[-1])
-        total = self._base if length is None else length
-        if total > self._base and self._base == 0:
-            raise ValueError(f"cannot repeat no references up to {total}")
-        self._perm = perm
-        if perm is not None:
-            total = len(perm)
-        self._lo, self._hi = lo, total if hi is None else hi
+        self._perm: Ints | None = None
+        self._lo, self._hi = 0, self._base
 
     @classmethod
     def empty(cls) -> Refs:

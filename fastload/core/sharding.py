@@ -224,6 +224,7 @@ def worker_position_array(total: int, *, worker: int, workers: int, chunk: int, 
     _check_worker(worker, workers, total, start)
     if workers == 1:
         return np.arange(start, total, dtype=np.int64)
+    chunk = min(chunk, max(1, total - start))  # a chunk past the end: the same positions, no big temporary
     firsts = np.arange(start + worker * chunk, total, workers * chunk, dtype=np.int64)
     out = (firsts[:, None] + np.arange(chunk, dtype=np.int64)[None, :]).ravel()
     return out[out < total]

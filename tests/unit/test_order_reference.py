@@ -18,6 +18,7 @@ from fastload.core.sharding import (
     resumed_rank_order,
     shard_order,
     split_rotation,
+    worker_position_array,
 )
 
 SETTINGS = settings(max_examples=200, deadline=None)
@@ -189,3 +190,20 @@ def test_split_rotation_is_zero_when_nothing_is_cut_or_a_seed_is_given() -> None
     assert [split_rotation(14, world_size=4, seed=None, epoch=e) for e in range(4)] == [0, 2, 4, 6]
     assert split_rotation(14, world_size=4, seed=3, epoch=5) == 0
     assert split_rotation(0, world_size=4, seed=None, epoch=5) == 0
+
+
+@SETTINGS
+@given(
+    total=st.integers(0, 300),
+    workers=st.integers(1, 9),
+    chunk=st.one_of(st.integers(1, 40), st.integers(1, 10**9)),
+    data=st.data(),
+)
+def test_worker_positions_are_the_reference_loop(total: int, workers: int, chunk: int, data) -> None:
+    start = data.draw(st.integers(0, total))
+    for worker in range(workers):
+        want: list[int] = []
+        for a in range(start + worker * chunk, total, workers * chunk):
+            want.extend(range(a, min(a + chunk, total)))
+        got = worker_position_array(total, worker=worker, workers=workers, chunk=chunk, start=start)
+        assert got.tolist() == want
