@@ -277,7 +277,7 @@ def main() -> None:
         shards = sorted(v1.glob("*.tar"))
         each = shards[0].stat().st_size
         print(f"\nreal data ({len(shards)} tar shards, {each:,} bytes each), rank 3 of 8:")
-        print("| index | construct s | construct MiB | plan s | first sample s (fresh process) | peak MiB |")
+        print("| index | construct s | construct MiB | plan s | first sample s | peak MiB, plan / first |")
         print("|---|---|---|---|---|---|")
         for label in ("v1", "v2"):
             p, f = res[f"real-{label}-plan"], res[f"real-{label}-first"]
@@ -286,7 +286,8 @@ def main() -> None:
                 f"{span([x['construct_mib'] for x in p + f], '{:.0f}')} | "
                 f"{span([x['plan_s'] for x in p], '{:.3f}')} "
                 f"| {span([x['first_s'] for x in f]) if all('first_s' in x for x in f) else 'n/a'} | "
-                f"{span([x['peak_mib'] for x in p], '{:.0f}')} |"
+                f"{span([x['peak_mib'] for x in p], '{:.0f}')} / "
+                f"{span([x['peak_mib'] for x in f], '{:.0f}')} |"
             )
     if args.only in (None, "synthetic"):
         cases = []
