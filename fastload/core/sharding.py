@@ -8,6 +8,11 @@ so the order reaching the training loop does not depend on ``num_workers`` (:fun
 When it is not, each worker takes one contiguous stretch (:func:`worker_span`): long runs of consecutive
 samples, read with few requests, in an order that depends on ``num_workers``. Resuming skips the first
 ``start`` samples of the rank's order, so a job continues with exactly the samples it had not yet received.
+
+Cost: a rank's order is a :class:`~fastload.core.refs.Refs` (spans of shards, no per-sample objects), built
+from per-shard counts in O(shards) (+ O(the rank's samples) of numpy work for the sample shuffle, which
+reproduces the streaming buffer exactly from the same random stream), so a plan never grows with the
+dataset's samples. Resuming under another world size builds only the old ranks the new rank reads from.
 """
 
 from __future__ import annotations
@@ -16,7 +21,29 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from fastload.core.refs import Ints, Refs
+from fastload.core.shuffle import buffer_shuffle, buffer_shuffle_array
+
 EVEN_POLICIES = ("split", "drop", "pad", "none")
+__all__ = [
+    "EVEN_POLICIES",
+    "EpochLayout",
+    "RankPlan",
+    "Span",
+    "buffer_shuffle",
+    "buffer_shuffle_array",
+    "epoch_seed",
+    "rank_order",
+    "rank_plan",
+    "resumed_rank_order",
+    "shard_order",
+    "split_rotation",
+    "worker_position_array",
+    "worker_positions",
+    "worker_span",
+]
 
 
 @dataclass(frozen=True)
@@ -33,11 +60,12 @@ class Span:
 
 @dataclass
 class RankPlan:
-    """One rank's samples for one epoch, in canonical order, plus what the even policy changed."""
+    """One rank's samples for one epoch, in canonical order, plus what the even policy changed (each a
+    sequence of ``(shard, position)`` pairs)."""
 
-    samples: list[tuple[int, int]]
-    dropped: list[tuple[int, int]] = field(default_factory=list)
-    repeated: list[tuple[int, int]] = field(default_factory=list)
+    samples: Refs
+    dropped: Refs = field(default_factory=Refs.empty)
+    repeated: Refs = field(default_factory=Refs.empty)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -53,12 +81,97 @@ def shard_order(shards: int, *, seed: int | None, epoch: int) -> list[int]:
     return order
 
 
-def _expand(spans: Sequence[Span]) -> list[tuple[int, int]]:
-    return [(s.shard, i) for s in spans for i in range(s.start, s.stop)]
+def split_rotation(total: int, *, world_size: int, seed: int | None, epoch: int) -> int:
+    """Where ``even="split"`` starts cutting the epoch's sample sequence: with ``seed`` None the sequence
+    starts at sample ``epoch * (total mod world_size)`` (modulo ``total``) and wraps around, so the
+    ``total mod world_size`` samples cut from its end change every epoch (any ``world_size`` consecutive
+    epochs train on every sample; with ``total >= world_size``, any two do). With a seed the shard order
+    changes every epoch instead (0)."""
+    if seed is not None or total == 0:
+        return 0
+    return epoch * (total % world_size) % total
+
+
+class EpochLayout:
+    """One epoch's shards in order, shared by every rank's plan (O(shards), computed once per epoch)."""
+
+    def __init__(
+        self, counts: Sequence[int] | Ints, *, world_size: int, seed: int | None, epoch: int, even: str
+    ) -> None:
+        if world_size < 1:
+            raise ValueError(f"need {world_size=} >= 1")
+        if even not in EVEN_POLICIES:
+            raise ValueError(f"{even=}; choose one of {', '.join(EVEN_POLICIES)}")
+        c = np.asarray(counts, dtype=np.int64)
+        if len(c) and c.min() < 0:
+            raise ValueError("sample counts must be >= 0")
+        self.counts, self.world, self.even, self.seed, self.epoch = c, world_size, even, seed, epoch
+        order = np.asarray(shard_order(len(c), seed=seed, epoch=epoch), dtype=np.int64)
+        self.total = int(c.sum())
+        if even == "split":
+            shards, firsts, lens = order, np.zeros(len(order), dtype=np.int64), c[order]
+            turn = split_rotation(self.total, world_size=world_size, seed=seed, epoch=epoch)
+            if turn:  # start at sample `turn` of the sequence, wrap around
+                begins = np.cumsum(lens) - lens
+                k = int(np.searchsorted(begins, turn, side="right")) - 1
+                into = turn - int(begins[k])
+                shards = np.concatenate([shards[k:], shards[:k], shards[k : k + 1]])
+                firsts = np.concatenate([[into], firsts[k + 1 :], firsts[:k], [0]])
+                lens = np.concatenate([[lens[k] - into], lens[k + 1 :], lens[:k], [into]])
+            self.sequence = Refs(shards, firsts, lens)
+            self.per = self.total // world_size
+        else:
+            self.order = order
+            self.sizes = np.bincount(
+                np.arange(len(order)) % world_size, weights=c[order], minlength=world_size
+            )
+            self.sizes = self.sizes.astype(np.int64)
+
+    def length(self, rank: int) -> int:
+        """How many samples rank ``rank``'s plan holds."""
+        if self.even == "split":
+            return self.per
+        if self.even == "drop":
+            return int(self.sizes.min())
+        if self.even == "pad":
+            return int(self.sizes.max())
+        return int(self.sizes[rank])
+
+    def plan(self, rank: int) -> RankPlan:
+        """Rank ``rank``'s plan, before the sample shuffle (see :func:`rank_plan`)."""
+        if not 0 <= rank < self.world:
+            raise ValueError(f"need 0 <= {rank=} < world_size={self.world}")
+        if self.even == "split":
+            per, world = self.per, self.world
+            dropped = self.sequence[world * per :] if rank == world - 1 else Refs.empty()
+            return RankPlan(self.sequence[rank * per : (rank + 1) * per], dropped=dropped)
+        mine = self.order[rank :: self.world]
+        samples = Refs(mine, np.zeros(len(mine), dtype=np.int64), self.counts[mine])
+        if self.even == "drop":
+            keep = self.length(rank)
+            return RankPlan(samples[:keep], dropped=samples[keep:])
+        if self.even == "pad":
+            want = self.length(rank)
+            if not len(samples) and want:
+                raise ValueError(
+                    f"rank {rank} has no shard to repeat with even='pad' ({len(self.counts)} shards for "
+                    f"{self.world} ranks); use even='split'"
+                )
+            padded = samples.cycled(want)
+            return RankPlan(padded, repeated=padded[len(samples) :])
+        return RankPlan(samples)
+
+    def order_of(self, rank: int, shuffle_buffer: int) -> RankPlan:
+        """:meth:`plan` with the sample shuffle (see :func:`rank_order`)."""
+        plan = self.plan(rank)
+        if self.seed is not None and shuffle_buffer > 1:
+            rng = random.Random(epoch_seed(self.seed, self.epoch) ^ (rank * 0x9E3779B97F4A7C15 % 2**63))
+            plan.samples = plan.samples.permuted(buffer_shuffle_array(len(plan.samples), shuffle_buffer, rng))
+        return plan
 
 
 def rank_plan(
-    counts: Sequence[int],
+    counts: Sequence[int] | Ints,
     *,
     rank: int,
     world_size: int,
@@ -68,7 +181,8 @@ def rank_plan(
 ) -> RankPlan:
     """The samples rank ``rank`` of ``world_size`` reads this epoch, before the sample shuffle.
 
-    ``split``: the epoch's sample sequence (shards in epoch order) is cut into ``world_size`` equal
+    ``split``: the epoch's sample sequence (shards in epoch order; with ``seed`` None rotated by
+    :func:`split_rotation`, so the cut samples change every epoch) is cut into ``world_size`` equal
     contiguous slices at sample granularity; the last ``N mod world_size`` samples are dropped (reported).
     ``drop`` / ``pad`` / ``none``: whole shards go round-robin to ranks; ``drop`` cuts every rank to the
     smallest count, ``pad`` repeats a rank's own samples up to the largest, ``none`` leaves counts uneven
@@ -76,68 +190,11 @@ def rank_plan(
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= {rank=} < {world_size=}")
-    if even not in EVEN_POLICIES:
-        raise ValueError(f"{even=}; choose one of {', '.join(EVEN_POLICIES)}")
-    if any(c < 0 for c in counts):
-        raise ValueError("sample counts must be >= 0")
-    order = shard_order(len(counts), seed=seed, epoch=epoch)
-    if even == "split":
-        total = sum(counts)
-        per = total // world_size
-        lo, hi = rank * per, (rank + 1) * per
-        mine: list[Span] = []
-        dropped: list[Span] = []
-        pos = 0
-        for shard in order:
-            a, b = pos, pos + counts[shard]
-            if min(b, hi) > max(a, lo):
-                mine.append(Span(shard, max(a, lo) - a, min(b, hi) - a))
-            if rank == world_size - 1 and b > world_size * per:
-                dropped.append(Span(shard, max(a, world_size * per) - a, counts[shard]))
-            pos = b
-        return RankPlan(_expand(mine), dropped=_expand(dropped))
-    per_rank: list[list[Span]] = [[] for _ in range(world_size)]
-    for k, shard in enumerate(order):
-        per_rank[k % world_size].append(Span(shard, 0, counts[shard]))
-    sizes = [sum(len(s) for s in spans) for spans in per_rank]
-    samples = _expand(per_rank[rank])
-    if even == "drop":
-        keep = min(sizes)
-        return RankPlan(samples[:keep], dropped=samples[keep:])
-    if even == "pad":
-        want = max(sizes)
-        if not samples:
-            if want:
-                raise ValueError(
-                    f"rank {rank} has no shard to repeat with even='pad' ({len(counts)} shards for "
-                    f"{world_size} ranks); use even='split'"
-                )
-            return RankPlan([])
-        extra = [samples[i % len(samples)] for i in range(want - len(samples))]
-        return RankPlan(samples + extra, repeated=extra)
-    return RankPlan(samples)
-
-
-def buffer_shuffle(n: int, buffer: int, rng: random.Random) -> list[int]:
-    """A permutation of ``range(n)`` as a streaming shuffle buffer of ``buffer`` items would produce it:
-    each output is drawn at random from the next ``buffer`` pending inputs (``buffer`` <= 1: identity)."""
-    if buffer <= 1:
-        return list(range(n))
-    pending: list[int] = []
-    out: list[int] = []
-    for i in range(n):
-        pending.append(i)
-        if len(pending) >= buffer:
-            j = rng.randrange(len(pending))
-            pending[j], pending[-1] = pending[-1], pending[j]
-            out.append(pending.pop())
-    rng.shuffle(pending)
-    out.extend(pending)
-    return out
+    return EpochLayout(counts, world_size=world_size, seed=seed, epoch=epoch, even=even).plan(rank)
 
 
 def rank_order(
-    counts: Sequence[int],
+    counts: Sequence[int] | Ints,
     *,
     rank: int,
     world_size: int,
@@ -147,46 +204,67 @@ def rank_order(
     shuffle_buffer: int = 0,
 ) -> RankPlan:
     """:func:`rank_plan` with the sample shuffle applied (seeded from (seed, epoch, rank))."""
-    plan = rank_plan(counts, rank=rank, world_size=world_size, seed=seed, epoch=epoch, even=even)
-    if seed is not None and shuffle_buffer > 1:
-        rng = random.Random(epoch_seed(seed, epoch) ^ (rank * 0x9E3779B97F4A7C15 % 2**63))
-        perm = buffer_shuffle(len(plan.samples), shuffle_buffer, rng)
-        plan.samples = [plan.samples[i] for i in perm]
-    return plan
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= {rank=} < {world_size=}")
+    layout = EpochLayout(counts, world_size=world_size, seed=seed, epoch=epoch, even=even)
+    return layout.order_of(rank, shuffle_buffer)
+
+
+def _check_worker(worker: int, workers: int, total: int, start: int) -> None:
+    if workers < 1 or not 0 <= worker < workers:
+        raise ValueError(f"need 0 <= {worker=} < {workers=}")
+    if not 0 <= start <= total:
+        raise ValueError(f"{start=} must be within [0, {total=}]")
+
+
+def worker_position_array(total: int, *, worker: int, workers: int, chunk: int, start: int = 0) -> Ints:
+    """:func:`worker_positions` as a numpy array."""
+    if chunk < 1:
+        raise ValueError(f"{chunk=} must be >= 1")
+    _check_worker(worker, workers, total, start)
+    if workers == 1:
+        return np.arange(start, total, dtype=np.int64)
+    chunk = min(chunk, max(1, total - start))  # a chunk past the end: the same positions, no big temporary
+    firsts = np.arange(start + worker * chunk, total, workers * chunk, dtype=np.int64)
+    out = (firsts[:, None] + np.arange(chunk, dtype=np.int64)[None, :]).ravel()
+    return out[out < total]
 
 
 def worker_positions(total: int, *, worker: int, workers: int, chunk: int, start: int = 0) -> list[int]:
     """Positions (in the rank's order) that DataLoader worker ``worker`` of ``workers`` yields, in order:
     chunks of ``chunk`` positions starting at ``start`` go to workers in turn."""
-    if workers < 1 or not 0 <= worker < workers:
-        raise ValueError(f"need 0 <= {worker=} < {workers=}")
-    if chunk < 1:
-        raise ValueError(f"{chunk=} must be >= 1")
-    if not 0 <= start <= total:
-        raise ValueError(f"{start=} must be within [0, {total=}]")
-    if workers == 1:  # (the common in-process case, without a loop per chunk)
-        return list(range(start, total))
-    out: list[int] = []
-    first = start + worker * chunk
-    for a in range(first, total, workers * chunk):
-        out.extend(range(a, min(a + chunk, total)))
-    return out
+    positions = worker_position_array(total, worker=worker, workers=workers, chunk=chunk, start=start)
+    return positions.tolist()  # type: ignore[no-any-return]
 
 
 def worker_span(total: int, *, worker: int, workers: int, start: int = 0) -> tuple[int, int]:
     """``(first, stop)``: the positions of ``[start, total)`` that DataLoader worker ``worker`` of
     ``workers`` reads when the batch size is unknown: ``[start, total)`` cut into ``workers`` contiguous
     stretches whose sizes differ by at most one."""
-    if workers < 1 or not 0 <= worker < workers:
-        raise ValueError(f"need 0 <= {worker=} < {workers=}")
-    if not 0 <= start <= total:
-        raise ValueError(f"{start=} must be within [0, {total=}]")
+    _check_worker(worker, workers, total, start)
     n = total - start
     return start + n * worker // workers, start + n * (worker + 1) // workers
 
 
+def _interleaved(rests: Ints, q: Ints) -> tuple[Ints, Ints]:
+    """Item ``q`` of the old ranks' remaining samples interleaved position by position, rank by rank (a
+    rank that has run out is skipped) -> ``(old rank, its remaining position)``, for an array ``q``."""
+    if len(rests) and rests.min() == rests.max():  # every old rank has as many left (split, drop, pad)
+        return q % len(rests), q // len(rests)
+    levels = np.unique(rests[rests > 0])  # rows [levels[s-1], levels[s]) have the same ranks left
+    lows = np.concatenate([[0], levels[:-1]])
+    active = [np.flatnonzero(rests >= top) for top in levels]
+    widths = np.asarray([len(a) for a in active], dtype=np.int64)
+    firsts = np.concatenate([[0], np.cumsum(widths * (levels - lows))])[:-1]
+    table = np.concatenate(active) if active else np.zeros(0, dtype=np.int64)
+    at = np.concatenate([[0], np.cumsum(widths)])[:-1]
+    s = np.searchsorted(firsts, q, side="right") - 1
+    off = q - firsts[s]
+    return table[at[s] + off % widths[s]], lows[s] + off // widths[s]
+
+
 def resumed_rank_order(
-    counts: Sequence[int],
+    counts: Sequence[int] | Ints,
     *,
     rank: int,
     world_size: int,
@@ -204,37 +282,40 @@ def resumed_rank_order(
     The old ranks' remaining samples are interleaved (position by position, rank by rank) and dealt to the
     new ranks in turn. ``split``/``drop`` give every new rank the same count and drop (report) the last
     ``remaining mod world_size``; ``pad`` repeats a rank's own samples up to the largest count; ``none``
-    leaves counts uneven.
+    leaves counts uneven. Only the old ranks this rank reads from are built.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= {rank=} < {world_size=}")
     if old_world_size < 1 or delivered < 0:
         raise ValueError(f"{old_world_size=} must be >= 1 and {delivered=} >= 0")
-    rests = []
-    for old in range(old_world_size):
-        plan = rank_order(
-            counts,
-            rank=old,
-            world_size=old_world_size,
-            seed=seed,
-            epoch=epoch,
-            even=even,
-            shuffle_buffer=shuffle_buffer,
-        )
-        if delivered > len(plan.samples):
-            raise ValueError(f"{delivered=} is more than old rank {old}'s {len(plan.samples)} samples")
-        rests.append(plan.samples[delivered:])
-    longest = max((len(r) for r in rests), default=0)
-    remaining = [r[i] for i in range(longest) for r in rests if i < len(r)]
+    layout = EpochLayout(counts, world_size=old_world_size, seed=seed, epoch=epoch, even=even)
+    lengths = np.asarray([layout.length(o) for o in range(old_world_size)], dtype=np.int64)
+    short = np.flatnonzero(lengths < delivered)
+    if len(short):
+        old = int(short[0])
+        raise ValueError(f"{delivered=} is more than old rank {old}'s {int(lengths[old])} samples")
+    rests = lengths - delivered
+    remaining = int(rests.sum())
+
+    def refs(q: Ints) -> Refs:
+        olds, at = _interleaved(rests, q)
+        shards, pos = np.zeros(len(q), dtype=np.int64), np.zeros(len(q), dtype=np.int64)
+        by_old = np.argsort(olds, kind="stable")
+        cuts = np.flatnonzero(np.diff(olds[by_old])) + 1
+        for picked in np.split(by_old, cuts) if len(q) else []:  # the old ranks read from, one at a time
+            old = int(olds[picked[0]])
+            got = layout.order_of(old, shuffle_buffer).samples.take(delivered + at[picked])
+            shards[picked], pos[picked] = got
+        return Refs.from_arrays(shards, pos)
+
     if even in ("split", "drop"):
-        per = len(remaining) // world_size
-        cut = per * world_size
-        dropped = remaining[cut:] if rank == world_size - 1 else []
-        return RankPlan(remaining[:cut][rank::world_size], dropped=dropped)
-    mine = remaining[rank::world_size]
+        cut = remaining // world_size * world_size
+        dropped = refs(np.arange(cut, remaining, dtype=np.int64)) if rank == world_size - 1 else Refs.empty()
+        return RankPlan(refs(np.arange(rank, cut, world_size, dtype=np.int64)), dropped=dropped)
+    mine = refs(np.arange(rank, remaining, world_size, dtype=np.int64))
     if even == "pad":
-        want = -(-len(remaining) // world_size)
-        pool = mine or remaining[:1]
-        extra = [pool[i % len(pool)] for i in range(want - len(mine))] if pool else []
-        return RankPlan(mine + extra, repeated=extra)
+        want = -(-remaining // world_size)
+        pool = mine if len(mine) or not remaining else refs(np.zeros(1, dtype=np.int64))
+        padded = pool.cycled(want) if len(pool) else pool
+        return RankPlan(padded, repeated=padded[len(mine) :])
     return RankPlan(mine)

@@ -29,13 +29,21 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils.data
 
 from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
-from fastload.core.sharding import RankPlan, rank_order, resumed_rank_order, worker_positions, worker_span
+from fastload.core.sharding import (
+    RankPlan,
+    rank_order,
+    resumed_rank_order,
+    split_rotation,
+    worker_position_array,
+    worker_span,
+)
 from fastload.errors import ConfigError
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
@@ -212,17 +220,36 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def order_fingerprint(self, world_size: int | None = None) -> str:
         """A digest of everything that decides the sample order (shards, counts, seed, policies, world size
-        (default: this run's))."""
+        (default: this run's), and the order's algorithm where it changed: ``even="split"`` without a seed
+        rotates its cut with the epoch from this version on: :func:`~fastload.core.sharding.split_rotation`).
+        """
         world = self.rank_world()[1] if world_size is None else world_size
-        settings = repr((self.seed, self.shuffle_buffer, self.even, world))
-        cached = self.__dict__.get("_fingerprint")
-        if cached is not None and cached[0] == settings:
-            return str(cached[1])
-        digest = hashlib.sha256(settings.encode())
-        for shard in self.index.shards:
-            digest.update(f"{shard.name}\0{shard.samples}\0{shard.checksum}\n".encode())
-        self._fingerprint = (settings, digest.hexdigest()[:16])
-        return self._fingerprint[1]
+        return self._fingerprint(world, legacy=False)
+
+    def _counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Each shard's sample count (computed once: O(shards))."""
+        counts = self.__dict__.get("_counts_array")
+        if counts is None:
+            counts = self._counts_array = np.fromiter((s.samples for s in self.index.shards), np.int64)
+        return counts
+
+    def _samples(self) -> int:
+        return int(self._counts().sum())
+
+    def _rotates(self, world: int) -> bool:
+        return self.seed is None and self.even == "split" and self._samples() % world != 0
+
+    def _fingerprint(self, world: int, *, legacy: bool) -> str:
+        """:meth:`order_fingerprint`; ``legacy``: as fastload before the split rotation computed it."""
+        algorithm = ("split-rotates",) if self._rotates(world) and not legacy else ()
+        settings = repr((self.seed, self.shuffle_buffer, self.even, world, *algorithm))
+        cached: dict[str, str] = self.__dict__.setdefault("_fingerprints", {})
+        if settings not in cached:
+            digest = hashlib.sha256(settings.encode())
+            for shard in self.index.shards:
+                digest.update(f"{shard.name}\0{shard.samples}\0{shard.checksum}\n".encode())
+            cached[settings] = digest.hexdigest()[:16]
+        return cached[settings]
 
     def rank_world(self) -> tuple[int, int]:
         return _rank_and_world(self.order.rank, self.order.world_size)
@@ -239,7 +266,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         cached = self.__dict__.get("_plan_cache")
         if cached is not None and cached[0] == key:
             return cached[1]  # type: ignore[no-any-return]
-        counts = [s.samples for s in self.index.shards]
+        counts = self._counts()
         o = self.order
         common: dict[str, Any] = {"rank": rank, "world_size": world, "seed": o.seed, "epoch": epoch}
         common.update(even=o.even, shuffle_buffer=o.shuffle_buffer)
@@ -251,18 +278,38 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         return plan
 
     def epoch_report(self, epoch: int | None = None) -> dict[str, Any]:
-        """Which samples the even policy dropped or repeated this epoch, as (shard name, key) pairs."""
+        """Which samples the even policy dropped or repeated this epoch, as (shard name, key) pairs, and
+        ``cut_from``: with ``even="split"`` and no seed, where the epoch's sample sequence started (the cut
+        moves on by ``N mod world_size`` samples every epoch, :func:`~fastload.core.sharding.split_rotation`).
+        With an index v2 only the sample tables of the shards named are read."""
+        epoch = self.epoch if epoch is None else epoch
         plan = self.plan(epoch)
-        names = [s.name for s in self.index.shards]
+        shards = self.index.shards
+        full: dict[int, Any] = {}
 
-        def named(refs: list[tuple[int, int]]) -> list[tuple[str, str]]:
-            return [(names[s], self.index.shards[s].keys[i]) for s, i in refs]
+        def named(refs: Sequence[tuple[int, int]]) -> list[tuple[str, str]]:
+            out = []
+            for s, i in refs:
+                if s not in full:
+                    full[s] = formats.full_entry(
+                        self.root,
+                        shards[s],
+                        shard_format=self.index.shard_format,
+                        s3_config=self.s3_config,
+                        cache=self.cache(),
+                    )
+                out.append((shards[s].name, full[s].keys[i]))
+            return out
 
+        world = self.rank_world()[1]
         return {
             "samples": len(plan.samples),
             "dropped": named(plan.dropped),
             "repeated": named(plan.repeated),
             "skipped_on_error": self.skipped,
+            "cut_from": split_rotation(self._samples(), world_size=world, seed=self.seed, epoch=epoch)
+            if self.even == "split"
+            else 0,
         }
 
     def __len__(self) -> int:
@@ -287,7 +334,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             "seed": self.seed,
             "world_size": world,
             "rank": rank,
-            "samples": self.index.samples,
+            "samples": self._samples(),
             "order": self.order_fingerprint(),
         }
         if resumed is not None:
@@ -305,9 +352,10 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         samples are dealt to the new ranks (see :func:`fastload.core.sharding.resumed_rank_order`)."""
         _, world = self.rank_world()
         old_world = state.get("world_size", world)
+        state = self._legacy_split(state, old_world if isinstance(old_world, int) else world)
         for name, mine in (
             ("seed", self.seed),
-            ("samples", self.index.samples),
+            ("samples", self._samples()),
             ("order", self.order_fingerprint(old_world if isinstance(old_world, int) else None)),
         ):
             if name in state and state[name] != mine:
@@ -320,6 +368,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if old_world == world:
             resumed = None if earlier is None else (int(earlier["world_size"]), int(earlier["delivered"]))
             start = delivered
+            total = len(self._plan(epoch, resumed).samples)
+            if not 0 <= start <= total:
+                raise ConfigError(
+                    f"cannot resume: the checkpoint has delivered={start} samples of epoch {epoch}, but this "
+                    f"rank's epoch has {total}; resume with the same dataset and settings"
+                )
         elif earlier is not None:
             raise ConfigError(
                 f"cannot resume: this checkpoint already continues an epoch with world_size={old_world} "
@@ -355,6 +409,23 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             consumed = int(worker.get("consumed", 0))
         self._pending = Iteration(epoch, start, resumed, info.id, info.num_workers, self.batch_size, consumed)
 
+    def _legacy_split(self, state: dict[str, Any], world: int) -> dict[str, Any]:
+        """``state`` as this version's if it can be: a checkpoint of an ``even="split"`` epoch without a
+        seed taken by a fastload that cut the same samples every epoch means the same samples in epoch 0
+        (no rotation yet) and is refused, saying why, in any other."""
+        if not self._rotates(world) or state.get("order") != self._fingerprint(world, legacy=True):
+            return state
+        epoch = int(state.get("epoch", 0))
+        if epoch == 0:
+            return {**state, "order": self._fingerprint(world, legacy=False)}
+        raise ConfigError(
+            f"cannot resume: this checkpoint of epoch {epoch} was taken by a fastload whose even='split' "
+            "order without a seed cut the same samples from every epoch; this version rotates that cut with "
+            "the epoch (so every sample is trained on), so the checkpoint's position means other samples "
+            f"here. Start epoch {epoch} from its beginning (set_epoch({epoch}) without load_state_dict), or "
+            "finish it with the fastload that wrote the checkpoint"
+        )
+
     # -- iteration ----------------------------------------------------------------------------------------
 
     def _begin(self) -> tuple[Iteration, list[tuple[int, int]]]:
@@ -370,16 +441,16 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if live.chunk is None and workers > 1 and worker == 0 and not self._shared.fields.warned:
             self._shared.fields.warned = 1
             warnings.warn(ORDER_WARNING.format(workers=workers), UserWarning, stacklevel=3)
-        with gc_paused():  # tens of thousands of small tuples, no cycles (see fastload.gcpause)
+        with gc_paused():  # the worker's share as tuples, no cycles (see fastload.gcpause)
             samples = self._plan(live.epoch, live.resumed).samples
             if live.chunk is None or workers == 1:  # one contiguous stretch, sliced
                 first, stop = worker_span(len(samples), worker=worker, workers=workers, start=live.start)
-                refs = samples[first + live.consumed : stop]
+                refs = samples[first + live.consumed : stop].pairs()
             else:
-                positions = worker_positions(
+                positions = worker_position_array(
                     len(samples), worker=worker, workers=workers, chunk=live.chunk, start=live.start
                 )
-                refs = [samples[p] for p in positions[live.consumed :]]
+                refs = samples.pairs(positions[live.consumed :])
         return live, refs
 
     def __iter__(self) -> Iterator[Any]:

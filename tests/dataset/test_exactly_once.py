@@ -5,17 +5,23 @@ Ranks are simulated with explicit ``rank=`` / ``world_size=``; workers are real 
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.utils.data
 
 import fastload
+from fastload import formats
+from fastload.packing.upgrade import upgrade_index
 
 from .helpers import WORKER_TIMEOUT_S, Packed, batch_keys, flat, make_loader
 
 BATCH = 4
+FULL_ENTRY = formats.full_entry
 
 
 def run_rank(
@@ -129,3 +135,52 @@ def test_pad_without_a_shard_to_repeat_is_refused(small: Packed) -> None:
     ds = fastload.ShardDataset(small.root, rank=5, world_size=6, even="pad")
     with pytest.raises(ValueError, match="split"):
         list(ds)
+
+
+def test_split_without_a_seed_trains_every_sample_within_world_size_epochs(uneven: Packed) -> None:
+    # 95 samples over 3 ranks: 2 are cut each epoch; the cut moves on, so 3 epochs train on all of them
+    world, trained, cuts = 3, set(), []
+    for epoch in range(world):
+        cut = []
+        for rank in range(world):
+            batches, report = run_rank(uneven, rank=rank, world=world, num_workers=0, epoch=epoch)
+            trained |= set(flat(batches))
+            cut += [tuple(x) for x in report["dropped"]]
+            assert report["cut_from"] == epoch * (len(uneven.keys) % world)
+        assert len(cut) == len(uneven.keys) % world
+        check_dropped_names(uneven, cut)
+        cuts.append({k for _, k in cut})
+    assert trained == set(uneven.keys)
+    assert not cuts[0] & cuts[1] and not cuts[1] & cuts[2]
+
+
+@pytest.mark.parametrize(("even", "world"), [("split", 2), ("drop", 3), ("pad", 3)])
+def test_epoch_report_of_an_index_v2_names_the_same_samples(
+    uneven: Packed, tmp_path: Path, even: str, world: int
+) -> None:
+    """v2 manifest entries carry no keys: the report reads the sample tables of the shards it names only."""
+    v2 = tmp_path / "v2"
+    shutil.copytree(uneven.root, v2)
+    upgrade_index(v2)
+    assert "keys" not in json.loads((v2 / "index.json").read_bytes())["shards"][0]
+    named_anywhere: set[str] = set()
+    for rank in range(world):
+        kw: dict[str, Any] = {"rank": rank, "world_size": world, "seed": 5, "even": even}
+        old, new = fastload.ShardDataset(uneven.root, **kw), fastload.ShardDataset(v2, **kw)
+        for ds in (old, new):
+            ds.set_epoch(2)
+        assert new.plan().samples == old.plan().samples and len(new) == len(old)
+        fetched: list[str] = []
+
+        def counting(root: str, entry: Any, fetched: list[str] = fetched, **options: Any) -> Any:
+            fetched.append(entry.name)
+            return FULL_ENTRY(root, entry, **options)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(formats, "full_entry", counting)
+            report = new.epoch_report()
+        assert report == old.epoch_report()
+        named = {s for s, _ in report["dropped"] + report["repeated"]}
+        assert set(fetched) == named and len(fetched) == len(named)  # each named shard's table once
+        named_anywhere |= named
+    assert named_anywhere, f"even={even!r} over {world} ranks should cut or repeat something here"

@@ -37,9 +37,12 @@ def all_samples(counts: list[int]) -> list[tuple[int, int]]:
     return [(s, i) for s, n in enumerate(counts) for i in range(n)]
 
 
-def epoch_sequence(counts: list[int], seed: int | None, epoch: int) -> list[tuple[int, int]]:
-    """Every sample, shards in this epoch's order (the sequence ``split`` cuts into slices)."""
-    return [(s, i) for s in shard_order(len(counts), seed=seed, epoch=epoch) for i in range(counts[s])]
+def epoch_sequence(counts: list[int], seed: int | None, epoch: int, world: int) -> list[tuple[int, int]]:
+    """Every sample, shards in this epoch's order (the sequence ``split`` cuts into slices); without a
+    seed, rotated by ``epoch * (N mod world)`` samples so the cut tail moves on every epoch."""
+    seq = [(s, i) for s in shard_order(len(counts), seed=seed, epoch=epoch) for i in range(counts[s])]
+    turn = epoch * (len(seq) % world) % len(seq) if seed is None and seq else 0
+    return seq[turn:] + seq[:turn]
 
 
 def own_samples(
@@ -75,7 +78,7 @@ def test_split_is_equal_disjoint_and_covers_every_sample_once(
     assert len(dropped) == total % world < world
     assert not any(p.repeated for p in ps)
     # Contiguous slices of the epoch's sequence, in rank order, the dropped tail last.
-    assert delivered + dropped == epoch_sequence(counts, seed, epoch)
+    assert delivered + dropped == epoch_sequence(counts, seed, epoch, world)
 
 
 def test_split_examples() -> None:
@@ -416,3 +419,29 @@ def test_resumed_rank_order_partitions_the_rest_of_the_epoch(
     if even != "none":
         assert len({len(p.samples) for p in rest}) == 1
         assert len(dropped) < new
+
+
+@SETTINGS
+@given(counts=COUNTS, world=WORLD, first=EPOCHS)
+def test_split_without_seed_trains_every_sample_within_world_size_epochs(
+    counts: list[int], world: int, first: int
+) -> None:
+    total = sum(counts)
+    trained: set[tuple[int, int]] = set()
+    cut: list[set[tuple[int, int]]] = []
+    for epoch in range(first, first + world):
+        ps = plans(counts, world, None, epoch, "split")
+        trained |= {x for p in ps for x in p.samples}
+        cut.append({x for p in ps for x in p.dropped})
+    if total >= world:
+        assert trained == set(all_samples(counts))
+        # the cut moves on: consecutive epochs never cut the same sample
+        assert all(not (a & b) for a, b in itertools.pairwise(cut))
+    else:
+        assert not trained  # fewer samples than ranks: nobody reads anything
+
+
+def test_split_without_seed_rotates_the_cut_example() -> None:
+    # 7 samples over 3 ranks: one is cut each epoch, a different one every epoch
+    cuts = [[x for p in plans([3, 0, 4], 3, None, e, "split") for x in p.dropped] for e in range(4)]
+    assert cuts == [[(2, 3)], [(0, 0)], [(0, 1)], [(0, 2)]]

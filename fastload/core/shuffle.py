@@ -1,0 +1,109 @@
+"""The bounded sample shuffle: a streaming shuffle buffer of ``buffer`` items, as a permutation.
+
+:func:`buffer_shuffle` is defined by the loop :func:`_buffer_shuffle_loop` (one ``rng.randrange`` per sample
+once the buffer is full, the rest shuffled at the end); :func:`buffer_shuffle_array` computes the same
+permutation, leaving ``rng`` in the same state, with O(n) numpy work: the draws are read from ``rng``'s own
+Mersenne Twister stream by numpy's MT19937, and which sample each draw gives out is a stable sort by slot.
+Checked once per process against the loop (a Python whose ``randrange`` draws otherwise gets the loop).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fastload.core.refs import Ints
+
+
+def _buffer_shuffle_loop(n: int, buffer: int, rng: random.Random) -> list[int]:
+    """The streaming shuffle buffer, one sample at a time (the definition; see :func:`buffer_shuffle`)."""
+    pending: list[int] = []
+    out: list[int] = []
+    for i in range(n):
+        pending.append(i)
+        if len(pending) >= buffer:
+            j = rng.randrange(len(pending))
+            pending[j], pending[-1] = pending[-1], pending[j]
+            out.append(pending.pop())
+    rng.shuffle(pending)
+    out.extend(pending)
+    return out
+
+
+def _draws(rng: random.Random, steps: int, buffer: int) -> npt.NDArray[np.uint64]:
+    """The next ``steps`` values of ``rng.randrange(buffer)``, drawn from ``rng``'s own Mersenne Twister
+    stream by numpy (CPython draws ``getrandbits(buffer.bit_length())`` until one is below ``buffer``; for
+    ``k <= 32`` bits that is the top ``k`` bits of one 32-bit output). ``rng`` is left where the draws
+    leave it."""
+    shift = np.uint64(32 - buffer.bit_length())
+    version, words, gauss = rng.getstate()
+    gen = np.random.MT19937()
+    start: Any = {"key": np.asarray(words[:624], dtype=np.uint32), "pos": words[624]}
+    gen.state = {"bit_generator": "MT19937", "state": start}
+    got: list[npt.NDArray[np.uint64]] = []
+    have = 0
+    while have < steps:  # each draw takes at least one word: never more words than draws still wanted
+        raw = gen.random_raw(steps - have) >> shift
+        got.append(raw[raw < buffer])
+        have += len(got[-1])
+    end: Any = gen.state["state"]
+    rng.setstate((version, (*end["key"].tolist(), int(end["pos"])), gauss))
+    return np.concatenate(got) if got else np.zeros(0, dtype=np.uint64)
+
+
+def _buffer_shuffle_vectorised(n: int, buffer: int, rng: random.Random) -> Ints:
+    """:func:`_buffer_shuffle_loop`'s permutation by numpy. Once the buffer is full, step ``t`` takes in
+    sample ``buffer - 1 + t`` and draws a slot ``j``: the last slot gives out the new sample, any other
+    gives out what it held (the sample put there by the previous step that drew it, or its first one) and
+    keeps the new sample; the slots left at the end are shuffled by ``rng`` as the loop does."""
+    steps = max(0, n - buffer + 1)
+    out = np.arange(buffer - 1, buffer - 1 + steps, dtype=np.int64)  # j == buffer - 1: the new sample
+    slots = np.arange(min(n, buffer - 1), dtype=np.int64)
+    if steps:
+        j = _draws(rng, steps, buffer)
+        t = np.flatnonzero(j < buffer - 1)
+        js = j[t].astype(np.uint16 if buffer <= 1 << 16 else np.int64)  # 16 bits: a radix sort
+        ts = t[np.argsort(js, kind="stable")]
+        gs = np.repeat(np.arange(buffer - 1, dtype=np.int64), np.bincount(js, minlength=buffer - 1))
+        same = gs[1:] == gs[:-1]  # entry m + 1 is the next draw of entry m's slot
+        given = gs.copy()  # a slot's first draw gives out its first sample, a later one the previous new one
+        given[1:] = np.where(same, buffer - 1 + ts[:-1], gs[1:])
+        out[ts] = given
+        last = np.append(~same, len(ts) > 0)[: len(ts)]
+        slots[gs[last]] = buffer - 1 + ts[last]
+    rest = slots.tolist()
+    rng.shuffle(rest)
+    return np.concatenate([out, np.asarray(rest, dtype=np.int64)])
+
+
+def _vectorised_matches_loop() -> bool:
+    """Whether this Python's ``randrange``/``shuffle`` draw as :func:`_draws` assumes (checked once)."""
+    cases = [(300, 7, 1), (200, 16, 2), (50, 64, 3), (1000, 1000, 4), (40, 2, 5)]
+    return all(
+        _buffer_shuffle_vectorised(n, b, random.Random(s)).tolist()
+        == _buffer_shuffle_loop(n, b, random.Random(s))
+        for n, b, s in cases
+    )
+
+
+_VECTORISED: list[bool] = []
+
+
+def buffer_shuffle_array(n: int, buffer: int, rng: random.Random) -> Ints:
+    """:func:`buffer_shuffle` as a numpy array, in O(n) numpy work (+ O(``buffer``) Python)."""
+    if buffer <= 1:
+        return np.arange(n, dtype=np.int64)
+    if not _VECTORISED:
+        _VECTORISED.append(_vectorised_matches_loop())
+    if _VECTORISED[0] and buffer.bit_length() <= 32:
+        return _buffer_shuffle_vectorised(n, buffer, rng)
+    return np.asarray(_buffer_shuffle_loop(n, buffer, rng), dtype=np.int64)
+
+
+def buffer_shuffle(n: int, buffer: int, rng: random.Random) -> list[int]:
+    """A permutation of ``range(n)`` as a streaming shuffle buffer of ``buffer`` items would produce it:
+    each output is drawn at random from the next ``buffer`` pending inputs (``buffer`` <= 1: identity)."""
+    return buffer_shuffle_array(n, buffer, rng).tolist()  # type: ignore[no-any-return]
