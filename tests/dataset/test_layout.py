@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 import fastload
-from fastload.core.index import ShardEntry, layout_problem, plain_member_bytes
+from fastload.core.index import ShardEntry
+from fastload.core.layout import layout_problem, plain_member_bytes
 from fastload.errors import IndexFormatError, VerifyError
 from fastload.formats import native
 

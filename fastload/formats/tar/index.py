@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from fastload.config import S3Config
-from fastload.core.index import DatasetIndex, ShardEntry, set_layout
+from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
+from fastload.core.layout import set_layout
 from fastload.errors import ConfigError, VerifyError
 from fastload.formats.tar.header import TarFormatError, UnsupportedMember
 from fastload.formats.tar.scan import ChecksumReader, iter_members

@@ -10,8 +10,9 @@ from typing import BinaryIO
 
 from crc32c import crc32c
 
-from fastload.core.index import ShardEntry, set_layout
+from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
+from fastload.core.layout import set_layout
 from fastload.errors import Skip
 from fastload.formats.tar.header import BLOCK, END_OF_ARCHIVE, member_header, padded
 from fastload.storage.inputs import Input, Member, close_all, open_ahead, read_exactly, read_problem
