@@ -2,16 +2,17 @@
 
 One sequential read of each shard: member headers give each sample's byte range (its members' headers and
 padded data, which must be adjacent, as WebDataset requires), and the CRC32C of the whole file and of each
-sample's byte range are computed on the way (:class:`SampleCrcReader`). The result is an ordinary :class:`~fastload.core.index.DatasetIndex`, so every sample-level
-feature (even splits, exact resume, ranged reads, the checked cache) works on foreign shards too.
+sample's byte range are computed on the way (:class:`SampleCrcReader`). The result is an ordinary
+:class:`~fastload.core.index.DatasetIndex`, so every sample-level feature (even splits, exact resume, ranged
+reads, the checked cache, each sample's CRC checked on read) works on foreign shards too.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import BinaryIO
 from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO
 
 from crc32c import crc32c
 
