@@ -22,7 +22,7 @@ from fastload.core.keys import KeyRuleError, split_key
 from fastload.core.layout import set_layout
 from fastload.errors import ConfigError, VerifyError
 from fastload.formats.tar.header import Member, TarFormatError, UnsupportedMember
-from fastload.formats.tar.scan import iter_members
+from fastload.formats.tar.scan import ChecksumReader, iter_members
 from fastload.storage import access as storage
 
 _ZEROS = bytes(1 << 20)
@@ -39,23 +39,20 @@ def _advance(crc: int, n: int) -> int:
     return a ^ b
 
 
-class SampleCrcReader:
-    """A :class:`~fastload.formats.tar.scan.Cursor` over a stream that tracks the CRC32C of the whole file
-    (``crc``, ``pos``) and of each sample's byte range (:meth:`member`, called for each member walked).
+class SampleCrcReader(ChecksumReader):
+    """A :class:`~fastload.formats.tar.scan.ChecksumReader` (the whole file's ``crc`` and ``pos``) that also
+    tracks the CRC32C of each sample's byte range: :meth:`member` is called for each member walked.
 
     The bytes since the last member's end are checksummed twice, on their own and continuing the open
     sample, because whether they start a new sample is known only once the next member's name is read.
     """
 
     def __init__(self, f: BinaryIO, chunk_bytes: int = 4 << 20) -> None:
-        self.f = f
-        self.crc = self.pos = 0
+        super().__init__(f, chunk_bytes)
         self.sample_crc = 0  # of the open sample, up to the last member's end
         self._fresh = self._cont = 0  # since the last member's end: alone, continuing the open sample
         self._cut = 0  # the last member's end
         self._marks: dict[int, int] = {}  # position of each read since the cut -> _fresh there
-        self._buf = bytearray(chunk_bytes)
-        self._view = memoryview(self._buf)
 
     def _take(self, data: bytes | memoryview) -> None:
         self.crc = crc32c(data, self.crc)
@@ -78,10 +75,6 @@ class SampleCrcReader:
             self._take(self._view[:got])
             left -= got
         return n - left
-
-    def drain(self) -> None:
-        while self.skip(len(self._buf)):
-            pass
 
     def member(self, m: Member, *, new_sample: bool) -> None:
         """Account for ``m`` (just walked: the position is its end): it continues the open sample, or
