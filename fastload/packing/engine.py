@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
+from fastload.core.table import table_name
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.dest import Destination
 from fastload.packing.journal import PackJournal, shard_record
@@ -63,14 +64,17 @@ def publish_shard(
     job: ShardJob, dest: Destination, journal: PackJournal, *, on_sample: Advance, open_threads: int
 ) -> ShardResult:
     """Write ``job`` to a temporary file in ``dest``, publish it under its final name, then its sample
-    table (``<name>.fltable``), then journal both. The result's entry is the shard's manifest entry (index
-    v2: no per-sample columns, so what travels back to the driver is small whatever the shard holds)."""
+    table (``<name>.fltable``, also through a temporary file), then journal both. The result's entry is the
+    shard's manifest entry (index v2: no per-sample columns, so what travels back to the driver is small
+    whatever the shard holds)."""
     tmp = os.path.join(dest.tmp_dir, f"{job.number:06d}.part")
     result = job.write(tmp, on_sample=on_sample, open_threads=open_threads)
     entry, table = split_entry(result.entry, shard_format=job.shard_format)
-    assert entry.table is not None  # split_entry always names the table
     dest.publish(tmp, job.name)
-    dest.write_bytes(entry.table.name, table)
+    tmp_table = os.path.join(dest.tmp_dir, f"{job.number:06d}.table.part")
+    with open(tmp_table, "wb") as f:
+        f.write(table)
+    dest.publish(tmp_table, table_name(job.name))
     published = ShardResult(entry, result.skipped, result.payload_bytes, result.files)
     journal.record(shard_record(job.number, published))
     return published
