@@ -268,7 +268,8 @@ def test_pack_killed_mid_run_resumes_to_the_uninterrupted_result(
     argv = fastload_argv("pack", setup.tree, f"s3://{name}/{prefix}", *setup.options)
 
     def shards_present() -> list[str]:
-        return [k for k in keys_under(rgw_client, name, prefix) if k.startswith(f"{prefix}shard-")]
+        keys = keys_under(rgw_client, name, prefix)  # shards, not their sample tables (.fltable)
+        return [k for k in keys if k.startswith(f"{prefix}shard-") and k.endswith(".tar")]
 
     with (tmp_path / "killed-pack.stderr").open("wb") as stderr:
         proc = start_pack(argv, s3_env(rgw, endpoint_url=proxy.endpoint_url), tmp_path, stderr)
