@@ -91,6 +91,9 @@ def test_a_v1_dataset_still_loads_and_verifies(packed):
     index = fastload.formats.load_index(packed, tables=True)
     assert not index.detached and [s.to_dict()["keys"] for s in index.shards] == [s["keys"] for s in expected]
     assert run_cli("verify", packed, check=0).stdout.startswith("OK")
+    assert "index:    v1 (every sample listed in index.json; `fastload index --upgrade` writes v2)" in (
+        run_cli("inspect", packed, check=0).stdout
+    )
     shard = expected[0]
     _flip(packed / shard["name"], shard["offsets"][-1] + 700)
     _verify_fails(packed, shard["name"], "CRC32C")
