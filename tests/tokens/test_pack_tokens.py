@@ -61,6 +61,7 @@ def test_shards_and_row_groups_are_cut_by_token_bytes(tmp_path: Path) -> None:
     )
     shards = formats.load_index(tmp_path / "ds", tables=True).shards
     assert [s.samples for s in shards] == [10] * 5, "4,096 bytes hold ten 400-byte documents"
+    assert [(s.name, s.samples) for s in report.index.shards] == [(s.name, s.samples) for s in shards]
     assert all([rg[2] for rg in s.row_groups] == [2] * 5 for s in shards), "1,000 bytes hold two"
     assert fastload.verify(tmp_path / "ds").ok
     # the same input and options give the same bytes
