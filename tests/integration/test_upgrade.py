@@ -41,9 +41,14 @@ def test_upgrade_round_trip(v1):
         }, "the same samples, byte ranges and layout"
         data = (dst / after["name"]).read_bytes()
         if packed["shard_format"] == "tar":  # each sample's CRC32C, from the shard's bytes
-            assert after["crcs"] == before["crcs"] == [
-                crc32c.crc32c(data[o : o + n]) for o, n in zip(after["offsets"], after["sizes"], strict=True)
-            ]
+            assert (
+                after["crcs"]
+                == before["crcs"]
+                == [
+                    crc32c.crc32c(data[o : o + n])
+                    for o, n in zip(after["offsets"], after["sizes"], strict=True)
+                ]
+            )
         else:  # Parquet pages and TFRecord records carry their own checksums
             assert after.get("crcs", []) == []
     assert fastload.verify(dst).ok
