@@ -46,7 +46,7 @@ def samples_of(members: Iterator[Member]) -> Iterator[tuple[str, list[Member]]]:
 
 def verify_tar(file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
     """Check a whole tar shard, read once from its start, against its (attached) index entry."""
-    reader = SampleCrcReader(file)
+    reader = SampleCrcReader(file) if shard.crcs else ChecksumReader(file)  # v1: no sample CRCs to check
     problems = check_tar_samples(reader, shard)
     reader.drain()
     return problems + crc_problem(reader, shard)
