@@ -114,13 +114,24 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--workers", type=int, default=None)
 
     x = sub.add_parser(
-        "index", help="write index.json for a folder or s3:// prefix of existing TFRecord (or tar) files"
+        "index",
+        help="write index.json for a folder or s3:// prefix of existing TFRecord (or tar) files, or "
+        "upgrade a dataset's index to v2",
     )
     x.add_argument(
-        "target", metavar="DST", help="folder or s3:// prefix holding *.tfrecord[.gz] or .tar files"
+        "target",
+        metavar="DST",
+        help="folder or s3:// prefix holding *.tfrecord[.gz] or .tar files (with --upgrade: a dataset)",
     )
     x.add_argument("--workers", type=int, default=None, help="files read at once (default: up to 8)")
-    x.add_argument("--force", action="store_true", help="replace an existing index.json")
+    mode = x.add_mutually_exclusive_group()
+    mode.add_argument("--force", action="store_true", help="replace an existing index.json")
+    mode.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="turn the dataset's index.json v1 into v2 in place (per-shard sample tables; tar shards are "
+        "read once for each sample's CRC32C)",
+    )
 
     i = sub.add_parser("inspect", help="summarise index.json, or list the samples of one shard")
     i.add_argument("target", metavar="DST")
@@ -239,13 +250,19 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.shard is None:
         print(describe(index))
     else:
-        print(list_shard(index, args.shard, limit=args.limit or None))
+        root = formats.dataset_root(args.target)
+        print(list_shard(index, args.shard, limit=args.limit or None, root=root))
     return 0
 
 
 def _index(args: argparse.Namespace) -> int:
     from fastload.packing.indexing import build_index
 
+    if args.upgrade:
+        from fastload.packing.upgrade import upgrade_index
+
+        print(upgrade_index(args.target, threads=args.workers or 8).summary())
+        return 0
     report = build_index(args.target, workers=args.workers, force=args.force)
     print(report.summary())
     return 0 if report.ok else 1

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -141,8 +142,8 @@ def from_ray(
     finally:
         dest.cleanup()
     written = sorted(sink.returns, key=lambda r: r["entry"]["name"])
-    shards = [ShardEntry.from_dict(r["entry"]) for r in written]
-    seen = Counter(k for s in shards for k in s.keys)
+    shards = [ShardEntry.from_manifest(r["entry"]) for r in written]
+    seen = _key_counts(dest.url, shards, config.shard_format, s3_config)
     twice = [k for k, n in seen.items() if n > 1]
     if twice:
         raise PackError(
@@ -168,6 +169,23 @@ def from_ray(
         files=sum(r["files"] for r in written),
         seconds=time.monotonic() - began,
     )
+
+
+def _key_counts(
+    root: str, shards: list[ShardEntry], shard_format: str, s3_config: S3Config | None
+) -> Counter[str]:
+    """How often each key occurs in ``shards`` (manifest entries: their sample tables are read, in
+    parallel, one shard's keys at a time)."""
+    from fastload.formats import full_entry
+
+    def keys(entry: ShardEntry) -> list[str]:
+        return list(full_entry(root, entry, shard_format=shard_format, s3_config=s3_config).keys)
+
+    seen: Counter[str] = Counter()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        for found in pool.map(keys, shards):
+            seen.update(found)
+    return seen
 
 
 def _fastload_cause(exc: BaseException) -> FastloadError | None:

@@ -1,19 +1,27 @@
-"""``fastload inspect``: what a dataset index holds, in words, and the samples of one shard."""
+"""``fastload inspect``: what a dataset index holds, in words, and the samples of one shard (of an index v2,
+from that shard's sample table only)."""
 
 from __future__ import annotations
 
 import os
 from collections import Counter
 
+from fastload.config import S3Config
 from fastload.core.index import DatasetIndex
 from fastload.core.units import format_size
 from fastload.errors import ConfigError
-from fastload.formats import by_name
+from fastload.formats import by_name, full_entry
 
 
 def describe(index: DatasetIndex) -> str:
     """Summary: shards, samples, bytes, fields, and a histogram of shard sizes."""
+    version = (
+        "v2 (shards listed; each shard's sample table in <shard>.fltable)"
+        if index.detached
+        else "v1 (every sample listed in index.json; `fastload index --upgrade` writes v2)"
+    )
     lines = [
+        f"index:    {version}",
         f"format:   {index.shard_format} (checksum crc32c)",
         f"shards:   {len(index.shards):,}",
         f"samples:  {index.samples:,}",
@@ -46,8 +54,16 @@ def describe(index: DatasetIndex) -> str:
     return "\n".join(lines)
 
 
-def list_shard(index: DatasetIndex, shard: str, *, limit: int | None = None) -> str:
-    """One line per sample of ``shard`` (its name, or its position in the index)."""
+def list_shard(
+    index: DatasetIndex,
+    shard: str,
+    *,
+    limit: int | None = None,
+    root: str | None = None,
+    s3_config: S3Config | None = None,
+) -> str:
+    """One line per sample of ``shard`` (its name, or its position in the index); of an index v2 its sample
+    table is read from ``root`` (the dataset's folder or prefix), no other shard's."""
     entry = next((s for s in index.shards if s.name == shard or os.path.basename(s.name) == shard), None)
     if entry is None and shard.isdigit() and int(shard) < len(index.shards):
         entry = index.shards[int(shard)]
@@ -55,11 +71,16 @@ def list_shard(index: DatasetIndex, shard: str, *, limit: int | None = None) -> 
         raise ConfigError(
             f"no shard {shard!r} in the index; give a shard name or a number below {len(index.shards)}"
         )
+    if entry.detached:
+        if root is None:
+            raise ConfigError(f"shard {entry.name}: its sample table is a sidecar; give the dataset's root")
+        entry = full_entry(root, entry, shard_format=index.shard_format, s3_config=s3_config)
     lines = [f"{entry.name}: {entry.samples} samples, {entry.bytes:,} bytes, crc32c {entry.checksum}"]
     rows = entry.keys if limit is None else entry.keys[:limit]
     for i, key in enumerate(rows):
         if entry.offsets:
-            lines.append(f"  {i:6d}  {key}  offset {entry.offsets[i]}  size {entry.sizes[i]}")
+            crc = f"  crc32c {entry.crcs[i]:08x}" if entry.crcs else ""
+            lines.append(f"  {i:6d}  {key}  offset {entry.offsets[i]}  size {entry.sizes[i]}{crc}")
         else:
             lines.append(f"  {i:6d}  {key}")
     if limit is not None and entry.samples > limit:

@@ -10,10 +10,10 @@ Version 2 (written by this fastload) lists shards only, so it grows with shards,
                  "fields": [...],                                    # tar member layout order, if uniform
                  "table": {"name", "bytes", "checksum"}}]}           # the shard's sample table (sidecar)
 
-Each shard's per-sample columns (offsets, sizes, CRC32C of each sample's bytes, member sizes, Parquet row
-groups, keys) live in its sample table (:mod:`fastload.core.table`), a sidecar next to the shard that the
-process reading the shard fetches with one ranged read. A manifest entry without them is *detached*
-(:attr:`ShardEntry.detached`); :func:`attach` makes the full entry the read path uses.
+Each shard's per-sample columns (offsets, sizes, tar samples' CRC32C, member sizes, Parquet row groups, keys)
+live in its sample table (:mod:`fastload.core.table`), a sidecar the process reading the shard fetches with
+one read. A manifest entry without them is *detached*; :func:`attach` makes the full entry the read path
+uses. ``docs/INDEX-FORMAT.md``: both parts byte by byte, why each field is there, upgrading v1.
 
 Version 1 (still read) listed every sample in the manifest::
 

@@ -180,9 +180,13 @@ def check_index(index: DatasetIndex, *, where: str) -> ShardFormat:
     return fmt
 
 
-def load_index(dataset: str | os.PathLike[str], *, s3_config: S3Config | None = None) -> DatasetIndex:
+def load_index(
+    dataset: str | os.PathLike[str], *, s3_config: S3Config | None = None, tables: bool = False
+) -> DatasetIndex:
     """A dataset's ``index.json`` (:func:`fastload.storage.manifest.load_index`), checked against its
-    format (:func:`check_index`)."""
+    format (:func:`check_index`). With ``tables``, every shard's sample table is attached too
+    (:func:`attach_tables`): for tools and tests that need the per-sample data of a whole dataset; the
+    read path attaches only the shards it reads (:func:`full_entry`)."""
     from fastload.core.index import INDEX_NAME
     from fastload.storage import access as storage
     from fastload.storage.manifest import load_index as read_index
@@ -190,7 +194,38 @@ def load_index(dataset: str | os.PathLike[str], *, s3_config: S3Config | None = 
     index = read_index(dataset, s3_config=s3_config)
     url = storage.normalise(dataset)
     check_index(index, where=url if url.endswith(".json") else storage.join(url, INDEX_NAME))
+    if tables:
+        index = attach_tables(dataset_root(url), index, s3_config=s3_config)
     return index
+
+
+def dataset_root(dataset: str | os.PathLike[str]) -> str:
+    """The folder or prefix a dataset's shard names are relative to (given it, or its ``index.json``)."""
+    from fastload.storage import access as storage
+
+    url = storage.normalise(dataset)
+    if not url.endswith(".json"):
+        return url
+    return url.rsplit("/", 1)[0] if storage.is_remote(url) else os.path.dirname(url)
+
+
+def attach_tables(
+    root: str, index: DatasetIndex, *, s3_config: S3Config | None = None, threads: int = 16
+) -> DatasetIndex:
+    """``index`` with every shard attached (:func:`full_entry`: its sidecar fetched and checked, ``threads``
+    at a time); an index whose shards are attached already (v1, in memory) as it is."""
+    import dataclasses
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not index.detached:
+        return index
+
+    def attach(entry: ShardEntry) -> ShardEntry:
+        return full_entry(root, entry, shard_format=index.shard_format, s3_config=s3_config)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(index.shards)))) as pool:
+        shards = list(pool.map(attach, index.shards))
+    return dataclasses.replace(index, shards=shards)
 
 
 def full_entry(

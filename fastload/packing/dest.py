@@ -6,6 +6,7 @@ uploads it with a multipart upload (S3). Either way a shard appears under its fi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from typing import Protocol
@@ -26,6 +27,7 @@ class Destination(Protocol):
     def write_bytes(self, name: str, data: bytes) -> None: ...
     def publish(self, local_tmp: str, name: str) -> None: ...
     def list(self, prefix: str) -> list[str]: ...
+    def remove(self, name: str) -> None: ...
     def remove_tree(self, prefix: str) -> None: ...
     def cleanup(self) -> None: ...
 
@@ -76,6 +78,11 @@ class LocalDestination:
         if not os.path.isdir(folder):
             return []
         return sorted(os.path.join(prefix, n) for n in os.listdir(folder))
+
+    def remove(self, name: str) -> None:
+        """Delete one file, if it is there."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(name))
 
     def remove_tree(self, prefix: str) -> None:
         shutil.rmtree(self._path(prefix), ignore_errors=True)

@@ -2,8 +2,10 @@
 
 A pack (of files, or of token documents) is planned into :class:`ShardJob` s: each knows its number, its
 final name and how to write its shard to a local file. An :class:`Engine` runs a stream of jobs; whoever runs
-a job does it through :func:`publish_shard` (write to a temporary name, publish under the final name, record
-it in the resume journal), so a shard appears whole or not at all whatever the engine.
+a job does it through :func:`publish_shard` (write to a temporary name, publish under the final name, then
+its sample table as a sidecar next to it, record both in the resume journal), so a shard and its table
+appear whole or not at all whatever the engine, and the tables are written in parallel, by whoever wrote
+the shards.
 
 Engines: :class:`LocalEngine` (threads of this process) here, and
 :class:`fastload.packing.ray_engine.RayEngine` (Ray tasks on a cluster); the output is the same, byte for
@@ -17,9 +19,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
+from fastload.core.table import table_name
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.dest import Destination
 from fastload.packing.journal import PackJournal, shard_record
+from fastload.storage.tables import split_entry
 
 Advance = Callable[[int, int], None]  # (payload bytes, files) written since the last call
 Done = Callable[[int, ShardResult], None]  # (shard number, its result) once the shard is published
@@ -34,6 +38,11 @@ class ShardJob(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def shard_format(self) -> str:
+        """The registered format the job writes (``index.json``'s ``shard_format``)."""
+        ...
+
     def write(self, tmp_path: str, *, on_sample: Advance, open_threads: int) -> ShardResult:
         """Write the shard at ``tmp_path`` (removed again on error); ``on_sample`` reports progress;
         ``open_threads`` > 0 opens (fetches) inputs ahead with that many threads."""
@@ -41,11 +50,6 @@ class ShardJob(Protocol):
 
     def local_folders(self) -> set[str]:
         """Local folders the job reads from (a Ray node must see them at the same path)."""
-        ...
-
-    @property
-    def journal_keys(self) -> bool:
-        """Whether the resume journal keeps the shard's sample keys (False: a resumed run rebuilds them)."""
         ...
 
 
@@ -59,12 +63,21 @@ class Engine(Protocol):
 def publish_shard(
     job: ShardJob, dest: Destination, journal: PackJournal, *, on_sample: Advance, open_threads: int
 ) -> ShardResult:
-    """Write ``job`` to a temporary file in ``dest``, publish it under its final name, then journal it."""
+    """Write ``job`` to a temporary file in ``dest``, publish it under its final name, then its sample
+    table (``<name>.fltable``, also through a temporary file), then journal both. The result's entry is the
+    shard's manifest entry (index v2: no per-sample columns, so what travels back to the driver is small
+    whatever the shard holds)."""
     tmp = os.path.join(dest.tmp_dir, f"{job.number:06d}.part")
     result = job.write(tmp, on_sample=on_sample, open_threads=open_threads)
+    entry, table = split_entry(result.entry, shard_format=job.shard_format)
     dest.publish(tmp, job.name)
-    journal.record(shard_record(job.number, result, keys=job.journal_keys))
-    return result
+    tmp_table = os.path.join(dest.tmp_dir, f"{job.number:06d}.table.part")
+    with open(tmp_table, "wb") as f:
+        f.write(table)
+    dest.publish(tmp_table, table_name(job.name))
+    published = ShardResult(entry, result.skipped, result.payload_bytes, result.files)
+    journal.record(shard_record(job.number, published))
+    return published
 
 
 class LocalEngine:

@@ -5,9 +5,14 @@ shards, without reading them first in every process.
 Every file named ``*.tfrecord``, ``*.tfrecords`` or ``*.tfrec`` (or one of those plus ``.gz``) under the
 target is read once, front to back: both CRCs of every record, each record's byte range and key (its
 ``__key__`` feature, else ``<file stem>/<record index:06d>``), the feature names and the file's CRC32C.
-``index.json`` is written only when every file reads cleanly. A folder without TFRecord files is indexed as
-tar shards (:mod:`fastload.formats.tar.index`). Each file's format is found through the registry
+A folder without TFRecord files is indexed as tar shards (:mod:`fastload.formats.tar.index`; with the
+CRC32C of each sample's bytes, from the same read). Each file's format is found through the registry
 (:func:`fastload.formats.foreign_format`), and the format builds the index (:meth:`ShardFormat.table`).
+
+The index is v2: each file's sample table in a ``<file>.fltable`` sidecar next to it, then ``index.json``,
+written only when every file reads cleanly. Replacing an index (``force``) deletes the sidecars of files the
+new one no longer lists. ``fastload index --upgrade`` (:mod:`fastload.packing.upgrade`) turns a v1 index
+into v2 in place.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from dataclasses import dataclass, field
 from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex
-from fastload.errors import ConfigError, NotFoundError, VerifyError
-from fastload.packing.dest import destination
+from fastload.errors import ConfigError, FastloadError, NotFoundError, VerifyError
+from fastload.packing.upgrade import remove_stale_tables, write_v2
 from fastload.storage import access as storage
+from fastload.storage.manifest import load_index
 
 STATE_DIR = ".fastload-index"
 
@@ -91,7 +97,8 @@ def build_index(
         raise ConfigError(f"{root} is a file; give the folder (or s3:// prefix) holding the TFRecord files")
     if not force and storage.exists(storage.join(root, INDEX_NAME), config=s3_config):
         raise ConfigError(
-            f"{storage.join(root, INDEX_NAME)} exists already; pass --force (force=True) to replace it"
+            f"{storage.join(root, INDEX_NAME)} exists already; pass --force (force=True) to replace it, "
+            "or --upgrade to turn a v1 index into v2"
         )
     named = [(u, _relative(root, u)) for u in storage.list_files(root, "", config=s3_config)]
     named = [(u, n) for u, n in named if not _hidden(n)]
@@ -118,6 +125,19 @@ def build_index(
     report.seconds = time.monotonic() - began
     if report.problems:
         return report
-    destination(root, STATE_DIR, config=s3_config).write_bytes(INDEX_NAME, index.to_json())
-    report.index = index
+    old = _old_index(root, s3_config) if force else None
+    report.index = write_v2(
+        root, index, index.shards, state_dir=STATE_DIR, s3_config=s3_config, threads=threads
+    )
+    if old is not None:
+        remove_stale_tables(root, old, report.index, state_dir=STATE_DIR, s3_config=s3_config)
+    report.seconds = time.monotonic() - began
     return report
+
+
+def _old_index(root: str, s3_config: S3Config | None) -> DatasetIndex | None:
+    """The index ``force`` replaces, if there is a readable one."""
+    try:
+        return load_index(root, s3_config=s3_config)
+    except (FastloadError, OSError):
+        return None

@@ -1,12 +1,16 @@
 """The resume journal of a pack run, kept in the destination under ``.fastload-pack/``: the plan's
-fingerprint, and one small record per finished shard (its index entry and skips); and the decision, at the
-start of a run, whether a destination is fresh, resumed or already complete."""
+fingerprint, and one small record per finished shard (its manifest entry, which names its sample table's
+sidecar with size and CRC32C, and its skips); and the decision, at the start of a run, whether a
+destination is fresh, resumed or already complete."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import crc32c
 
 from fastload.core.index import INDEX_NAME, ShardEntry, parse_index
 from fastload.errors import PackError, Skip
@@ -106,38 +110,43 @@ def prepare_destination(
 
 
 def kept_shards(
-    dest: Destination, journal: PackJournal, name_of: Callable[[int], str | None]
+    dest: Destination, journal: PackJournal, name_of: Callable[[int], str | None], *, threads: int = 16
 ) -> dict[int, ShardResult]:
-    """The journal's finished shards that are still whole in ``dest`` under the name the plan gives them
-    (without keys where the journal kept none: see :func:`shard_record`)."""
-    kept: dict[int, ShardResult] = {}
-    for number, record in journal.finished().items():
-        entry = ShardEntry.from_dict(record["entry"])
-        if record.get("keys_omitted"):
-            entry.row_groups = [(int(a), int(b), int(c)) for a, b, c in record["row_groups"]]
-        if name_of(number) != entry.name or dest.size(entry.name) != entry.bytes:
-            continue
-        kept[number] = ShardResult(
-            entry,
-            [Skip(s["path"], s["reason"]) for s in record["skipped"]],
-            int(record["payload_bytes"]),
-            int(record["files"]),
-        )
-    return kept
+    """The journal's finished shards that are still whole in ``dest`` under the name the plan gives them:
+    the shard of the recorded size, its sample table of the recorded size and CRC32C (checked ``threads``
+    at a time). A record of an older fastload (no sample table) keeps nothing: that shard is written again."""
+
+    def check(item: tuple[int, dict[str, Any]]) -> tuple[int, ShardResult] | None:
+        number, record = item
+        raw = record.get("entry")
+        if not isinstance(raw, dict) or "table" not in raw:
+            return None
+        try:
+            entry = ShardEntry.from_manifest(raw)
+        except (KeyError, TypeError, ValueError):
+            return None
+        ref = entry.table
+        if ref is None or name_of(number) != entry.name or dest.size(entry.name) != entry.bytes:
+            return None
+        table = dest.read_bytes(ref.name)
+        if table is None or len(table) != ref.bytes or f"{crc32c.crc32c(table):08x}" != ref.checksum:
+            return None
+        skipped = [Skip(s["path"], s["reason"]) for s in record["skipped"]]
+        return number, ShardResult(entry, skipped, int(record["payload_bytes"]), int(record["files"]))
+
+    records = sorted(journal.finished().items())
+    if not records:
+        return {}
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(records)))) as pool:
+        return dict(kept for kept in pool.map(check, records) if kept is not None)
 
 
-def shard_record(number: int, result: ShardResult, *, keys: bool = True) -> dict[str, Any]:
-    """What the journal keeps of a finished shard. Without ``keys`` the entry is kept without its sample
-    keys (a resumed run must supply them); its row groups then travel beside it."""
-    entry = result.entry.to_dict()
-    extra: dict[str, Any] = {}
-    if not keys:
-        extra = {"keys_omitted": True, "row_groups": entry["row_groups"]}
-        entry.update(keys=[], samples=0, row_groups=[])
+def shard_record(number: int, result: ShardResult) -> dict[str, Any]:
+    """What the journal keeps of a published shard: its manifest entry (``result.entry``, detached: it
+    names the sample table), skips and totals."""
     return {
-        **extra,
         "number": number,
-        "entry": entry,
+        "entry": result.entry.manifest_dict(),
         "skipped": [{"path": s.path, "reason": s.reason} for s in result.skipped],
         "payload_bytes": result.payload_bytes,
         "files": result.files,

@@ -1,7 +1,7 @@
 """A ``ray.data`` Datasink that writes fastload shards: each write task turns its rows into samples, cuts
 them into shards and writes each as a pack job (:class:`fastload.packing.write.FileShard`, through
-:func:`fastload.packing.ray_engine.write_in_task`); the driver (:func:`fastload.raydata.from_ray`)
-writes ``index.json`` from what the tasks return.
+:func:`fastload.packing.ray_engine.write_in_task`: the shard, then its sample table); the driver
+(:func:`fastload.raydata.from_ray`) writes ``index.json`` from the manifest entries the tasks return.
 
 Imports Ray at the top: import this module only after :func:`fastload.packing.ray_engine.require_ray`.
 """
@@ -135,7 +135,7 @@ class ShardSink(Datasink[list[dict[str, Any]]]):
             result = write_in_task(job, self.dest_url, self.s3_config)
             out.append(
                 {
-                    "entry": result.entry.to_dict(),
+                    "entry": result.entry.manifest_dict(),
                     "fields": sorted({f for s in samples[shard.start : shard.stop] for f, _ in s.members}),
                     "payload_bytes": result.payload_bytes,
                     "files": result.files,

@@ -85,6 +85,10 @@ class S3Destination:
             if isinstance(o, ObjectInfo)
         ]
 
+    def remove(self, name: str) -> None:
+        """Delete one object (nothing happens if it is not there)."""
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+
     def remove_tree(self, prefix: str) -> None:
         keys = [self._key(n) for n in self.list(prefix)]
         for i in range(0, len(keys), 1000):

@@ -53,12 +53,12 @@ class TokenShard:
         on_sample(self.payload_bytes, len(self.keys))
         return ShardResult(entry, payload_bytes=self.payload_bytes, files=len(self.keys))
 
+    @property
+    def shard_format(self) -> str:
+        return "parquet"
+
     def local_folders(self) -> set[str]:
         return set()
-
-    @property
-    def journal_keys(self) -> bool:
-        return False  # a resumed run reads every document again: shard_jobs gives kept shards' keys
 
 
 class ShardCutter:
@@ -128,22 +128,20 @@ def shard_jobs(
     field: str,
     compression: str,
     skip: Container[int] = (),
-    skipped_keys: dict[int, list[str]] | None = None,
 ) -> Iterator[TokenShard]:
     """Write each shard of ``groups`` (``(shard number, group)`` in order, as :class:`ShardCutter` gives
     them) into ``tmp_dir`` as its row groups arrive, in this thread (one row group in memory; Arrow and
-    Parquet work stay on one thread), and yield it as a job once complete; shards in ``skip`` are read
-    through and dropped, their keys put in ``skipped_keys``. A shard being written when ``groups`` fails
-    is removed."""
+    Parquet work stay on one thread), and yield it as a job once complete; shards in ``skip`` (kept from
+    an interrupted run, their keys in their sample tables) are read through and dropped. A shard being
+    written when ``groups`` fails is removed."""
     from fastload.formats.parquet.writer import parquet_schema, write_tables
 
     schema = parquet_schema([field])
     stream = _Runs(groups)
     while (number := stream.next_run()) is not None:
         if number in skip:
-            dropped = [k for g in stream.run() for k in g.keys]
-            if skipped_keys is not None:
-                skipped_keys[number] = dropped
+            for _ in stream.run():
+                pass
             continue
         keys: list[str] = []
         payload = [0]

@@ -206,7 +206,6 @@ def pack_tokens(
         return _complete(dest, began)
     kept = kept_shards(dest, journal, lambda n: _shard_name(prefix, n)) if resume else {}
     results: dict[int, ShardResult] = dict(kept)
-    kept_keys: dict[int, list[str]] = {}  # the journal keeps no keys of token shards: reading gives them
     totals = _Totals()
     cutter = ShardCutter(dtype=np_dtype, row_group_bytes=row_group_bytes, shard_size_bytes=shard_size_bytes)
 
@@ -236,14 +235,11 @@ def pack_tokens(
             field=field_full,
             compression=compression,
             skip=kept,
-            skipped_keys=kept_keys,
         )
         engine.write(jobs, advance=_ignore, done=results.__setitem__)
     except BaseException:
         dest.cleanup()
         raise
-    for number, keys in kept_keys.items():
-        results[number].entry.keys = keys
     if not cutter.shards:
         journal.remove()
         detail = f": {len(skipped)} skipped, first: {skipped[0]}" if skipped else ""

@@ -4,21 +4,27 @@ listed; each shard's sample table in a ``<shard>.fltable`` sidecar, :mod:`fastlo
 Each tar shard is read once, front to back: its whole-file CRC32C is checked against the index (a shard
 that changed since it was indexed is refused, nothing is written), and the CRC32C of every sample's byte
 range is recorded, so readers can check each sample's bytes on every read. Parquet and TFRecord shards keep
-their own checks (page checksums, record CRCs) and are not read. The sidecars are written first and
-``index.json`` last, so an interrupted upgrade leaves the v1 index in place and can be run again.
+their own checks (page checksums, record CRCs) and are not read. Shards are read, then their sidecars
+written, several at a time; ``index.json`` last, so an interrupted upgrade (or a refused shard: nothing is
+written then) leaves the v1 index in place and can be run again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import crc32c
 
 from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry
-from fastload.errors import ConfigError, VerifyError
+from fastload.core.table import table_name
+from fastload.errors import VerifyError
 from fastload.packing.dest import destination
 from fastload.storage import access as storage
 from fastload.storage.tables import split_entry
@@ -71,17 +77,20 @@ def sample_crcs(url: str, entry: ShardEntry, *, s3_config: S3Config | None = Non
     return crcs
 
 
-def with_crcs(root: str, index: DatasetIndex, *, s3_config: S3Config | None = None) -> list[ShardEntry]:
+def with_crcs(
+    root: str, index: DatasetIndex, *, s3_config: S3Config | None = None, threads: int = 8
+) -> list[ShardEntry]:
     """The shards of ``index`` (attached: v1 or in memory) with per-sample CRC32Cs where the format has byte
-    ranges to check (tar), read from ``root``."""
+    ranges to check (tar), read from ``root``, ``threads`` shards at a time."""
     fmt = formats.by_name(index.shard_format)
-    out = []
-    for entry in index.shards:
+
+    def one(entry: ShardEntry) -> ShardEntry:
         if fmt.name == "tar" and not entry.crcs and entry.samples:
             url = storage.join(root, entry.name)
-            entry = ShardEntry(**{**entry.__dict__, "crcs": sample_crcs(url, entry, s3_config=s3_config)})
-        out.append(entry)
-    return out
+            entry = dataclasses.replace(entry, crcs=sample_crcs(url, entry, s3_config=s3_config))
+        return entry
+
+    return _parallel(one, index.shards, threads)
 
 
 def write_v2(
@@ -91,34 +100,79 @@ def write_v2(
     *,
     state_dir: str = STATE_DIR,
     s3_config: S3Config | None = None,
+    threads: int = 8,
 ) -> DatasetIndex:
-    """Write each attached shard's sidecar under ``root``, then ``index.json`` v2 listing them; returns it."""
+    """Write each attached shard's sidecar under ``root`` (``threads`` at a time), then ``index.json`` v2
+    listing them; returns it."""
     dest = destination(root, state_dir, config=s3_config)
-    detached = []
-    for entry in shards:
+
+    def one(entry: ShardEntry) -> ShardEntry:
         manifest_entry, data = split_entry(entry, shard_format=index.shard_format)
-        assert manifest_entry.table is not None
-        dest.write_bytes(manifest_entry.table.name, data)
-        detached.append(manifest_entry)
-    v2 = DatasetIndex(
-        shard_format=index.shard_format,
-        fields=index.fields,
-        shards=detached,
-        options=index.options,
-        skipped=index.skipped,
-        payload_bytes=index.payload_bytes,
-    )
+        dest.write_bytes(table_name(entry.name), data)
+        return manifest_entry
+
+    v2 = dataclasses.replace(index, shards=_parallel(one, shards, threads))
     dest.write_bytes(INDEX_NAME, v2.to_json())
     return v2
 
 
-def upgrade_index(target: str | os.PathLike[str], *, s3_config: S3Config | None = None) -> DatasetIndex:
-    """Upgrade the v1 dataset at ``target`` (folder or ``s3://`` prefix) to index v2 in place; returns the
-    new index. :class:`ConfigError` if it is v2 already."""
+def remove_stale_tables(
+    root: str, old: DatasetIndex, new: DatasetIndex, *, state_dir: str, s3_config: S3Config | None = None
+) -> int:
+    """Delete the sidecars ``old`` (an index being replaced) named that ``new`` does not: a re-index that
+    drops shards leaves no sample table behind. Returns how many were deleted."""
+    kept = {s.table.name for s in new.shards if s.table is not None}
+    stale = sorted({s.table.name for s in old.shards if s.table is not None} - kept)
+    dest = destination(root, state_dir, config=s3_config)
+    for name in stale:
+        dest.remove(name)
+    return len(stale)
+
+
+@dataclass
+class UpgradeReport:
+    """What ``fastload index --upgrade`` did: ``upgraded`` is False when the index was v2 already."""
+
+    target: str
+    index: DatasetIndex
+    upgraded: bool = True
+    shards_read: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        where = storage.join(self.target, INDEX_NAME)
+        if not self.upgraded:
+            return f"{where} is index v2 already; nothing to upgrade"
+        shards = len(self.index.shards)
+        return (
+            f"upgraded {where} to index v2 ({shards} shard(s), {self.index.samples:,} samples): wrote "
+            f"{shards} sample table(s), read {self.shards_read} tar shard(s) for per-sample CRC32C, in "
+            f"{self.seconds:.1f}s"
+        )
+
+
+def upgrade_index(
+    target: str | os.PathLike[str], *, s3_config: S3Config | None = None, threads: int = 8
+) -> UpgradeReport:
+    """Upgrade the v1 dataset at ``target`` (folder or ``s3://`` prefix) to index v2 in place, ``threads``
+    shards at a time; a v2 dataset is left as it is (``upgraded=False``)."""
+    began = time.monotonic()
     root = storage.normalise(target)
     if storage.is_remote(root):
         s3_config = s3_config or S3Config.from_env()
     index = formats.load_index(root, s3_config=s3_config)
     if index.detached:
-        raise ConfigError(f"{storage.join(root, INDEX_NAME)} is index v2 already; nothing to upgrade")
-    return write_v2(root, index, with_crcs(root, index, s3_config=s3_config), s3_config=s3_config)
+        return UpgradeReport(root, index, upgraded=False)
+    shards = with_crcs(root, index, s3_config=s3_config, threads=threads)
+    read = sum(1 for old, new in zip(index.shards, shards, strict=True) if new.crcs and not old.crcs)
+    v2 = write_v2(root, index, shards, s3_config=s3_config, threads=threads)
+    return UpgradeReport(root, v2, shards_read=read, seconds=time.monotonic() - began)
+
+
+def _parallel(
+    fn: Callable[[ShardEntry], ShardEntry], shards: Sequence[ShardEntry], threads: int
+) -> list[ShardEntry]:
+    if not shards:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(shards)))) as pool:
+        return list(pool.map(fn, shards))

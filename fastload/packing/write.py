@@ -52,8 +52,8 @@ class FileShard:
         return result
 
     @property
-    def journal_keys(self) -> bool:
-        return True
+    def shard_format(self) -> str:
+        return self.config.shard_format
 
     def local_folders(self) -> set[str]:
         return {

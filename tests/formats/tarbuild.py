@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crc32c import crc32c
 from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 import fastload
+from fastload import formats
 from fastload.formats import native
 from fastload.packing.indexing import build_index
 
@@ -129,6 +131,15 @@ def reader(kind: str) -> Iterator[None]:
         native.layout_run = saved
 
 
+def index_dict(root: Path) -> dict[str, Any]:
+    """``index.json`` with each shard's per-sample columns attached from its sample table (the v1 form)."""
+    import json
+
+    raw = json.loads((root / "index.json").read_bytes())
+    raw["shards"] = [s.to_dict() for s in formats.load_index(root, tables=True).shards]
+    return raw
+
+
 def dataset_sees(
     root: Path | list[str], kind: str, *, into: list[Any] | None = None, **options: Any
 ) -> list[tuple[str, dict[str, bytes]]]:
@@ -156,7 +167,12 @@ def check_every_path(tar: Path, expected: Samples) -> None:
     readers, direct and prefetched, and from the tar's path alone) delivers ``expected`` in order."""
     report = build_index(str(tar.parent), workers=1, force=True)
     assert report.ok, report.summary()
-    assert report.index is not None and [k for s in report.index.shards for k in s.keys] == list(expected)
+    assert report.index is not None and report.index.detached  # index v2: sample tables beside the tars
+    indexed = formats.load_index(tar.parent, tables=True)
+    assert [k for s in indexed.shards for k in s.keys] == list(expected)
+    data = tar.read_bytes()
+    (shard,) = indexed.shards
+    assert shard.crcs == [crc32c(data[o : o + n]) for o, n in zip(shard.offsets, shard.sizes, strict=True)]
     checked = fastload.verify(tar.parent, workers=1)
     assert checked.ok and checked.samples == len(expected), checked.summary()
     linted = fastload.verify(tar, workers=1)

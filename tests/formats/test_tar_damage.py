@@ -11,7 +11,6 @@ Runs standalone (CI runs it under AddressSanitizer)."""
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import tarfile
@@ -30,7 +29,7 @@ from fastload.formats.tar.index import index_tar_shard
 from fastload.packing.indexing import build_index
 from fastload.packing.upgrade import upgrade_index
 
-from .tarbuild import dataset_sees, samples_of, write_tar
+from .tarbuild import dataset_sees, index_dict, samples_of, write_tar
 
 Damage = Callable[[bytearray, list[tuple[int, int]]], None]  # (shard bytes, (header, data offset) of members)
 
@@ -63,7 +62,7 @@ def corpus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         (base / "ds").mkdir()
         write_tar(base / "ds" / "a.tar", members, "tarfile-gnu")
         assert build_index(str(base / "ds"), workers=1).ok
-    index = json.loads((base / "ds" / "index.json").read_bytes())
+    index = index_dict(base / "ds")
     (shard,) = index["shards"]
     assert bool(shard.get("member_fields")) == (request.param == "packed")
     name = shard["name"]

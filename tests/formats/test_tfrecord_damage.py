@@ -14,7 +14,6 @@ and the buffer-end cases share the record walker (:func:`marks`) and the checks.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -33,6 +32,8 @@ from fastload.formats import native
 from fastload.formats.tfrecord import codec as tfr
 from fastload.formats.tfrecord.reader import DIRECT_RECORD_BYTES, HEAD_READ_BYTES
 from fastload.packing.indexing import build_index
+
+from .tarbuild import index_dict
 
 example_pb2 = pytest.importorskip("tfrecord.example_pb2")  # the reference decoder (the official .proto)
 
@@ -69,7 +70,7 @@ def _pack(base: Path, samples: Samples) -> dict[str, Any]:
             (src / f"{key}.{field}").parent.mkdir(parents=True, exist_ok=True)
             (src / f"{key}.{field}").write_bytes(data)
     fastload.pack(src, base / "ds", progress=False, shard_format="tfrecord", shard_size_bytes=1 << 30)
-    (entry,) = json.loads((base / "ds" / "index.json").read_bytes())["shards"]
+    (entry,) = index_dict(base / "ds")["shards"]
     return {"root": base / "ds", "name": entry["name"], "entry": entry, "samples": samples}
 
 
@@ -248,7 +249,7 @@ def _foreign(base: Path, samples: Samples) -> dict[str, Any]:
         writer.write({**datum, **{f: (v, "byte") for f, v in fields.items()}})
     writer.close()
     assert build_index(str(base / "ds"), workers=1).ok
-    (entry,) = json.loads((base / "ds" / "index.json").read_bytes())["shards"]
+    (entry,) = index_dict(base / "ds")["shards"]
     with reader("Python"):
         read = {s["__key__"]: plain(s) for s in fastload.ShardDataset(str(base / "ds"), decode=False)}
     for i, (key, fields) in enumerate(samples.items()):
@@ -477,7 +478,7 @@ def cut_heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root.mkdir()
     (root / "cut.tfrecord").write_bytes(b"".join(_example(k, f) for k, f in records))
     assert build_index(str(root), workers=1).ok
-    (entry,) = json.loads((root / "index.json").read_bytes())["shards"]
+    (entry,) = index_dict(root)["shards"]
     return {"root": root, "entry": entry, "samples": {k: dict(f) for k, f in records}}
 
 

@@ -229,7 +229,7 @@ def test_toy_pack(toy: ToyFormat, tree: Tree, tmp_path: Path) -> None:
     src, expected = tree
     dst = tmp_path / "packed"
     fastload.pack(src, dst, shard_format="toy", shard_size_bytes=4096, workers=2, progress=False)
-    index = formats.load_index(dst)
+    index = formats.load_index(dst, tables=True)
     assert index.shard_format == "toy" and index.samples == len(expected)
     assert len(index.shards) > 1 and all(s.name.endswith(".toy") for s in index.shards)
     assert {k for s in index.shards for k in s.keys} == set(expected)

@@ -15,6 +15,8 @@ from typing import Any
 
 import webdataset as wds
 
+from fastload import formats
+
 CLI_TIMEOUT_S = 120
 
 
@@ -55,8 +57,30 @@ def pack_cli(
     return run_cli("pack", *sources, dst, "--quiet", *options, check=check)
 
 
-def read_index(dst: Path) -> dict[str, Any]:
+def read_manifest(dst: Path) -> dict[str, Any]:
+    """``index.json`` as written (v2: shards listed, no per-sample columns)."""
     return json.loads((dst / "index.json").read_bytes())
+
+
+def read_index(dst: Path) -> dict[str, Any]:
+    """``index.json`` with each shard's per-sample columns (keys, offsets, sizes, crcs, ...) attached from its
+    sample table, each shard in the v1 form: what tests that look at samples read."""
+    raw = read_manifest(dst)
+    raw["shards"] = [s.to_dict() for s in formats.load_index(dst, tables=True).shards]
+    return raw
+
+
+def make_v1(dst: Path, *, crcs: bool = False) -> None:
+    """Turn a packed dataset into what an older fastload wrote: ``index.json`` v1 listing every sample (with
+    per-sample CRC32Cs only if ``crcs``), no sample tables."""
+    from dataclasses import replace
+
+    index = formats.load_index(dst, tables=True)
+    shards = [replace(s, table=None, format=None, crcs=s.crcs if crcs else []) for s in index.shards]
+    (dst / "index.json").write_bytes(replace(index, shards=shards).to_json())
+    for s in index.shards:
+        (dst / f"{s.name}.fltable").unlink()
+    assert read_manifest(dst)["version"] == 1
 
 
 def shard_paths(dst: Path) -> list[Path]:

@@ -74,11 +74,13 @@ def test_inspect_shows_totals_and_fields(packed):
     assert lines["samples"].strip() == str(index["totals"]["samples"])
     assert f"{index['totals']['bytes']:,}" in lines["bytes"]
     assert [f.strip() for f in lines["fields"].split(",")] == index["fields"]
+    assert lines["index"].strip().startswith("v2 (shards listed; each shard's sample table in")
 
 
 @pytest.mark.parametrize("which", ["number", "name"])
 def test_inspect_one_shard_lists_its_keys_with_offsets(packed, which):
-    shard = read_index(packed)["shards"][1]
+    first, shard = read_index(packed)["shards"][:2]
+    (packed / f"{first['name']}.fltable").unlink()  # only the shown shard's sample table is read
     proc = run_script(
         "inspect", packed, "--shard", "1" if which == "number" else shard["name"], "--limit", "0"
     )
@@ -87,6 +89,7 @@ def test_inspect_one_shard_lists_its_keys_with_offsets(packed, which):
     assert [r[1] for r in rows] == shard["keys"]
     assert [int(r[3]) for r in rows] == shard["offsets"]
     assert [int(r[5]) for r in rows] == shard["sizes"]
+    assert [r[7] for r in rows] == [f"{c:08x}" for c in shard["crcs"]]
     assert shard["name"] in proc.stdout.splitlines()[0]
 
 

@@ -193,6 +193,9 @@ def test_full_disk_and_read_only_destination(tmp_path: Path) -> None:
     assert f"cannot write to {mnt}/ds: no space left on the device" in err and "--resume" in err, err
     assert "Traceback" not in err
     listed = [line[3:] for line in out.splitlines() if line.startswith("LS ")]
-    assert listed and all(name.startswith("shard-") and name.endswith(".tar") for name in listed), listed
+    shards = [name for name in listed if name.startswith("shard-") and name.endswith(".tar")]
+    tables = [name for name in listed if name.endswith(".fltable")]  # each published shard's sample table
+    assert shards and sorted(shards + tables) == sorted(listed), listed
+    assert {name.removesuffix(".fltable") for name in tables} <= set(shards), listed
     assert "rc2=0" in out and "rc3=0" in out, out + err
     assert "rc4=1" in out and "read-only file system" in err, out + err

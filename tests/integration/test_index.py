@@ -1,11 +1,12 @@
-"""index.json: per-sample byte ranges, CRC32C, totals and shard sizing, checked against the shard files."""
+"""index.json (v2) and the shards' sample tables: per-sample byte ranges and CRC32C, the whole files' CRC32C,
+totals and shard sizing, checked against the shard files."""
 
 from __future__ import annotations
 
 import crc32c
 import pytest
 
-from .helpers import pack_cli, read_index, shard_paths, tar_members
+from .helpers import pack_cli, read_index, read_manifest, shard_paths, tar_members
 
 
 def test_each_sample_byte_range_is_a_self_contained_tar_fragment(rich_tree, tmp_path):
@@ -17,8 +18,12 @@ def test_each_sample_byte_range_is_a_self_contained_tar_fragment(rich_tree, tmp_
     for shard in index["shards"]:
         data = (dst / shard["name"]).read_bytes()
         assert len(shard["offsets"]) == len(shard["sizes"]) == len(shard["keys"]) == shard["samples"]
-        for key, offset, size in zip(shard["keys"], shard["offsets"], shard["sizes"], strict=True):
+        assert len(shard["crcs"]) == shard["samples"]
+        for key, offset, size, crc in zip(
+            shard["keys"], shard["offsets"], shard["sizes"], shard["crcs"], strict=True
+        ):
             assert offset % 512 == 0 and size % 512 == 0 and offset + size <= len(data) - 1024
+            assert crc == crc32c.crc32c(data[offset : offset + size]), "the CRC32C of the sample's bytes"
             fragment = data[offset : offset + size] + bytes(1024)
             members = tar_members(fragment)
             assert [name for name, _ in members] == [f"{key}.{f}" for f in sorted(expected[key])]
@@ -38,10 +43,20 @@ def test_crc32c_and_totals_match_the_files(rich_tree, tmp_path, fmt):
     index = read_index(dst)
     assert (index["format"], index["version"], index["checksum"], index["shard_format"]) == (
         "fastload-index",
-        1,
+        2,
         "crc32c",
         fmt,
     )
+    tables = []
+    for listed in read_manifest(dst)["shards"]:  # v2: shards only, each naming its sample table
+        assert "keys" not in listed and "offsets" not in listed and listed["format"] == fmt
+        table = (dst / listed["table"]["name"]).read_bytes()
+        assert listed["table"] == {
+            "name": listed["name"] + ".fltable",
+            "bytes": len(table),
+            "checksum": f"{crc32c.crc32c(table):08x}",
+        }
+        tables.append(listed["table"]["name"])
     total_bytes = 0
     for shard, path in zip(index["shards"], shard_paths(dst), strict=True):
         data = path.read_bytes()
@@ -61,7 +76,7 @@ def test_crc32c_and_totals_match_the_files(rich_tree, tmp_path, fmt):
     assert index["fields"] == sorted({f for fs in expected.values() for f in fs})
     assert index["skipped"] == []
     names = {p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()}
-    assert names == {"index.json", *(s["name"] for s in index["shards"])}, "stray files left in DST"
+    assert names == {"index.json", *(s["name"] for s in index["shards"]), *tables}, "stray files left in DST"
 
 
 def test_tar_shard_size_is_respected_and_oversized_samples_get_their_own_shard(

@@ -3,6 +3,7 @@ exactly the bytes of an uninterrupted run."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -117,6 +118,27 @@ def test_killed_pack_leaves_only_complete_shards_and_resume_matches_clean_run(
     )
 
 
+def test_resume_checks_the_sample_tables_of_kept_shards(resume_setup, tmp_path):
+    """A journaled shard whose sample table is missing or damaged is written again (shard and table); the
+    others are kept as they are; the result is the clean run's bytes."""
+    tree, clean, _ = resume_setup
+    dst = tmp_path / "dst"
+    kill_pack_midway(tree.root, dst, after_shards=6)
+    journaled = sorted(
+        json.loads(p.read_bytes())["entry"]["name"] for p in (dst / STATE_DIR / "done").iterdir()
+    )
+    assert len(journaled) >= 2
+    missing, damaged, *others = [dst / name for name in journaled]
+    Path(f"{missing}.fltable").unlink()
+    table = Path(f"{damaged}.fltable")
+    table.write_bytes(table.read_bytes()[:-1] + bytes([table.read_bytes()[-1] ^ 1]))
+    identity = {p: p.stat().st_mtime_ns for p in [missing, damaged, *others]}
+    pack_cli(tree.root, dst, *PACK_OPTIONS, "--resume")
+    assert snapshot(dst) == snapshot(clean)
+    assert missing.stat().st_mtime_ns != identity[missing] and damaged.stat().st_mtime_ns != identity[damaged]
+    assert all(p.stat().st_mtime_ns == identity[p] for p in others), "shards with whole tables are kept"
+
+
 def test_resume_refuses_when_the_source_changed(resume_setup, tmp_path):
     tree, _, interrupted = resume_setup
     src = linked_copy(tree.root, tmp_path / "src", real="part3")
@@ -197,7 +219,7 @@ def test_resume_into_a_new_folder_packs_normally(rich_tree, tmp_path):
 class _Job:
     """A stand-in shard job: writes a few bytes after a short pause; job ``fail`` raises instead."""
 
-    journal_keys = True
+    shard_format = "tar"
 
     def __init__(self, number: int, fail: int, written: list[int]) -> None:
         self.number, self.name, self.fail, self.written = number, f"s-{number:06d}.bin", fail, written
@@ -246,3 +268,4 @@ def test_local_engine_stops_at_a_writer_error_and_holds_few_jobs_ahead(tmp_path)
     assert set(journal.finished()) == set(written), "every published shard is journaled, nothing else"
     for n in written:
         assert (tmp_path / "dst" / f"s-{n:06d}.bin").read_bytes() == b"x" * (n + 1)
+        assert (tmp_path / "dst" / f"s-{n:06d}.bin.fltable").is_file(), "each shard's sample table beside it"

@@ -12,8 +12,9 @@ import pytest
 import webdataset as wds
 
 import fastload
+from fastload.core.keys import split_key
 
-from .helpers import read_index, run_cli, shard_paths
+from .helpers import make_v1, read_index, read_manifest, run_cli, shard_paths
 
 
 def _equal_size_tree(make_tree):
@@ -49,14 +50,53 @@ def packed(rich_tree, tmp_path) -> Path:
 
 
 def test_verify_catches_a_flipped_byte_in_member_data(packed):
+    """Named by the sample's CRC32C (index v2): the shard, the sample's key and its byte offset."""
     shard = read_index(packed)["shards"][1]
     path = packed / shard["name"]
     with tarfile.open(path) as tf:
         member = max(tf.getmembers(), key=lambda m: m.size)
     assert member.size > 1
     _flip(path, member.offset_data + member.size // 2)
+    key = split_key(member.name)[0]
+    at = shard["offsets"][shard["keys"].index(key)]
+    _verify_fails(packed, f"{shard['name']}, sample {key!r}, byte offset {at}: the sample's bytes", "CRC32C")
+    report = fastload.verify(packed)
+    assert not report.ok
+    assert [(p.shard, p.key, p.offset) for p in report.problems] == [
+        (shard["name"], key, at),  # the sample
+        (shard["name"], None, None),  # and the whole file's CRC32C
+    ]
+
+
+def test_verify_checks_each_shards_sample_table(packed):
+    """A missing or damaged sidecar is named; the shard's whole-file CRC32C is still checked."""
+    first, second = read_manifest(packed)["shards"][:2]
+    (packed / first["table"]["name"]).unlink()
+    _flip(packed / second["table"]["name"], 20)
+    report = fastload.verify(packed)
+    found = {p.shard: str(p) for p in report.problems}
+    assert set(found) == {first["name"], second["name"]}, report.summary()
+    assert "sample table of shard" in found[first["name"]] and "is missing" in found[first["name"]]
+    assert f"{second['name']}.fltable" in found[second["name"]] and "CRC32C" in found[second["name"]]
+    _flip(packed / first["name"], 600)
+    problems = [str(p) for p in fastload.verify(packed).problems if p.shard == first["name"]]
+    assert len(problems) == 2 and "the shard's bytes changed" in problems[1]
+
+
+def test_a_v1_dataset_still_loads_and_verifies(packed):
+    """What an older fastload wrote (every sample in index.json, no sample tables) reads and verifies as
+    before: whole-file CRC32C, each sample's span."""
+    expected = read_index(packed)["shards"]
+    make_v1(packed)
+    index = fastload.formats.load_index(packed, tables=True)
+    assert not index.detached and [s.to_dict()["keys"] for s in index.shards] == [s["keys"] for s in expected]
+    assert run_cli("verify", packed, check=0).stdout.startswith("OK")
+    assert "index:    v1 (every sample listed in index.json; `fastload index --upgrade` writes v2)" in (
+        run_cli("inspect", packed, check=0).stdout
+    )
+    shard = expected[0]
+    _flip(packed / shard["name"], shard["offsets"][-1] + 700)
     _verify_fails(packed, shard["name"], "CRC32C")
-    assert not fastload.verify(packed).ok
 
 
 @pytest.mark.parametrize("cut", ["end-blocks", "mid-member"])
@@ -94,9 +134,30 @@ def test_verify_passes_parquet_and_catches_a_flipped_byte(sparse_tree, tmp_path)
     assert ok.stdout.startswith("OK") and "Traceback" not in ok.stderr
     shard = read_index(dst)["shards"][0]
     path = dst / shard["name"]
-    offset, size, _ = shard["row_groups"][0]
+    offset, size, rows = shard["row_groups"][0]
     _flip(path, offset + size // 2)
-    _verify_fails(dst, shard["name"], "CRC32C")
+    first, last = shard["keys"][0], shard["keys"][rows - 1]
+    _verify_fails(dst, shard["name"], "CRC32C", f"row group 0 (keys {first!r} .. {last!r}), column")
+
+
+def test_verify_names_the_parquet_page_whose_checksum_fails(make_tree, tmp_path):
+    """A flipped byte inside a page's data (not its header): only the page checksum catches it."""
+    tree = make_tree({f"s/{i:04d}.{f}": bytes([65 + i]) * 3000 for i in range(6) for f in ("bin", "txt")})
+    dst = tmp_path / "dst"
+    fastload.pack(str(tree.root), dst, shard_format="parquet", row_group_bytes=12000, progress=False)
+    shard = read_index(dst)["shards"][0]
+    assert len(shard["row_groups"]) == 3
+    path = dst / shard["name"]
+    data = path.read_bytes()
+    at = data.index(bytes([65 + 2]) * 3000) + 1500  # inside sample s/0002's value: row group 1
+    _flip(path, at)
+    report = fastload.verify(dst)
+    groups = [p for p in report.problems if "row group" in str(p)]
+    assert len(groups) == 1, report.summary()
+    (problem,) = groups
+    assert problem.shard == shard["name"] and problem.key == "s/0002" and problem.offset is not None
+    assert "row group 1 (keys 's/0002' .. 's/0003'), column 'bin'" in str(problem)
+    assert "checksum" in str(problem).lower()
 
 
 def test_verify_catches_a_missing_shard(packed):

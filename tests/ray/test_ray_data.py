@@ -99,6 +99,8 @@ def test_from_ray_writes_shards_that_verify_and_read_back(fmt: str, tmp_path: Pa
     assert all(s.samples <= 6 for s in report.index.shards) and len(report.index.shards) >= 7
     index = json.loads((tmp_path / "out" / "index.json").read_bytes())
     assert index["fields"] == ["cls", "jpg", "txt"] and index["options"]["source"] == "ray.data"
+    assert index["version"] == 2  # each write task wrote its shards' sample tables
+    assert all((tmp_path / "out" / s["table"]["name"]).is_file() for s in index["shards"])
     assert not (tmp_path / "out" / ".fastload-pack").exists()
     want = {
         row["__key__"]: {

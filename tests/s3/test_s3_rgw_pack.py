@@ -152,6 +152,26 @@ def test_verify_passes_then_names_a_shard_with_a_flipped_byte(
     assert not any(n in bad.stdout for n in others), bad.stdout
 
 
+def test_index_upgrade_of_an_s3_dataset_gives_the_v2_pack(rgw_client: Any, packed: SimpleNamespace) -> None:
+    """A v1 dataset on S3 (every sample in index.json, no per-sample CRC32C, no sample tables: as an older
+    fastload wrote it) upgraded in place: exactly the objects a v2 pack writes."""
+    from dataclasses import replace
+
+    from fastload import formats
+
+    index = formats.load_index(packed.work / "local", tables=True)
+    v1 = replace(index, shards=[replace(s, table=None, format=None, crcs=[]) for s in index.shards])
+    prefix = "v1/"
+    for name in shard_names(packed.local):
+        rgw_client.put_object(Bucket=packed.bucket, Key=prefix + name, Body=packed.local[name])
+    rgw_client.put_object(Bucket=packed.bucket, Key=f"{prefix}index.json", Body=v1.to_json())
+    url = f"s3://{packed.bucket}/{prefix}"
+    assert "upgraded" in run_cli("index", "--upgrade", url, env=packed.env).stdout
+    assert objects_under(rgw_client, packed.bucket, prefix) == packed.local
+    assert "nothing to upgrade" in run_cli("index", "--upgrade", url, env=packed.env).stdout
+    assert run_cli("verify", url, env=packed.env).stdout.startswith("OK")
+
+
 def test_inspect_prints_the_totals(packed: SimpleNamespace) -> None:
     proc = run_cli("inspect", f"s3://{packed.bucket}/packed", env=packed.env)
     index = json.loads(packed.local["index.json"])
@@ -268,7 +288,8 @@ def test_pack_killed_mid_run_resumes_to_the_uninterrupted_result(
     argv = fastload_argv("pack", setup.tree, f"s3://{name}/{prefix}", *setup.options)
 
     def shards_present() -> list[str]:
-        return [k for k in keys_under(rgw_client, name, prefix) if k.startswith(f"{prefix}shard-")]
+        keys = keys_under(rgw_client, name, prefix)  # shards, not their sample tables (.fltable)
+        return [k for k in keys if k.startswith(f"{prefix}shard-") and k.endswith(".tar")]
 
     with (tmp_path / "killed-pack.stderr").open("wb") as stderr:
         proc = start_pack(argv, s3_env(rgw, endpoint_url=proxy.endpoint_url), tmp_path, stderr)

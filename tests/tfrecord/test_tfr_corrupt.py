@@ -4,14 +4,13 @@ gzip stream each give an error naming the shard, the record and its byte offset,
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 from dataset.helpers import Packed
-from tfr_helpers import Foreign
+from tfr_helpers import Foreign, index_dict
 
 import fastload
 from fastload.errors import VerifyError
@@ -29,7 +28,7 @@ def damaged(tfr_uneven: Packed, tmp_path: Path) -> tuple[Path, dict]:  # type: i
     """A copy of the packed dataset, and the index entry of its shard with the most records."""
     root = tmp_path / "ds"
     shutil.copytree(tfr_uneven.root, root)
-    index = json.loads((root / "index.json").read_bytes())
+    index = index_dict(root)
     return root, max(index["shards"], key=lambda s: s["samples"])
 
 

@@ -7,7 +7,6 @@ and with the Python one."""
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import shutil
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 from dataset.helpers import Packed, pack_files
 from test_tfr_codec import _len, _varint
-from tfr_helpers import reference_records
+from tfr_helpers import index_dict, reference_records, write_index_dict
 
 import fastload
 from fastload.errors import VerifyError
@@ -76,9 +75,10 @@ def thresholds(tmp_path_factory: pytest.TempPathFactory) -> Packed:
         shard_format="tfrecord",
         shard_size_bytes=1 << 20,
     )
-    sizes = [n for s in packed.index["shards"] for n in s["sizes"]]
-    assert {BIG - 1, BIG, BIG + 1} <= set(sizes) and len(packed.index["shards"]) >= 3
-    first = packed.index["shards"][0]
+    shards = index_dict(packed.root)["shards"]
+    sizes = [n for s in shards for n in s["sizes"]]
+    assert {BIG - 1, BIG, BIG + 1} <= set(sizes) and len(shards) >= 3
+    first = shards[0]
     payload = reference_records((packed.root / first["name"]).read_bytes())[0]
     assert [n for n, _, _ in tfr.iter_features(payload)] == ["__key__", "a", "b", "c"]
     return packed
@@ -244,7 +244,7 @@ def _pick(index: dict[str, Any], big: bool) -> tuple[dict[str, Any], int]:
 def copy(thresholds: Packed, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     root = tmp_path / "ds"
     shutil.copytree(thresholds.root, root)
-    return root, json.loads((root / "index.json").read_bytes())
+    return root, index_dict(root)
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -301,6 +301,6 @@ def test_keys_are_checked_against_the_index(
     root, index = copy
     shard, k = _pick(index, big)
     shard["keys"][k] = "not/the-key"
-    (root / "index.json").write_text(json.dumps(index))
+    write_index_dict(root, index)
     with pytest.raises(VerifyError, match=rf"record {k}: '.*', index says 'not/the-key'"):
         _read(root, prefetch_bytes=prefetch_bytes)

@@ -10,7 +10,7 @@ import boto3
 import pytest
 from botocore.config import Config
 from dataset.test_s3 import ACCESS_KEY, REGION, SECRET_KEY, s3_env  # noqa: F401 (s3_env is a fixture)
-from tfr_helpers import Foreign, check_sample
+from tfr_helpers import Foreign, check_sample, index_dict
 
 import fastload
 from fastload.cli import main
@@ -20,8 +20,8 @@ from fastload.packing.indexing import build_index
 
 
 def test_index_lists_every_record(foreign: Foreign) -> None:
-    index = json.loads((foreign.root / "index.json").read_bytes())
-    assert index["shard_format"] == "tfrecord"
+    index = index_dict(foreign.root)
+    assert index["shard_format"] == "tfrecord" and index["version"] == 2
     assert index["fields"] == ["emb", "image", "label", "tags"]
     assert {s["name"]: s["samples"] for s in index["shards"]} == foreign.files
     for shard in index["shards"]:
@@ -122,12 +122,17 @@ def test_index_tfrecord_files_for_a_list_of_urls(foreign_copy: Foreign) -> None:
 
 def test_index_a_folder_of_foreign_tars(rich_tree, tmp_path: Path) -> None:
     fastload.pack(rich_tree.root, tmp_path / "packed", shard_size_bytes=16 << 10, progress=False)
-    (tmp_path / "packed" / "index.json").rename(tmp_path / "packed.json")
+    packed = index_dict(tmp_path / "packed")
+    (tmp_path / "packed" / "index.json").unlink()
+    for shard in packed["shards"]:
+        (tmp_path / "packed" / f"{shard['name']}.fltable").unlink()
     report = build_index(tmp_path / "packed")
     assert report.ok and "tar file(s)" in report.summary()
     assert report.index is not None and report.index.shard_format == "tar"
-    packed = json.loads((tmp_path / "packed.json").read_bytes())
-    assert [s.to_dict()["offsets"] for s in report.index.shards] == [s["offsets"] for s in packed["shards"]]
+    indexed = index_dict(tmp_path / "packed")["shards"]
+    assert all(s["crcs"] for s in indexed)
+    for field in ("offsets", "sizes", "crcs", "keys", "member_fields", "member_sizes"):
+        assert [s.get(field) for s in indexed] == [s.get(field) for s in packed["shards"]], field
     assert fastload.verify(tmp_path / "packed").ok
     samples = {s["__key__"]: s for s in fastload.ShardDataset(tmp_path / "packed", decode=False)}
     assert {k: {f: v for f, v in s.items() if not f.startswith("__")} for k, s in samples.items()} == (

@@ -3,13 +3,12 @@ checks every CRC, exact index offsets, determinism, verify/inspect, and samples 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tfr_helpers import protobuf_features, reference_records
+from tfr_helpers import index_dict, protobuf_features, reference_records
 from tfrecord.reader import tfrecord_loader
 
 import fastload
@@ -19,7 +18,7 @@ from fastload.storage import listing
 
 def _pack(src: Path, dst: Path, **options: object) -> dict:  # type: ignore[type-arg]
     fastload.pack(src, dst, shard_format="tfrecord", progress=False, **options)
-    return json.loads((dst / "index.json").read_bytes())
+    return index_dict(dst)
 
 
 def _cli(*args: object) -> subprocess.CompletedProcess[str]:
@@ -116,7 +115,7 @@ def test_a_file_shrinking_mid_pack_leaves_its_sample_out_whole(
         tree.root, tmp_path / "dst", shard_format="tfrecord", allow_skip=True, progress=False
     )
     assert [s.path for s in report.skipped] == [target]
-    index = json.loads((tmp_path / "dst" / "index.json").read_bytes())
+    index = index_dict(tmp_path / "dst")
     assert index["shards"][0]["keys"] == [f"s/{i:04d}" for i in range(8) if i != 3]
     assert fastload.verify(tmp_path / "dst").ok
     payloads = reference_records((tmp_path / "dst" / index["shards"][0]["name"]).read_bytes())

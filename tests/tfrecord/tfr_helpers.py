@@ -21,6 +21,26 @@ from dataset.helpers import Packed
 from tfrecord import example_pb2
 from tfrecord.writer import TFRecordWriter
 
+from fastload import formats
+
+
+def index_dict(root: Path) -> dict[str, Any]:
+    """``index.json`` with each shard's per-sample columns (keys, offsets, sizes, ...) attached from its
+    sample table, each shard in the v1 form."""
+    raw = json.loads((root / "index.json").read_bytes())
+    raw["shards"] = [s.to_dict() for s in formats.load_index(root, tables=True).shards]
+    return raw
+
+
+def write_index_dict(root: Path, index: dict[str, Any]) -> None:
+    """Write ``index`` (the form :func:`index_dict` gives, perhaps edited) as index v2: sample tables, then
+    ``index.json``."""
+    from fastload.core.index import parse_index
+    from fastload.packing.upgrade import write_v2
+
+    parsed = parse_index(json.dumps({**index, "version": 1}).encode())
+    write_v2(str(root), parsed, parsed.shards)
+
 
 def reference_records(data: bytes) -> list[bytes]:
     """Payloads of a TFRecord file, read the way TensorFlow's record reader does: length, masked CRC of the
@@ -62,8 +82,7 @@ class Foreign:
 
     def packed(self) -> Packed:
         """As a :class:`Packed` (after ``fastload index``), for the dataset contract tests."""
-        index = json.loads((self.root / "index.json").read_bytes())
-        return Packed(self.root, {}, index)
+        return Packed(self.root, {}, index_dict(self.root))
 
 
 def write_foreign(root: Path, layout: dict[str, tuple[int, bool]], *, seed: int = 0) -> Foreign:

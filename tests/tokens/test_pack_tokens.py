@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import fastload
+from fastload import formats
 from fastload.cli import main
 from fastload.errors import ConfigError, PackError, SkippedInputError
 
@@ -33,6 +34,8 @@ def read_back(root: Path | str, **kw: Any) -> dict[str, np.ndarray]:
 def test_token_dataset_verifies_and_reads_back(token_dataset: TokenDataset) -> None:
     assert fastload.verify(token_dataset.root).ok
     index = json.loads((token_dataset.root / "index.json").read_bytes())
+    assert index["version"] == 2 and all("keys" not in s for s in index["shards"])
+    index["shards"] = [s.to_dict() for s in formats.load_index(token_dataset.root, tables=True).shards]
     assert index["fields"] == ["tokens.i32"] and index["shard_format"] == "parquet"
     opts = index["options"]
     assert opts["kind"] == "tokens" and opts["dtype"] == "int32" and opts["field"] == "tokens.i32"
@@ -56,8 +59,9 @@ def test_shards_and_row_groups_are_cut_by_token_bytes(tmp_path: Path) -> None:
     report = fastload.pack_tokens(
         tmp_path / "src.jsonl", tmp_path / "ds", shard_size_bytes=4096, row_group_bytes=1000
     )
-    shards = report.index.shards
+    shards = formats.load_index(tmp_path / "ds", tables=True).shards
     assert [s.samples for s in shards] == [10] * 5, "4,096 bytes hold ten 400-byte documents"
+    assert [(s.name, s.samples) for s in report.index.shards] == [(s.name, s.samples) for s in shards]
     assert all([rg[2] for rg in s.row_groups] == [2] * 5 for s in shards), "1,000 bytes hold two"
     assert fastload.verify(tmp_path / "ds").ok
     # the same input and options give the same bytes

@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.plan import parquet_file_overhead, parquet_row_bytes
 from fastload.errors import VerifyError
-from fastload.formats.checks import crc_problem
-from fastload.formats.tar.scan import ChecksumReader
 
 if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
@@ -98,41 +96,6 @@ class ParquetSamples:
             ) from None
 
 
-def check_parquet(path: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
-    """Row groups and keys of a Parquet shard against its index entry."""
-    import pyarrow.parquet as pq
-
-    try:
-        parquet = pq.ParquetFile(path)
-        meta = parquet.metadata
-        keys = parquet.read(columns=[KEY_COLUMN], use_threads=False).column(0).to_pylist()
-    except Exception as exc:  # pyarrow raises several types for a corrupt file
-        return [VerifyError(f"not a readable Parquet file: {exc}", shard=shard.name)]
-    problems: list[VerifyError] = []
-    rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    if rows != [rg[2] for rg in shard.row_groups]:
-        problems.append(
-            VerifyError(
-                f"row groups hold {rows} rows, index says {[rg[2] for rg in shard.row_groups]}",
-                shard=shard.name,
-            )
-        )
-    if keys != shard.keys:
-        bad = next(
-            (i for i, (a, b) in enumerate(zip(keys, shard.keys, strict=False)) if a != b),
-            min(len(keys), shard.samples),
-        )
-        problems.append(
-            VerifyError(
-                f"row {bad} holds key {keys[bad] if bad < len(keys) else None!r}, index says "
-                f"{shard.keys[bad] if bad < shard.samples else None!r}",
-                shard=shard.name,
-                key=shard.keys[bad] if bad < shard.samples else None,
-            )
-        )
-    return problems
-
-
 class ParquetFormat:
     """``shard_format="parquet"``: a row per sample, a ``__key__`` column and a binary column per field."""
 
@@ -193,13 +156,9 @@ class ParquetFormat:
         return ParquetSamples(entry, file)
 
     def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
-        reader = ChecksumReader(file)
-        reader.drain()
-        problems = crc_problem(reader, shard)
-        if not problems:
-            file.seek(0)
-            problems += check_parquet(file, shard)
-        return problems
+        from fastload.formats.parquet.check import verify_parquet
+
+        return verify_parquet(file, shard)
 
     def lint(self, url: str, *, s3_config: S3Config | None) -> tuple[list[VerifyError], int, int]:
         raise NotImplementedError("Parquet files are only verified against an index")

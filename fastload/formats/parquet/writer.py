@@ -1,7 +1,8 @@
 """Writing one Parquet shard: one row per sample, ``__key__`` plus one binary column per field.
 
 Each row group's column data is read from the input files straight into Arrow buffers (no per-sample
-``bytes`` objects), so a sample's bytes are held once, and memory stays within one row group.
+``bytes`` objects), so a sample's bytes are held once, and memory stays within one row group. Every page
+carries its CRC32 (Parquet's page checksum), so readers and ``fastload verify`` can check each page's bytes.
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ def write_tables(
 ) -> list[int]:
     """Write row groups (tables of ``schema``, ``__key__`` first, one row group each) as a Parquet file at
     ``tmp_path``; return the rows of each group (for :func:`finish_entry`). Dictionaries and statistics only
-    for ``__key__`` and only with ``key_stats`` (sample shards), none otherwise (token shards). The file is
-    removed on any error, including one raised by ``tables``."""
+    for ``__key__`` and only with ``key_stats`` (sample shards), none otherwise (token shards); page
+    checksums always. The file is removed on any error, including one raised by ``tables``."""
     rows_per_group: list[int] = []
     writer = None
     try:

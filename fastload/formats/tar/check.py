@@ -1,20 +1,32 @@
 """``fastload verify`` for tar shards: a shard against its index entry (keys in order, each sample's byte
-range, members adjacent and well named, the member layout), and the lint of foreign WebDataset tars without
-an index (duplicate members, keys whose members are not adjacent, names WebDataset would split differently
-or ignore, archive structure)."""
+range and, where the index has them, the CRC32C of its bytes; members adjacent and well named, the member
+layout; the whole file's CRC32C), and the lint of foreign WebDataset tars without an index (duplicate
+members, keys whose members are not adjacent, names WebDataset would split differently or ignore, archive
+structure)."""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from typing import BinaryIO
 
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, lint_member_name, split_key
 from fastload.errors import VerifyError
+from fastload.formats.checks import crc_problem
 from fastload.formats.tar.header import Member, TarFormatError
+from fastload.formats.tar.index import SampleCrcReader
 from fastload.formats.tar.scan import ChecksumReader, iter_members
 from fastload.storage import access as storage
+
+
+def _key_of(m: Member) -> str:
+    """A member's sample key (``""`` for a name that breaks the key rule)."""
+    try:
+        return split_key(m.name)[0]
+    except KeyRuleError:
+        return ""
 
 
 def samples_of(members: Iterator[Member]) -> Iterator[tuple[str, list[Member]]]:
@@ -22,10 +34,7 @@ def samples_of(members: Iterator[Member]) -> Iterator[tuple[str, list[Member]]]:
     key: str | None = None
     group: list[Member] = []
     for m in members:
-        try:
-            k = split_key(m.name)[0]
-        except KeyRuleError:
-            k = ""
+        k = _key_of(m)
         if k != key and group:
             yield key or "", group
             group = []
@@ -35,11 +44,40 @@ def samples_of(members: Iterator[Member]) -> Iterator[tuple[str, list[Member]]]:
         yield key or "", group
 
 
+def verify_tar(file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
+    """Check a whole tar shard, read once from its start, against its (attached) index entry."""
+    reader = SampleCrcReader(file) if shard.crcs else ChecksumReader(file)  # v1: no sample CRCs to check
+    problems = check_tar_samples(reader, shard)
+    reader.drain()
+    return problems + crc_problem(reader, shard)
+
+
+def _tracked(reader: SampleCrcReader, members: Iterator[Member], crcs: list[int]) -> Iterator[Member]:
+    """``members``, telling ``reader`` where samples start (as :func:`samples_of` groups them); appends
+    each finished sample's CRC32C to ``crcs``, the last one when the members run out."""
+    key: str | None = None
+    for m in members:
+        k = _key_of(m)
+        if k != key and key is not None:
+            crcs.append(reader.sample_crc)
+        reader.member(m, new_sample=k != key)
+        key = k
+        yield m
+    if key is not None:
+        crcs.append(reader.sample_crc)
+
+
 def check_tar_samples(reader: ChecksumReader, shard: ShardEntry) -> list[VerifyError]:
+    """The problems of a tar shard's samples against its entry (``reader`` at the start of the shard);
+    with a :class:`SampleCrcReader` and an entry with ``crcs``, each sample's bytes are checked too."""
     problems: list[VerifyError] = []
     i = 0
+    got_crcs: list[int] = []  # each sample's CRC32C, when the reader computes them
+    walk = iter_members(reader)
+    if isinstance(reader, SampleCrcReader) and shard.crcs:
+        walk = _tracked(reader, walk, got_crcs)
     try:
-        for key, members in samples_of(iter_members(reader)):
+        for key, members in samples_of(walk):
             first = members[0]
 
             def problem(message: str, key: str = key, offset: int = first.header_offset) -> VerifyError:
@@ -66,6 +104,14 @@ def check_tar_samples(reader: ChecksumReader, shard: ShardEntry) -> list[VerifyE
                     problem(
                         f"sample spans bytes {span[0]}+{span[1]}, index says "
                         f"{shard.offsets[i]}+{shard.sizes[i]}"
+                    )
+                )
+            elif got_crcs and got_crcs[i] != shard.crcs[i]:
+                problems.append(
+                    problem(
+                        f"the sample's bytes {span[0]}+{span[1]} have CRC32C {got_crcs[i]:08x}, the "
+                        f"index says {shard.crcs[i]:08x}: a byte of its members changed; re-download or "
+                        "re-pack the shard"
                     )
                 )
             if shard.member_fields:

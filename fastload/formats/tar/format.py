@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.readplan import runs
 from fastload.errors import VerifyError
-from fastload.formats.checks import crc_problem, offsets_problem
+from fastload.formats.checks import offsets_problem
 from fastload.formats.tar.header import END_OF_ARCHIVE, member_size
 from fastload.formats.tar.reader import pieces as tar_pieces
 from fastload.formats.tar.reader import read_run, span
-from fastload.formats.tar.scan import ChecksumReader
 
 if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
@@ -114,12 +113,9 @@ class TarFormat:
         return TarSamples(entry, read, fd)
 
     def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
-        from fastload.formats.tar.check import check_tar_samples
+        from fastload.formats.tar.check import verify_tar
 
-        reader = ChecksumReader(file)
-        problems = check_tar_samples(reader, shard)
-        reader.drain()
-        return problems + crc_problem(reader, shard)
+        return verify_tar(file, shard)
 
     def lint(self, url: str, *, s3_config: S3Config | None) -> tuple[list[VerifyError], int, int]:
         from fastload.formats.tar.check import lint_tar

@@ -1,9 +1,10 @@
 """Building a fastload index for WebDataset-style tar shards that have none (written by other tools).
 
 One sequential read of each shard: member headers give each sample's byte range (its members' headers and
-padded data, which must be adjacent, as WebDataset requires), and the CRC32C of the whole file is computed
-on the way. The result is an ordinary :class:`~fastload.core.index.DatasetIndex`, so every sample-level
-feature (even splits, exact resume, ranged reads, the checked cache) works on foreign shards too.
+padded data, which must be adjacent, as WebDataset requires), and the CRC32C of the whole file and of each
+sample's byte range are computed on the way (:class:`SampleCrcReader`). The result is an ordinary
+:class:`~fastload.core.index.DatasetIndex`, so every sample-level feature (even splits, exact resume, ranged
+reads, the checked cache, each sample's CRC checked on read) works on foreign shards too.
 """
 
 from __future__ import annotations
@@ -11,15 +12,80 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO
+
+from crc32c import crc32c
 
 from fastload.config import S3Config
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
 from fastload.core.layout import set_layout
 from fastload.errors import ConfigError, VerifyError
-from fastload.formats.tar.header import TarFormatError, UnsupportedMember
+from fastload.formats.tar.header import Member, TarFormatError, UnsupportedMember
 from fastload.formats.tar.scan import ChecksumReader, iter_members
 from fastload.storage import access as storage
+
+_ZEROS = bytes(1 << 20)
+
+
+def _advance(crc: int, n: int) -> int:
+    """The linear part of CRC32C over ``n`` more bytes: ``crc32c(M, v) == crc32c(M) ^ _advance(v, len(M))``
+    (two passes over zeros: only for a sample preceded by entries that belong to no sample)."""
+    a, b = crc, 0
+    while n > 0:
+        chunk = memoryview(_ZEROS)[: min(n, len(_ZEROS))]
+        a, b = crc32c(chunk, a), crc32c(chunk, b)
+        n -= len(chunk)
+    return a ^ b
+
+
+class SampleCrcReader(ChecksumReader):
+    """A :class:`~fastload.formats.tar.scan.ChecksumReader` (the whole file's ``crc`` and ``pos``) that also
+    tracks the CRC32C of each sample's byte range: :meth:`member` is called for each member walked.
+
+    The bytes since the last member's end are checksummed twice, on their own and continuing the open
+    sample, because whether they start a new sample is known only once the next member's name is read.
+    """
+
+    def __init__(self, f: BinaryIO, chunk_bytes: int = 4 << 20) -> None:
+        super().__init__(f, chunk_bytes)
+        self.sample_crc = 0  # of the open sample, up to the last member's end
+        self._fresh = self._cont = 0  # since the last member's end: alone, continuing the open sample
+        self._cut = 0  # the last member's end
+        self._marks: dict[int, int] = {}  # position of each read since the cut -> _fresh there
+
+    def _take(self, data: bytes | memoryview) -> None:
+        self.crc = crc32c(data, self.crc)
+        self._fresh = crc32c(data, self._fresh)
+        self._cont = crc32c(data, self._cont)
+        self.pos += len(data)
+
+    def read(self, n: int) -> bytes:
+        self._marks[self.pos] = self._fresh  # a header may start here
+        data = self.f.read(n)
+        self._take(data)
+        return data
+
+    def skip(self, n: int) -> int:
+        left = n
+        while left:
+            got = self.f.readinto(self._view[: min(left, len(self._buf))])  # type: ignore[attr-defined]
+            if not got:
+                break
+            self._take(self._view[:got])
+            left -= got
+        return n - left
+
+    def member(self, m: Member, *, new_sample: bool) -> None:
+        """Account for ``m`` (just walked: the position is its end): it continues the open sample, or
+        starts a new one at ``m.header_offset``; ``sample_crc`` is then the open sample's CRC32C."""
+        if not new_sample:
+            self.sample_crc = self._cont
+        elif m.header_offset == self._cut:
+            self.sample_crc = self._fresh
+        else:  # entries of no sample (directories, ...) before it: take their CRC back out
+            self.sample_crc = self._fresh ^ _advance(self._marks[m.header_offset], m.end - m.header_offset)
+        self._cut, self._fresh, self._cont, self._marks = m.end, 0, self.sample_crc, {}
 
 
 def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> tuple[ShardEntry, set[str]]:
@@ -27,11 +93,12 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
     keys: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
+    crcs: list[int] = []
     fields: set[str] = set()
     seen: set[str] = set()
     layouts: list[tuple[list[str], list[int]] | None] = []  # see core.index.set_layout
     with storage.open_read(url, config=config) as f:
-        reader = ChecksumReader(f)
+        reader = SampleCrcReader(f)
         try:
             for member in iter_members(reader):
                 try:
@@ -46,6 +113,8 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
                 fields.add(field_name)
                 plain = member.plain
                 if keys and keys[-1] == key:
+                    reader.member(member, new_sample=False)
+                    crcs[-1] = reader.sample_crc
                     sizes[-1] = member.end - offsets[-1]
                     last = layouts[-1]
                     if last is not None and plain:
@@ -63,6 +132,8 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
                         offset=member.header_offset,
                     )
                 seen.add(key)
+                reader.member(member, new_sample=True)
+                crcs.append(reader.sample_crc)
                 keys.append(key)
                 offsets.append(member.header_offset)
                 sizes.append(member.end - member.header_offset)
@@ -75,7 +146,13 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
                 f"not a readable tar archive ({exc}); re-download or re-create the shard", shard=name
             ) from None
     entry = ShardEntry(
-        name=name, bytes=reader.pos, checksum=f"{reader.crc:08x}", keys=keys, offsets=offsets, sizes=sizes
+        name=name,
+        bytes=reader.pos,
+        checksum=f"{reader.crc:08x}",
+        keys=keys,
+        offsets=offsets,
+        sizes=sizes,
+        crcs=crcs,
     )
     set_layout(entry, layouts)
     return entry, fields
