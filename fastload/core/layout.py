@@ -23,6 +23,7 @@ class ShardEntry(Protocol):
     @property
     def samples(self) -> int: ...
 
+
 _TAR_BLOCK = 512  # the manifest checks its own tar layout fields; fastload.formats.tar owns the format
 
 
