@@ -41,9 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # every command that may talk to S3 takes --endpoint-url, as the aws CLI spells it
+    s3_options = argparse.ArgumentParser(add_help=False)
+    s3_options.add_argument(
+        "--endpoint-url",
+        default=None,
+        metavar="URL",
+        help="S3 endpoint for s3:// URLs (default: AWS_ENDPOINT_URL or the AWS settings), e.g. "
+        "http://127.0.0.1:9000 for MinIO or Ceph",
+    )
 
     p = sub.add_parser(
-        "pack", help="pack a tree of small files into tar, Parquet or TFRecord shards plus index.json"
+        "pack",
+        parents=[s3_options],
+        help="pack a tree of small files into tar, Parquet or TFRecord shards plus index.json",
     )
     p.add_argument(
         "src", nargs="+", metavar="SRC", help="source folder(s); files are grouped into samples by key"
@@ -51,7 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "dst", metavar="DST", help="destination folder (new or empty, or an interrupted pack with --resume)"
     )
-    p.add_argument("--format", dest="shard_format", choices=formats.names(), default="tar")
+    p.add_argument(
+        "--format",
+        dest="shard_format",
+        choices=formats.names(),
+        default="tar",
+        help="shard format (default tar: WebDataset-style; parquet: a row per sample; tfrecord)",
+    )
     p.add_argument(
         "--shard-size",
         type=_size,
@@ -106,15 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     v = sub.add_parser(
-        "verify", help="re-read shards and check them against index.json (or lint foreign tars)"
+        "verify",
+        parents=[s3_options],
+        help="re-read shards and check them against index.json (or lint foreign tars)",
     )
     v.add_argument(
         "target", metavar="DST", help="dataset folder, or a .tar file / folder of tars without index"
     )
-    v.add_argument("--workers", type=int, default=None)
+    v.add_argument("--workers", type=int, default=None, help="shards checked at once (default: all cores)")
 
     x = sub.add_parser(
         "index",
+        parents=[s3_options],
         help="write index.json for a folder or s3:// prefix of existing TFRecord (or tar) files, or "
         "upgrade a dataset's index to v2",
     )
@@ -133,28 +153,37 @@ def build_parser() -> argparse.ArgumentParser:
         "read once for each sample's CRC32C)",
     )
 
-    i = sub.add_parser("inspect", help="summarise index.json, or list the samples of one shard")
-    i.add_argument("target", metavar="DST")
+    i = sub.add_parser(
+        "inspect", parents=[s3_options], help="summarise index.json, or list the samples of one shard"
+    )
+    i.add_argument("target", metavar="DST", help="dataset folder or s3:// prefix (holding index.json)")
     i.add_argument("--shard", default=None, help="list the samples of this shard (name or number)")
     i.add_argument("--limit", type=int, default=20, help="samples to list with --shard (0 = all)")
 
-    c = sub.add_parser("cp", help="copy an object or prefix between S3 and local disk (parallel ranged I/O)")
-    c.add_argument("src", metavar="SRC")
-    c.add_argument("dst", metavar="DST")
+    c = sub.add_parser(
+        "cp",
+        parents=[s3_options],
+        help="copy an object or prefix between S3 and local disk (parallel ranged I/O)",
+    )
+    c.add_argument("src", metavar="SRC", help="s3://bucket/key (or prefix/ with -r), or a local file/folder")
+    c.add_argument("dst", metavar="DST", help="a local path, or s3://bucket/key (or prefix/ with -r)")
     c.add_argument("--recursive", "-r", action="store_true", help="copy a whole prefix or folder")
     c.add_argument("--jobs", type=int, default=8, help="objects copied at once with --recursive")
 
-    ls = sub.add_parser("ls", help="list objects under an s3:// prefix (or files under a folder)")
-    ls.add_argument("url", metavar="URL")
+    ls = sub.add_parser(
+        "ls", parents=[s3_options], help="list objects under an s3:// prefix (or files under a folder)"
+    )
+    ls.add_argument("url", metavar="URL", help="s3://bucket/prefix/ (or a local folder)")
     ls.add_argument("--recursive", "-r", action="store_true", help="list every key, not one level")
 
     d = sub.add_parser("demo-data", help="write a small generated tree of sample files to try fastload on")
-    d.add_argument("dir", metavar="DIR")
-    d.add_argument("--samples", type=int, default=2000)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("dir", metavar="DIR", help="folder to write the sample files into")
+    d.add_argument("--samples", type=int, default=2000, help="samples to write (default 2000)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the generated data (default 0)")
 
     t = sub.add_parser(
         "pack-tokens",
+        parents=[s3_options],
         help="write documents of token ids (JSONL/Parquet) as Parquet token shards plus index.json",
     )
     t.add_argument("src", nargs="+", metavar="SRC", help="JSONL/Parquet file(s), or folders/prefixes of them")
@@ -342,6 +371,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": _bench,
         "index": _index,
     }[args.command]
+    endpoint = getattr(args, "endpoint_url", None)
+    if endpoint:  # this process's S3 clients (S3Config.from_env) use it
+        import os
+
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
     try:
         for value in vars(args).values():  # a mistyped s3:// URL would otherwise be taken as a local path
             for text in value if isinstance(value, list) else [value]:

@@ -45,7 +45,11 @@ def add_parser(sub: Any) -> None:
     size.add_argument("--quick", dest="profile", action="store_const", const="quick", help="smaller, ~20 s")
     size.add_argument("--full", dest="profile", action="store_const", const="full", help="bigger, minutes")
     b.add_argument(
-        "--endpoint", metavar="URL", help="S3 endpoint for an s3:// SOURCE (default: AWS settings)"
+        "--endpoint",
+        "--endpoint-url",
+        dest="endpoint",
+        metavar="URL",
+        help="S3 endpoint for an s3:// SOURCE (default: AWS settings)",
     )
     b.add_argument("--latency-ms", type=float, default=20.0, help="embedded endpoint first-byte latency (20)")
     b.add_argument(
@@ -59,7 +63,7 @@ def add_parser(sub: Any) -> None:
         "--model", action="store_true", help="train a small real CNN per step instead of --step-ms"
     )
     b.add_argument("--device", default=None, help="device for --model and the copy stage: cpu or cuda (auto)")
-    b.add_argument("--batch-size", type=int, default=32)
+    b.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
     b.add_argument("--image-px", type=int, default=64, help="images are decoded and resized to PX x PX (64)")
     b.add_argument(
         "--workers", type=_int_list, default=None, metavar="LIST", help="num_workers sweep, e.g. 0,2,4"
