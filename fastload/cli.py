@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         "target", metavar="DST", help="dataset folder, or a .tar file / folder of tars without index"
     )
     v.add_argument("--workers", type=int, default=None, help="shards checked at once (default: all cores)")
+    v.add_argument(
+        "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
+    )
 
     x = sub.add_parser(
         "index",
@@ -267,7 +270,7 @@ def _pack(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from fastload.packing.verify import verify
 
-    report = verify(args.target, workers=args.workers)
+    report = verify(args.target, workers=args.workers, progress=None if not args.quiet else False)
     print(report.summary())
     return 0 if report.ok else 1
 

@@ -25,6 +25,7 @@ from fastload.errors import FastloadError, NotFoundError, VerifyError
 from fastload.formats import ShardFormat
 from fastload.formats.checks import crc_problem
 from fastload.formats.tar.scan import ChecksumReader
+from fastload.packing.progress import Progress
 from fastload.storage import access as storage
 
 
@@ -61,10 +62,14 @@ class VerifyReport:
 
 
 def verify(
-    target: str | os.PathLike[str], *, workers: int | None = None, s3_config: S3Config | None = None
+    target: str | os.PathLike[str],
+    *,
+    workers: int | None = None,
+    s3_config: S3Config | None = None,
+    progress: bool | None = False,
 ) -> VerifyReport:
     """Verify a dataset (a folder or ``s3://`` prefix holding ``index.json``), or lint a foreign tar file
-    or folder/prefix of tars."""
+    or folder/prefix of tars. ``progress``: a bar of shards' bytes checked (None: when on a terminal)."""
     root = storage.normalise(target)
     pool_size = workers or os.cpu_count() or 1
     index_url = storage.join(root, INDEX_NAME)
@@ -80,12 +85,13 @@ def verify(
         idx = index
         fmt = formats.check_index(idx, where=index_url)
         report = VerifyReport(root)
-        with ThreadPoolExecutor(max_workers=pool_size) as pool:
-            for problems, samples in pool.map(
-                lambda s: _check_shard(root, fmt, s, idx.shard_format, s3_config), idx.shards
-            ):
+        bar = Progress(total=idx.bytes, enabled=progress, desc=f"verifying {len(idx.shards)} shards")
+        with bar, ThreadPoolExecutor(max_workers=pool_size) as pool:
+            checked = pool.map(lambda s: _check_shard(root, fmt, s, idx.shard_format, s3_config), idx.shards)
+            for shard, (problems, samples) in zip(idx.shards, checked, strict=True):
                 report.problems += problems
                 report.samples += samples
+                bar.advance(shard.bytes, 1)
         report.shards = len(idx.shards)
         report.bytes = idx.bytes
         return report

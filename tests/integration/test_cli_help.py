@@ -4,6 +4,7 @@ every command that talks to S3 takes --endpoint-url as the aws CLI spells it."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import boto3
 import pytest
@@ -54,3 +55,18 @@ def test_endpoint_url_reaches_the_client(
         assert "a/one.txt" in capsys.readouterr().out
     finally:
         runtime.reset()
+
+
+def test_verify_shows_progress_on_a_terminal_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import fastload
+    from fastload.packing.verify import verify
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20):
+        (src / f"{i:02d}.txt").write_text(f"sample {i}")
+    fastload.pack(str(src), str(tmp_path / "ds"), progress=False, max_samples=5)
+    assert main(["verify", str(tmp_path / "ds")]) == 0  # stderr is not a terminal here: no bar
+    assert "verifying" not in capsys.readouterr().err
+    assert verify(tmp_path / "ds", progress=True).ok
+    assert "verifying 4 shards" in capsys.readouterr().err
