@@ -6,15 +6,24 @@ import sys
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 from tqdm import tqdm
 
 
 class Progress:
-    """A thread-safe byte counter shown as a tqdm bar with a files/s figure."""
+    """A thread-safe byte counter shown as a tqdm bar with a files/s figure. When not shown, no tqdm object is
+    made at all (even a disabled one starts tqdm's monitor thread)."""
 
     def __init__(self, *, total: int, initial: int = 0, enabled: bool | None, desc: str) -> None:
         show = sys.stderr.isatty() if enabled is None else enabled
+        self._bar: tqdm[Any] | None = None
+        self._lock = threading.Lock()
+        self._files = 0
+        self._start = time.monotonic()
+        self._shown = self._start
+        if not show:
+            return
         self._bar = tqdm(
             total=total,
             initial=initial,
@@ -26,12 +35,10 @@ class Progress:
             file=sys.stderr,
             dynamic_ncols=True,
         )
-        self._lock = threading.Lock()
-        self._files = 0
-        self._start = time.monotonic()
-        self._shown = self._start
 
     def advance(self, nbytes: int, files: int) -> None:
+        if self._bar is None:
+            return
         with self._lock:
             self._files += files
             self._bar.update(nbytes)
@@ -46,4 +53,5 @@ class Progress:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()

@@ -55,26 +55,13 @@ class SampleCrcReader(ChecksumReader):
         self._marks: dict[int, int] = {}  # position of each read since the cut -> _fresh there
 
     def _take(self, data: bytes | memoryview) -> None:
-        self.crc = crc32c(data, self.crc)
+        super()._take(data)
         self._fresh = crc32c(data, self._fresh)
         self._cont = crc32c(data, self._cont)
-        self.pos += len(data)
 
     def read(self, n: int) -> bytes:
         self._marks[self.pos] = self._fresh  # a header may start here
-        data = self.f.read(n)
-        self._take(data)
-        return data
-
-    def skip(self, n: int) -> int:
-        left = n
-        while left:
-            got = self.f.readinto(self._view[: min(left, len(self._buf))])  # type: ignore[attr-defined]
-            if not got:
-                break
-            self._take(self._view[:got])
-            left -= got
-        return n - left
+        return super().read(n)
 
     def member(self, m: Member, *, new_sample: bool) -> None:
         """Account for ``m`` (just walked: the position is its end): it continues the open sample, or

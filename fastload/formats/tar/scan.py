@@ -63,10 +63,14 @@ class ChecksumReader:
         self._buf = bytearray(chunk_bytes)
         self._view = memoryview(self._buf)
 
-    def read(self, n: int) -> bytes:
-        data = self.f.read(n)
+    def _take(self, data: bytes | memoryview) -> None:
+        """Account for ``data``, just read (subclasses track more)."""
         self.crc = crc32c(data, self.crc)
         self.pos += len(data)
+
+    def read(self, n: int) -> bytes:
+        data = self.f.read(n)
+        self._take(data)
         return data
 
     def skip(self, n: int) -> int:
@@ -76,8 +80,7 @@ class ChecksumReader:
             got = self.f.readinto(self._view[: min(left, len(self._buf))])  # type: ignore[attr-defined]
             if not got:
                 break
-            self.crc = crc32c(self._view[:got], self.crc)
-            self.pos += got
+            self._take(self._view[:got])
             left -= got
         return n - left
 
