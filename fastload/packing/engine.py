@@ -74,6 +74,10 @@ def publish_shard(
     tmp_table = os.path.join(dest.tmp_dir, f"{job.number:06d}.table.part")
     with open(tmp_table, "wb") as f:
         f.write(table)
+        config = getattr(job, "config", None)  # (pack --fsync: the sidecar too, as its shard)
+        if getattr(config, "fsync", False):
+            f.flush()
+            os.fsync(f.fileno())
     dest.publish(tmp_table, table_name(job.name))
     published = ShardResult(entry, result.skipped, result.payload_bytes, result.files)
     journal.record(shard_record(job.number, published))

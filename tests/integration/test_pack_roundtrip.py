@@ -14,6 +14,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+import fastload
+
 from .helpers import expected_member_order, fields_of, pack_cli, read_index, shard_paths, webdataset_samples
 
 
@@ -192,3 +194,23 @@ def test_parquet_row_group_size_changes_row_groups_and_index_matches_metadata(sp
             keys = shard["keys"][pos : pos + rows]
             pos += rows
             assert rows == 1 or sum(sizes[k] for k in keys) <= 8 * 1024
+
+
+def test_fsync_covers_shards_and_their_sample_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pack --fsync``: each shard and its sidecar table reach the disk before they are published."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"{i}.txt").write_text(str(i))
+    synced: list[str] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    fastload.pack(str(src), str(tmp_path / "ds"), fsync=True, progress=False, max_samples=3)
+    parts = [os.path.basename(p) for p in synced]
+    assert sum(p.endswith(".table.part") for p in parts) == 2, parts
+    assert sum(p.endswith(".part") and not p.endswith(".table.part") for p in parts) == 2, parts
