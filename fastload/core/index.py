@@ -280,7 +280,7 @@ class DatasetIndex:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: v2 when every shard is detached (has a table written), else v1 (every sample
         listed: in-memory indexes, and what older fastload reads)."""
-        v2 = bool(self.shards) and all(s.table is not None for s in self.shards)
+        v2 = all(s.table is not None for s in self.shards)  # (no shards: nothing per sample either way)
         if not v2 and self.detached:
             raise ValueError("a manifest mixing detached and attached shards cannot be written")
         return {

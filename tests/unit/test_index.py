@@ -102,7 +102,7 @@ def test_round_trip(index: DatasetIndex) -> None:
 def test_to_dict_layout(index: DatasetIndex) -> None:
     raw = json.loads(index.to_json())
     assert raw["format"] == "fastload-index"
-    assert raw["version"] == 1
+    assert raw["version"] == (1 if index.shards else 2)  # attached shards: v1; none: v2 (nothing to list)
     assert raw["checksum"] == "crc32c"
     assert raw["shard_format"] == index.shard_format
     assert raw["totals"] == {
