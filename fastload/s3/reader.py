@@ -5,7 +5,9 @@ fetched concurrently (up to ``max_concurrency`` per reader, and the process-wide
 with ``Range`` and ``If-Match``; every response is checked against the range contract (``core.ranges``);
 failures are retried per range by ``core.retry`` (resuming after the last good byte); a part is handed to
 the reader only when complete and correct. Requests travel over the transport ``S3Config.transport`` names
-(``s3.transport``); each part's body is read straight into its own buffer.
+(``s3.transport``); each part's body is read straight into its own buffer. Each GET attempt is a race
+(``s3.hedging``, policy in ``core.hedge``): one that lags far behind what its size predicts gets a hedge,
+a second GET for its remaining bytes on a new connection, checked like any answer; the first to finish wins.
 
 (Over 400 lines on purpose: one class whose read-ahead window, first-request handshake and per-part retries
 share the object's state (size, ETag, parts in flight); split apart, they would reach into each other.)

@@ -2,24 +2,21 @@
 
 Two implementations behind one interface, chosen by ``S3Config.transport``:
 
-- ``"direct"`` (default), :class:`DirectTransport`: ``http.client`` connections from a small per-process
-  pool (kept alive, checked for a closed peer before reuse), each request signed with botocore's SigV4
-  signer and the client's credentials (its session's), endpoint, addressing style and region (resolved once
-  per object, see :func:`~fastload.s3.client.resolve_target`), TLS verified with the CA bundle the client
-  is built with; the body is read with ``HTTPResponse.readinto`` straight into the caller's buffer, in
-  pieces of ``core.hedge.PIECE_BYTES`` (progress the hedging watchdog sees; a stall loses at most one piece).
-  Per GiB this costs a fraction of botocore's request pipeline (event hooks, parsing, urllib3) and one copy
-  less. A request can be cut short from another thread (:class:`~fastload.s3.hedging.Abort`, used by
-  hedging). The one ``http.client`` detail used beyond its documented API, the connection's socket, is read
-  by :func:`connection_socket` only (``tests/s3reader/test_private_api.py`` fails if it changes).
-- ``"botocore"``, :class:`BotocoreObject`: ``client.get_object``/``head_object``, for setups the direct
-  path does not cover (a non-SigV4 signer, botocore plugins, region redirects); bodies are read through
-  ``StreamingBody.read`` in pieces. Its requests cannot be aborted, so they are not hedged.
+- ``"direct"`` (default), :class:`DirectTransport`: pooled keep-alive ``http.client`` connections (checked
+  for a closed peer before reuse); requests signed with botocore's SigV4 signer and the client's own
+  credentials (its session's), endpoint, addressing style and region (resolved once per object, see
+  :func:`~fastload.s3.client.resolve_target`), TLS verified with the client's CA bundle; bodies read with
+  ``HTTPResponse.readinto`` straight into the caller's buffer in pieces of ``core.hedge.PIECE_BYTES``
+  (progress the hedging watchdog sees). A fraction of botocore's CPU per GiB, one copy less. Requests can
+  be cut short from another thread (:class:`~fastload.s3.hedging.Abort`). The one ``http.client`` detail
+  beyond its documented API, a connection's socket, is read by :func:`connection_socket` only.
+- ``"botocore"``, :class:`BotocoreObject`: ``client.get_object``/``head_object`` (bodies through
+  ``StreamingBody.read``), for what the direct path does not cover (non-SigV4 signers, botocore plugins,
+  region redirects). Its requests cannot be aborted, so they are not hedged.
 
-Both raise :class:`~fastload.s3.retrying.BadResponse` for an HTTP error status (classified with
-``core.retry``, the S3 error code parsed from the XML body), and let timeouts, resets and cut bodies
-through as exceptions that :func:`~fastload.s3.client.classify_exception` knows. No credential material
-reaches a message.
+Both raise :class:`~fastload.s3.retrying.BadResponse` for an HTTP error status (S3 error code parsed from
+the XML body) and let timeouts, resets and cut bodies through as exceptions that
+:func:`~fastload.s3.client.classify_exception` knows. No credential material reaches a message.
 """
 
 from __future__ import annotations
@@ -186,11 +183,7 @@ class _DirectBody:
     """A response on a pooled connection; its body is read with ``HTTPResponse.readinto`` (public API)."""
 
     def __init__(
-        self,
-        pool: _Pool,
-        conn: http.client.HTTPConnection,
-        resp: http.client.HTTPResponse,
-        abort: Abort | None,
+        self, pool: _Pool, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, abort: Abort
     ):
         self._pool, self._conn, self._resp, self._abort = pool, conn, resp, abort
         self.status = resp.status
@@ -207,8 +200,7 @@ class _DirectBody:
 
     def close(self) -> None:
         resp, conn = self._resp, self._conn
-        if self._abort is not None:
-            self._abort.detach()  # before the connection may serve another request
+        self._abort.detach()  # before the connection may serve another request
         # read to its end: by Content-Length, or (chunked) http.client closed it after the last chunk
         length = self.content_length
         finished = (
@@ -275,15 +267,13 @@ class DirectTransport:
         parts = urlsplit(target.url)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         pool = self.pool(target.url)
-        conn = pool.take()
-        if abort is not None:
-            abort.attach(connection_socket(conn))  # a pooled connection is connected
+        conn, abort = pool.take(), abort or Abort()
+        abort.attach(connection_socket(conn))  # a pooled connection is connected
         try:
             conn.request(method, path, headers=signed)
             resp = conn.getresponse()
         except BaseException:
-            if abort is not None:
-                abort.detach()
+            abort.detach()
             conn.close()
             raise
         if resp.status >= 300:
@@ -291,14 +281,10 @@ class DirectTransport:
                 data = resp.read(_ERROR_BODY_BYTES) if method != "HEAD" else b""
             except (OSError, http.client.HTTPException):
                 data = b""
-            if abort is not None:
-                abort.detach()
-            if resp.isclosed() and not resp.will_close:  # read to its end by http.client
-                resp.close()
-                pool.give_back(conn)
-            else:
-                resp.close()
-                conn.close()
+            abort.detach()
+            reusable = resp.isclosed() and not resp.will_close  # read to its end by http.client
+            resp.close()
+            pool.give_back(conn) if reusable else conn.close()
             raise BadResponse(error_failure(resp.status, data))
         return _DirectBody(pool, conn, resp, abort)
 
