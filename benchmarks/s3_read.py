@@ -98,6 +98,7 @@ READERS = ("fastload", "get_object", "download_fileobj", "s3torchconnector", "ce
 SMALL_READERS = ("per-object", "packed", "packed-dataset")
 LABELS = {
     "fastload": "fastload.open",
+    "fastload-before": "fastload.open, --fastload-before checkout",
     "get_object": "boto3 get_object",
     "download_fileobj": "boto3 download_fileobj",
     "s3torchconnector": "s3torchconnector S3Reader",
@@ -680,6 +681,7 @@ def prepare_packed_dataset(spec: dict[str, Any]) -> Callable[[], Tally]:
 
 PREPARE: dict[str, Callable[[dict[str, Any]], Callable[[], Tally]]] = {
     "fastload": prepare_fastload,
+    "fastload-before": prepare_fastload,
     "get_object": prepare_get_object,
     "download_fileobj": prepare_download_fileobj,
     "s3torchconnector": prepare_s3torchconnector,
@@ -847,7 +849,7 @@ def run_reader(world: World, reader: str, spec: dict[str, Any], *, rep: int, pos
         spec_path.write_text(json.dumps(spec))
         done = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
-            env=world.env,
+            env=reader_env(world, reader, spec),
             capture_output=True,
             text=True,
             timeout=CHILD_TIMEOUT_S,
@@ -871,6 +873,19 @@ def run_reader(world: World, reader: str, spec: dict[str, Any], *, rep: int, pos
         load_1min=result["load_1min"],
         verified="sha256" if spec["verify"] else "sizes",
     )
+
+
+def reader_env(world: World, reader: str, spec: dict[str, Any]) -> dict[str, str]:
+    """The child's environment: ``spec["pythonpath"]`` first on PYTHONPATH (``--fastload-before``), and for
+    s3torchconnector the folder ``FASTLOAD_BENCH_S3TC_PATH`` names, if set."""
+    env = dict(world.env)
+    paths = [spec["pythonpath"]] if spec.get("pythonpath") else []
+    paths += [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+    if reader == "s3torchconnector" and os.environ.get("FASTLOAD_BENCH_S3TC_PATH"):
+        paths.append(os.environ["FASTLOAD_BENCH_S3TC_PATH"])
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
 
 
 def upload_client(world: World, **config: Any) -> Any:
@@ -1033,6 +1048,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--probe-concurrency", default="1,4,16,32,64", help="connection counts of the probe")
     add("--memstore-gib", type=float, default=None, help="RGW memstore size (default: 2x the data + 1 GiB)")
     add("--json", metavar="FILE", help="write every figure and the machine description to FILE")
+    add("--fastload-before", metavar="PATH", help="also run fastload from this checkout (before/after)")
     add("--tail", action="store_true", help="only the tail-latency workload (stalls; see the docstring)")
     add("--tail-small", type=int, default=200, help="tail: small objects (default 200)")
     add("--tail-small-kib", type=int, default=100, help="tail: size of each small object (default 100)")
@@ -1367,15 +1383,10 @@ def _tail_child(world: World, spec: dict[str, Any], timeout_s: float) -> dict[st
         spec = {**spec, "result_path": str(Path(tmp) / "result.json")}
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        env = dict(world.env)
-        if spec["reader"] == "s3torchconnector" and os.environ.get("FASTLOAD_BENCH_S3TC_PATH"):
-            env["PYTHONPATH"] = (
-                env.get("PYTHONPATH", "") + os.pathsep + os.environ["FASTLOAD_BENCH_S3TC_PATH"]
-            )
         try:
             done = subprocess.run(
                 [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
-                env=env,
+                env=reader_env(world, spec["reader"], spec),
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,
@@ -1586,7 +1597,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "part_bytes": PART_BYTES,
             "proxy_pids": [capped.pid],
         }
+        if args.fastload_before:
+            readers.insert(1, "fastload-before")
         specs = {r: dict(base) for r in readers}
+        if args.fastload_before:
+            specs["fastload-before"]["pythonpath"] = str(Path(args.fastload_before).resolve())
         if "ceiling-direct" in specs:
             specs["ceiling-direct"].update(endpoint_url=world.rgw.endpoint_url, proxy_pids=[])
         print(
