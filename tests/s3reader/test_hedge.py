@@ -167,3 +167,15 @@ def test_ranged_sample_reads_and_cp_are_hedged(
     stats = fastload.s3_stats()
     assert stats["hedges"]["won"] == 2 and stats["retries_total"] == 0, stats
     assert elapsed < TIMEOUT_S and cp_s < TIMEOUT_S
+
+
+def test_the_botocore_transport_is_not_hedged(
+    proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], objects: dict[str, bytes]
+) -> None:
+    """botocore offers no public way to cut a request short, so its stalls wait out read_timeout_s."""
+    config = hedged_config(proxy, make_config, read_timeout_s=1.0, transport="botocore")
+    proxy.add(Rule(PAUSE, method="GET", key="small", nth={1}))
+    got, elapsed = timed(lambda: read_many(["small"], config), timeout_s=20)
+    assert got["small"] == objects["small"]
+    stats = fastload.s3_stats()
+    assert stats["hedges"]["sent"] == 0 and stats["retries"].get("timeout") == 1 and elapsed >= 1.0
