@@ -6,9 +6,10 @@ the threads and the lock. The rules (AWS's S3 guidance: track latency, retry the
 on a new connection):
 
 - **deadlines** adapt to the endpoint: the first-byte deadline is ``multiplier x`` the p99 first-byte time,
-  the progress deadline ``multiplier x`` the time one read piece takes at the slow (p5) per-connection
-  throughput, the completion deadline of ``n`` bytes ``multiplier x`` its predicted p95 time (p95 first
-  byte + ``n`` / p5 throughput). Each is bounded below by ``floor_s`` (a cold model knows nothing: the
+  the progress deadline ``multiplier x`` the p99 of the longest wait for a body piece in a request (before
+  such waits are known: the time one piece takes at the slow (p5) per-connection throughput), the
+  completion deadline of ``n`` bytes ``multiplier x`` its predicted p95 time (p95 first byte + ``n`` / p5
+  throughput). Each is bounded below by ``floor_s`` (a cold model knows nothing: the
   floor) and above by ``ceiling_s`` (``read_timeout_s``, which stays the hard limit of a silent socket).
 - **hedge** a request that has passed one of them, unless the endpoint throttled within
   ``throttle_quiet_s`` (503s: the AIMD gate is in charge, more requests would make it worse), the budget
@@ -46,14 +47,19 @@ class LatencyModel:
         self._first: deque[float] = deque(maxlen=window)
         self._rates: dict[int, deque[float]] = {}
         self._all_rates: deque[float] = deque(maxlen=window)
+        self._gaps: deque[float] = deque(maxlen=window)
         self._sorted: dict[object, list[float]] = {}
         self.observed = 0
 
-    def observe(self, nbytes: int, first_byte_s: float, total_s: float) -> None:
+    def observe(
+        self, nbytes: int, first_byte_s: float, total_s: float, max_gap_s: float | None = None
+    ) -> None:
         """One finished GET: ``nbytes`` of body, its response head after ``first_byte_s``, done after
-        ``total_s`` (both from sending the request)."""
+        ``total_s`` (both from sending the request), the longest wait for a body piece ``max_gap_s``."""
         self.observed += 1
         self._first.append(max(0.0, first_byte_s))
+        if max_gap_s is not None:
+            self._gaps.append(max(0.0, max_gap_s))
         body_s = max(total_s - first_byte_s, 1e-6)
         if nbytes >= PIECE_BYTES // 4:  # tiny bodies say little about a connection's speed
             rate = nbytes / body_s
@@ -73,6 +79,10 @@ class LatencyModel:
         """The ``q`` quantile of first-byte times, or None while too few are known."""
         return self._quantile("first", self._first, q)
 
+    def gap_s(self, q: float) -> float | None:
+        """The ``q`` quantile of the longest wait for a body piece per request, or None while too few."""
+        return self._quantile("gap", self._gaps, q)
+
     def rate(self, nbytes: int, q: float) -> float | None:
         """The ``q`` quantile of per-connection throughput (bytes/s) for requests of about ``nbytes`` (of
         every size when that class has too few samples), or None while too few are known."""
@@ -80,6 +90,19 @@ class LatencyModel:
         own = self._rates.get(cls)
         if own is not None and len(own) >= self.min_samples:
             return self._quantile(cls, own, q)
+        return self.all_rates(q)
+
+    def slow_rates(self, q: float) -> dict[int, float]:
+        """The ``q`` quantile of throughput of every size class with enough samples."""
+        out = {}
+        for cls, samples in self._rates.items():
+            value = self._quantile(cls, samples, q)
+            if value is not None:
+                out[cls] = value
+        return out
+
+    def all_rates(self, q: float) -> float | None:
+        """The ``q`` quantile of throughput over every size."""
         return self._quantile("rate", self._all_rates, q)
 
     def predict_s(self, nbytes: int, q: float = 0.95) -> float | None:
@@ -97,7 +120,7 @@ class LatencyModel:
 class HedgePolicy:
     """Bounds of the adaptive deadlines and of hedging (see the module docstring)."""
 
-    floor_s: float = 1.0
+    floor_s: float = 0.25
     ceiling_s: float = 10.0
     multiplier: float = 4.0
     max_fraction: float = 0.05
@@ -133,22 +156,29 @@ class Deadlines:
     first_byte_s: float
     progress_s: float
     policy: HedgePolicy
-    model_p95: tuple[float | None, float | None]  # (p95 first byte, p5 throughput), for completion_s
+    first_byte_p95_s: float | None
+    slow_rates: dict[int, float]  # p5 throughput by size class (classes with enough samples)
+    slow_rate: float | None  # p5 throughput over every size
 
     def completion_s(self, nbytes: int) -> float:
-        first, rate = self.model_p95
-        predicted = None if first is None or rate is None else first + nbytes / rate
-        return self.policy.bound(predicted)
+        rate = self.slow_rates.get(size_class(nbytes), self.slow_rate)
+        first = self.first_byte_p95_s
+        return self.policy.bound(None if first is None or rate is None else first + nbytes / rate)
 
 
 def deadlines(model: LatencyModel, policy: HedgePolicy) -> Deadlines:
     """The deadlines ``model`` and ``policy`` give now (compute once per check, not per request)."""
-    slow_rate = model.rate(PIECE_BYTES, 0.05)
+    gap = model.gap_s(0.99)
+    if gap is None:
+        slow_rate = model.rate(PIECE_BYTES, 0.05)
+        gap = None if slow_rate is None else PIECE_BYTES / slow_rate
     return Deadlines(
         first_byte_s=policy.bound(model.first_byte_s(0.99)),
-        progress_s=policy.bound(None if slow_rate is None else PIECE_BYTES / slow_rate),
+        progress_s=policy.bound(gap),
         policy=policy,
-        model_p95=(model.first_byte_s(0.95), model.rate(4 * PIECE_BYTES, 0.05)),
+        first_byte_p95_s=model.first_byte_s(0.95),
+        slow_rates=model.slow_rates(0.05),
+        slow_rate=model.all_rates(0.05),
     )
 
 

@@ -171,10 +171,10 @@ class Hedger:
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
 
-    def observe(self, nbytes: int, first_byte_s: float, total_s: float) -> None:
+    def observe(self, nbytes: int, first_byte_s: float, total_s: float, max_gap_s: float) -> None:
         """A finished GET (feeds the model every deadline comes from)."""
         with self._lock:
-            self.model.observe(nbytes, first_byte_s, total_s)
+            self.model.observe(nbytes, first_byte_s, total_s, max_gap_s)
 
     def deadlines(self, policy: HedgePolicy) -> policy_mod.Deadlines:
         with self._lock:

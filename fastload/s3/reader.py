@@ -522,14 +522,17 @@ class RangedReader(io.RawIOBase):
             if state["buf"] is None:
                 state["buf"] = self._buffer(want)
             view = memoryview(state["buf"])
+            last, gap = head_at, 0.0
             try:
                 while state["got"] < want:
                     n = body.readinto(view[state["got"] : want])
                     if not n:
                         break
                     state["got"] += n
+                    now = time.monotonic()
+                    last, gap = now, max(gap, now - last)
                     if runner is not None:
-                        runner.got, runner.progress_at = state["got"] - got, time.monotonic()
+                        runner.got, runner.progress_at = state["got"] - got, now
             finally:
                 self._runtime.stats.request_done(latency, state["got"] - got)
             if state["got"] < want:
@@ -544,7 +547,7 @@ class RangedReader(io.RawIOBase):
                 raise BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
             if race is not None and not race.claim(race.primary):
                 raise _Lost()  # a hedge finished first: its bytes are taken (they are the same)
-            self._runtime.hedging.observe(want - got, head_at - sent_at, time.monotonic() - sent_at)
+            self._runtime.hedging.observe(want - got, head_at - sent_at, time.monotonic() - sent_at, gap)
             return _Part(state["buf"], want, pooled=True)
         finally:
             body.close()
@@ -576,19 +579,20 @@ class RangedReader(io.RawIOBase):
                 sized.set()
             end = min(cur.end, check.total)
             want = end - start
-            view = memoryview(new_buffer(want))
+            view, gap = memoryview(new_buffer(want)), 0.0
             while runner.got < want:
                 n = body.readinto(view[runner.got : want])
                 if not n:
                     break
                 runner.got += n
-                runner.progress_at = time.monotonic()
+                now = time.monotonic()
+                runner.progress_at, gap = now, max(gap, now - runner.progress_at)
             if runner.got < want or body.readinto(memoryview(bytearray(1))):
                 stats.hedge_event(failed=1)
                 return
             runner.buf, runner.end = view.obj, end - cur.start
             if race.claim(runner):
-                self._runtime.hedging.observe(want, head_at - sent_at, time.monotonic() - sent_at)
+                self._runtime.hedging.observe(want, head_at - sent_at, time.monotonic() - sent_at, gap)
         except Exception as exc:
             _hedge_failed(stats, exc)
         finally:

@@ -93,6 +93,19 @@ def test_deadlines_stay_within_the_bounds(
         assert floor <= value <= floor + span
 
 
+def test_the_progress_deadline_follows_the_longest_waits_for_body_pieces() -> None:
+    policy = HedgePolicy(floor_s=0.01, ceiling_s=10.0, multiplier=4.0)
+    model = warm_model()
+    by_rate = deadlines(model, policy).progress_s  # no waits known yet: one piece at the slow rate
+    assert by_rate == pytest.approx(4 * PIECE_BYTES / model.rate(PIECE_BYTES, 0.05), rel=1e-6)  # type: ignore[operator]
+    for i in range(100):
+        model.observe(4 * MIB, 0.02, 0.2, max_gap_s=0.3 if i == 99 else 0.05)
+    assert deadlines(model, policy).progress_s == pytest.approx(4 * 0.05)  # p99 of the waits, x4
+    for _ in range(5):
+        model.observe(4 * MIB, 0.02, 0.2, max_gap_s=0.3)  # a busier endpoint: the deadline grows
+    assert deadlines(model, policy).progress_s == pytest.approx(4 * 0.3)
+
+
 def test_lag_says_why() -> None:
     limits = deadlines(LatencyModel(), HedgePolicy(floor_s=1.0, ceiling_s=10.0))
     waiting = Flight(sent_at=0.0, head_at=None, progress_at=0.0, nbytes=MIB)
