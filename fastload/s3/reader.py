@@ -564,7 +564,7 @@ class RangedReader(io.RawIOBase):
         sent_at = time.monotonic()
         stats = self._runtime.stats
         try:
-            body = self._object.get(self._headers(asked), abort=runner.abort)
+            body = self._object.get(self._headers(asked), abort=runner.abort, fresh=True)
         except Exception as exc:
             _hedge_failed(stats, exc)
             return

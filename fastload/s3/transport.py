@@ -63,8 +63,7 @@ class Body(Protocol):
     etag: str | None
 
     def readinto(self, view: memoryview) -> int:
-        """Bytes that have arrived (at least one, up to ``len(view)``), written to ``view``; 0 at the end.
-        Raises on a reset, or after ``read_timeout_s`` without a byte."""
+        """Up to ``len(view)`` bytes into ``view``; 0 at the end (or once cut); raises on reset/timeout."""
 
     def close(self) -> None:
         """Done with the body (the connection is reused only if it was read to its end)."""
@@ -77,9 +76,9 @@ class ObjectIO(Protocol):
     def abortable(self) -> bool:
         """Whether ``get(..., abort=)`` honours the abort (so its GETs may be hedged)."""
 
-    def get(self, headers: dict[str, str], *, abort: Abort | None = None) -> Body:
-        """A GET with ``headers`` (Range, If-Match); raises :class:`BadResponse` on an error status.
-        ``abort.fire()`` from another thread cuts it short, where :attr:`abortable`."""
+    def get(self, headers: dict[str, str], *, abort: Abort | None = None, fresh: bool = False) -> Body:
+        """A GET with ``headers`` (Range, If-Match); :class:`BadResponse` on an error status. ``abort.fire()``
+        cuts it short (where :attr:`abortable`); ``fresh``: on a new connection (a hedge), not a pooled."""
 
     def head(self, headers: dict[str, str]) -> Body:
         """A HEAD (its body is empty); raises :class:`BadResponse` on an error status."""
@@ -111,7 +110,7 @@ class _Pool:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                return self._connect()
+                return self.connect()
             if _usable(conn):
                 return conn
             conn.close()
@@ -130,7 +129,8 @@ class _Pool:
                 return
         conn.close()
 
-    def _connect(self) -> http.client.HTTPConnection:
+    def connect(self) -> http.client.HTTPConnection:
+        """A new connection (into the pool once its request ends, like any other)."""
         timeout = self._config.connect_timeout_s
         conn: http.client.HTTPConnection
         if self.scheme == "https":
@@ -202,12 +202,8 @@ class _DirectBody:
         resp, conn = self._resp, self._conn
         self._abort.detach()  # before the connection may serve another request
         # read to its end: by Content-Length, or (chunked) http.client closed it after the last chunk
-        length = self.content_length
-        finished = (
-            self._read == length
-            if length is not None and resp.getheader("Transfer-Encoding") is None
-            else resp.isclosed()
-        )
+        chunked = self.content_length is None or resp.getheader("Transfer-Encoding") is not None
+        finished = resp.isclosed() if chunked else self._read == self.content_length
         reusable = finished and not resp.will_close
         resp.close()
         if reusable:
@@ -261,13 +257,18 @@ class DirectTransport:
             pool.close()
 
     def request(
-        self, method: str, target: ObjectTarget, headers: dict[str, str], abort: Abort | None = None
+        self,
+        method: str,
+        target: ObjectTarget,
+        headers: dict[str, str],
+        abort: Abort | None = None,
+        fresh: bool = False,
     ) -> _DirectBody:
         signed = self._signer.headers(method, target, headers)
         parts = urlsplit(target.url)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         pool = self.pool(target.url)
-        conn, abort = pool.take(), abort or Abort()
+        conn, abort = pool.connect() if fresh else pool.take(), abort or Abort()
         abort.attach(connection_socket(conn))  # a pooled connection is connected
         try:
             conn.request(method, path, headers=signed)
@@ -339,7 +340,7 @@ class BotocoreObject:
 
     abortable = False
 
-    def get(self, headers: dict[str, str], *, abort: Abort | None = None) -> Body:
+    def get(self, headers: dict[str, str], *, abort: Abort | None = None, fresh: bool = False) -> Body:
         return _BotocoreBody(self._call(self._client.get_object, headers))
 
     def head(self, headers: dict[str, str]) -> Body:
@@ -369,11 +370,11 @@ class DirectObject:
         self._resolved()
         return self._fallback is None
 
-    def get(self, headers: dict[str, str], *, abort: Abort | None = None) -> Body:
+    def get(self, headers: dict[str, str], *, abort: Abort | None = None, fresh: bool = False) -> Body:
         target = self._resolved()
         if self._fallback is not None:
             return self._fallback.get(headers)
-        return self._transport.request("GET", target, headers, abort)
+        return self._transport.request("GET", target, headers, abort, fresh=fresh)
 
     def head(self, headers: dict[str, str]) -> Body:
         target = self._resolved()

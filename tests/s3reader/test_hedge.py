@@ -181,3 +181,36 @@ def test_the_botocore_transport_is_not_hedged(
     assert got["small"] == objects["small"]
     stats = fastload.s3_stats()
     assert stats["hedges"]["sent"] == 0 and stats["retries"].get("timeout") == 1 and elapsed >= 1.0
+
+
+def test_shard_dataset_reads_are_hedged(
+    proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], direct: Any, tmp_path: Path
+) -> None:
+    """ShardDataset over S3 (index.json, then ranged reads of sample runs): stalled GETs among them are
+    hedged, and every sample comes back as packed."""
+    rng = random.Random(5)
+    src = tmp_path / "src"
+    files = {f"d{i // 10}/s{i:03d}.bin": rng.randbytes(rng.randrange(1000, 30_000)) for i in range(60)}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    fastload.pack(str(src), str(tmp_path / "packed"), max_samples=20, progress=False)
+    for path in sorted(p for p in (tmp_path / "packed").rglob("*") if p.is_file()):
+        rel = path.relative_to(tmp_path / "packed").as_posix()
+        direct.put_object(Bucket=BUCKET, Key=f"hedge-ds/{rel}", Body=path.read_bytes())
+    config = hedged_config(proxy, make_config)
+    proxy.add(Rule(STOPPED, method="GET", key="hedge-ds/index.json", nth={1}))
+    proxy.add(Rule(STOPPED, method="GET", key="hedge-ds/shard-", nth={1, 4}))
+
+    def read() -> dict[str, bytes]:
+        dataset = fastload.ShardDataset(f"s3://{BUCKET}/hedge-ds", s3_config=config, decode=False)
+        return {s["__key__"]: s["bin"] for s in dataset}
+
+    got, elapsed = timed(read, timeout_s=30)
+    assert got == {rel[: -len(".bin")]: data for rel, data in files.items()}
+    stalled = [r for r in proxy.requests() if r.fault == "stall_mid_body"]
+    assert stalled[0].target.endswith("/index.json") and len(stalled) == 3
+    assert all(".tar" in r.target and r.range for r in stalled[1:])  # ranged reads of sample runs
+    stats = fastload.s3_stats()
+    assert stats["hedges"]["won"] == 3 and stats["retries_total"] == 0, stats
+    assert elapsed < TIMEOUT_S

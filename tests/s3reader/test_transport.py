@@ -137,7 +137,8 @@ def test_connections_are_reused(
     requests = len(gets(proxy, "obj-3m"))
     pool = s3get.direct_transport(config).pool(proxy.endpoint_url)
     assert requests >= 3 * 12
-    assert pool.created <= 4 + 1, (pool.created, requests)
+    hedges = fastload.s3_stats()["hedges"]["sent"]  # a hedge goes out on a new connection, by design
+    assert pool.created <= 4 + 1 + hedges, (pool.created, requests, hedges)
 
 
 def test_a_connection_closed_while_idle_is_not_reused(
