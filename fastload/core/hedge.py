@@ -9,8 +9,9 @@ on a new connection):
   the progress deadline ``multiplier x`` the p99 of the longest wait for a body piece in a request (before
   such waits are known: the time one piece takes at the slow (p5) per-connection throughput), the
   completion deadline of ``n`` bytes ``multiplier x`` its predicted p95 time (p95 first byte + ``n`` / p5
-  throughput). Each is bounded below by ``floor_s`` (a cold model knows nothing: the
-  floor) and above by ``ceiling_s`` (``read_timeout_s``, which stays the hard limit of a silent socket).
+  throughput). Each is bounded below by ``floor_s`` and above by ``ceiling_s`` (``read_timeout_s``, which
+  stays the hard limit of a silent socket). A cold model (too few samples) gives ``cold_factor x floor_s``
+  (1 s by default: AWS's advice for small GETs) until it knows this endpoint.
 - **hedge** a request that has passed one of them, unless the endpoint throttled within
   ``throttle_quiet_s`` (503s: the AIMD gate is in charge, more requests would make it worse), the budget
   is spent (at most ``burst + max_fraction x requests`` hedges) or the request already has ``max_hedges``.
@@ -120,9 +121,10 @@ class LatencyModel:
 class HedgePolicy:
     """Bounds of the adaptive deadlines and of hedging (see the module docstring)."""
 
-    floor_s: float = 0.25
+    floor_s: float = 0.1
     ceiling_s: float = 10.0
-    multiplier: float = 4.0
+    multiplier: float = 3.0
+    cold_factor: float = 10.0
     max_fraction: float = 0.05
     burst: int = 3
     max_hedges: int = 2
@@ -131,8 +133,8 @@ class HedgePolicy:
     def __post_init__(self) -> None:
         if not 0 < self.floor_s <= self.ceiling_s:
             raise ValueError(f"need 0 < floor_s ({self.floor_s}) <= ceiling_s ({self.ceiling_s})")
-        if self.multiplier < 1:
-            raise ValueError(f"multiplier={self.multiplier} must be >= 1")
+        if self.multiplier < 1 or self.cold_factor < 1:
+            raise ValueError(f"{self.multiplier=} and {self.cold_factor=} must be >= 1")
         if not 0 <= self.max_fraction <= 1:
             raise ValueError(f"max_fraction={self.max_fraction} must be within [0, 1]")
         if self.burst < 0 or self.max_hedges < 0 or self.throttle_quiet_s < 0:
@@ -143,8 +145,9 @@ class HedgePolicy:
         return self.max_fraction > 0 and self.max_hedges > 0
 
     def bound(self, seconds: float | None) -> float:
+        """``multiplier x seconds`` within the bounds; the cold deadline when ``seconds`` is unknown."""
         if seconds is None:
-            return self.floor_s
+            return min(self.ceiling_s, self.cold_factor * self.floor_s)
         return min(self.ceiling_s, max(self.floor_s, self.multiplier * seconds))
 
 

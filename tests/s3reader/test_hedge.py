@@ -3,9 +3,9 @@ never comes is hedged (a second GET for its remaining bytes, on a new connection
 deadline, not retried after ``read_timeout_s``; fault-free reads send no hedges; throttling holds hedges
 back; the bytes stay exact (hedges' answers are checked like any other) and ``s3_stats()`` counts hedges.
 
-Scaled down: the deadlines' floor is 0.2 s (``hedge_floor_s``), ``read_timeout_s`` 4 s, pauses 8 s (twice
-the timeout, as the issue's 12 s pauses are against its 10 s), "stopped for good" lasts until the proxy
-closes."""
+Scaled down: the deadlines' floor is 0.05 s (``hedge_floor_s``; 0.5 s while the model is cold),
+``read_timeout_s`` 4 s, pauses 8 s (twice the timeout, as the issue's 12 s pauses are against its 10 s),
+"stopped for good" lasts until the proxy closes."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from .helpers import BUCKET, sha, timed, url
 PREFIX = "hedge/"
 COUNT = 40
 TIMEOUT_S = 4.0
-FLOOR_S = 0.2
+FLOOR_S = 0.05  # cold (before 16 GETs are known): 10x, 0.5 s
 PAUSE = Fault.stall_mid_body(after_bytes=1000, duration_s=2 * TIMEOUT_S)
 STOPPED = Fault.stall_mid_body(after_bytes=1000, duration_s=600)  # ends when the proxy closes
 NO_HEAD = Fault.hang(duration_s=600)
@@ -96,13 +96,14 @@ def test_stalled_gets_are_hedged_not_waited_out(
 def test_fault_free_reads_send_no_hedges(
     proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], small: dict[str, bytes]
 ) -> None:
-    config = make_config(proxy, read_timeout_s=TIMEOUT_S)  # the default deadlines and floor
-    read_many(list(small), config)  # warms the latency model (a cold one knows only the floor)
+    defaults = fastload.S3Config()
+    config = make_config(proxy, read_timeout_s=TIMEOUT_S, hedge_floor_s=defaults.hedge_floor_s)
+    read_many(list(small), config)  # warms the latency model (a cold one waits 10x the floor)
     fastload.s3_stats(reset=True)
-    for _ in range(2):
+    for _ in range(3):
         read_many(list(small), config)
     stats = fastload.s3_stats()
-    assert stats["requests"] >= 2 * COUNT
+    assert stats["requests"] >= 3 * COUNT
     assert stats["hedges"]["sent"] <= stats["requests"] // 100, stats["hedges"]
 
 

@@ -48,10 +48,11 @@ def test_size_classes_are_powers_of_four() -> None:
     assert size_class(MIB) < size_class(4 * MIB)
 
 
-def test_a_cold_model_gives_the_floor() -> None:
-    policy = HedgePolicy(floor_s=1.5, ceiling_s=10.0)
+def test_a_cold_model_gives_the_cold_deadline() -> None:
+    policy = HedgePolicy(floor_s=0.1, ceiling_s=10.0, cold_factor=10.0)
     limits = deadlines(LatencyModel(), policy)
-    assert limits.first_byte_s == limits.progress_s == limits.completion_s(64 * MIB) == 1.5
+    assert limits.first_byte_s == limits.progress_s == limits.completion_s(64 * MIB) == pytest.approx(1.0)
+    assert deadlines(LatencyModel(), HedgePolicy(floor_s=0.5, ceiling_s=2.0)).first_byte_s == 2.0  # ceiling
 
 
 def test_a_warm_model_predicts_from_first_byte_and_throughput() -> None:
@@ -107,7 +108,7 @@ def test_the_progress_deadline_follows_the_longest_waits_for_body_pieces() -> No
 
 
 def test_lag_says_why() -> None:
-    limits = deadlines(LatencyModel(), HedgePolicy(floor_s=1.0, ceiling_s=10.0))
+    limits = deadlines(LatencyModel(), HedgePolicy(floor_s=0.1, ceiling_s=10.0))  # cold: 1 s
     waiting = Flight(sent_at=0.0, head_at=None, progress_at=0.0, nbytes=MIB)
     assert lag(waiting, 0.9, limits) is None and lag(waiting, 1.1, limits) is Lag.FIRST_BYTE
     flowing = Flight(sent_at=0.0, head_at=0.05, progress_at=0.95, nbytes=MIB)

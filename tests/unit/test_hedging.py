@@ -11,7 +11,7 @@ from fastload.core.hedge import HedgePolicy
 from fastload.s3.hedging import Abort, Hedger, Race, Runner
 from fastload.s3.stats import S3Stats
 
-FAST = HedgePolicy(floor_s=0.05, ceiling_s=1.0, burst=1, max_fraction=0.0001)
+FAST = HedgePolicy(floor_s=0.05, ceiling_s=1.0, burst=1, max_fraction=0.0001, cold_factor=1.0)
 
 
 def finishing(race: Race, runner: Runner) -> None:
@@ -66,7 +66,7 @@ def test_the_budget_and_throttling_hold_hedges_back() -> None:
     first.close()
     second.close()
     stats.throttled()
-    generous = HedgePolicy(floor_s=0.05, ceiling_s=1.0, throttle_quiet_s=30.0)
+    generous = HedgePolicy(floor_s=0.05, ceiling_s=1.0, throttle_quiet_s=30.0, cold_factor=1.0)
     third = hedger.race(generous, 1, finishing)
     time.sleep(0.4)
     assert not third.hedges
