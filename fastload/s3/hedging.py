@@ -8,7 +8,8 @@ are open, ticking at a quarter of the deadlines' floor) asks ``core.hedge`` whet
 race lags and whether a hedge may go out now; if so it adds a runner and starts the reader's hedge function
 on a short-lived thread named ``fastload-s3-hedge``. The first runner to finish :meth:`Race.claim`\\ s the
 race; the others are aborted (their sockets shut down, which wakes a blocked read). Hedges bypass the AIMD
-gate (they are capped by the budget and never sent while the store throttles).
+gate (they are capped by the budget and never sent while the store throttles). A silent GET that may not be
+hedged because the budget is spent is cut short instead and retried at once (not waited out).
 """
 
 from __future__ import annotations
@@ -132,6 +133,15 @@ class Race:
                 other.abort.fire()
         return True
 
+    def cut_short(self) -> bool:
+        """Abort the original GET (no hedge out): its thread fails the attempt and retries at once."""
+        with self._cond:
+            if self.closed or self.winner is not None or self.hedges:
+                return False
+            self.closed = True
+        self.primary.abort.fire()
+        return True
+
     def settle(self, timeout_s: float) -> Runner | None:
         """After the original failed: the hedge that won (waiting up to ``timeout_s`` for those still
         running), or None."""
@@ -225,7 +235,8 @@ class Hedger:
             return
         runner = race.newest
         flight = policy_mod.Flight(runner.sent_at, runner.head_at, runner.progress_at, runner.size)
-        if policy_mod.lag(flight, now, limits) is None:
+        why = policy_mod.lag(flight, now, limits)
+        if why is None:
             return
         with self._lock:
             verdict = policy_mod.decide(
@@ -241,7 +252,12 @@ class Hedger:
         if verdict is policy_mod.Verdict.HEDGE:
             self.stats.hedge_event(sent=1)
             race.launch(now)
-        elif not race.suppressed and verdict is not policy_mod.Verdict.ENOUGH:
+            return
+        if verdict is policy_mod.Verdict.NO_BUDGET and why is not policy_mod.Lag.SLOW and race.cut_short():
+            # no budget for a second GET: a silent one is cut now and retried (no more requests than
+            # waiting out read_timeout_s would make, the bytes it had are kept)
+            self.stats.hedge_event(cut=1)
+        if not race.suppressed and verdict is not policy_mod.Verdict.ENOUGH:
             race.suppressed = True
             key = "suppressed_throttle" if verdict is policy_mod.Verdict.THROTTLED else "suppressed_budget"
             self.stats.hedge_event(**{key: 1})

@@ -94,6 +94,7 @@ class S3Stats:
                         "won",
                         "failed",
                         "wasted_bytes",
+                        "cut",
                         "suppressed_throttle",
                         "suppressed_budget",
                     )

@@ -63,6 +63,8 @@ def test_the_budget_and_throttling_hold_hedges_back() -> None:
     second = hedger.race(FAST, 1, finishing)  # over the budget
     time.sleep(0.5)
     assert len(first.hedges) + len(second.hedges) == 1
+    cut = second if not second.hedges else first
+    assert cut.primary.abort.fired  # over the budget: the silent GET is cut short and retried, not waited out
     first.close()
     second.close()
     stats.throttled()
@@ -73,6 +75,7 @@ def test_the_budget_and_throttling_hold_hedges_back() -> None:
     third.close()
     hedges = stats.snapshot()["hedges"]
     assert hedges["suppressed_budget"] == 1 and hedges["suppressed_throttle"] == 1, hedges
+    assert hedges["cut"] == 1 and not third.primary.abort.fired  # throttled: AIMD's, not cut
 
 
 def test_abort_shuts_down_a_socket_attached_late_or_early() -> None:
