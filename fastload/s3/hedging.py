@@ -134,12 +134,14 @@ class Race:
         return True
 
     def cut_short(self) -> bool:
-        """Abort the original GET (no hedge out): its thread fails the attempt and retries at once."""
+        """Abort every GET of the race (the original and any hedge): the original's thread fails the
+        attempt and retries at once."""
         with self._cond:
-            if self.closed or self.winner is not None or self.hedges:
+            if self.closed or self.winner is not None:
                 return False
             self.closed = True
-        self.primary.abort.fire()
+        for runner in (self.primary, *self.hedges):
+            runner.abort.fire()
         return True
 
     def settle(self, timeout_s: float) -> Runner | None:
@@ -253,7 +255,8 @@ class Hedger:
             self.stats.hedge_event(sent=1)
             race.launch(now)
             return
-        if verdict is policy_mod.Verdict.NO_BUDGET and why is not policy_mod.Lag.SLOW and race.cut_short():
+        no_hedge = verdict in (policy_mod.Verdict.NO_BUDGET, policy_mod.Verdict.ENOUGH)
+        if no_hedge and why is not policy_mod.Lag.SLOW and race.cut_short():
             # no budget for a second GET: a silent one is cut now and retried (no more requests than
             # waiting out read_timeout_s would make, the bytes it had are kept)
             self.stats.hedge_event(cut=1)
