@@ -22,7 +22,12 @@ to the reader being measured:
 
 prints ``{"endpoint_url": ..., "pid": ...}`` as one JSON line and serves until SIGTERM or SIGINT. With
 ``--faultproxy`` it serves ``fastload.testing.faultproxy.FaultProxy`` instead (with a latency rule when
-``--latency-ms`` > 0; it cannot add the bandwidth cap on top), for comparing the two.
+``--latency-ms`` > 0; it cannot add the bandwidth cap on top), for comparing the two, or with ``--stall``
+rules for the tail-latency benchmark (``s3_read.py --tail``), chained in front of a capped proxy::
+
+    --faultproxy --seed 7 --stall body:0.05:12       # 5% of GETs: body pauses 12 s, then the proxy closes
+    --faultproxy --stall body:0.02:forever           # 2%: the body stops until the proxy shuts down
+    --faultproxy --stall first-byte:0.05:12          # 5%: no response head for 12 s
 """
 
 from __future__ import annotations
@@ -344,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conn-mbps", type=float, default=0.0, help="per-response cap in MB/s (0: none)")
     parser.add_argument("--copy", action="store_true", help="copy bodies through Python (no splice)")
     parser.add_argument("--faultproxy", action="store_true", help="serve fastload's FaultProxy instead")
+    parser.add_argument(
+        "--stall",
+        action="append",
+        default=[],
+        metavar="KIND:FRACTION:SECONDS",
+        help="FaultProxy only: stall that fraction of GETs (KIND body or first-byte; SECONDS or forever)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="FaultProxy's seed (which requests stall)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
@@ -352,11 +365,22 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.conn_mbps:
             parser.error("FaultProxy applies one fault per request: give --latency-ms or nothing")
-        fault_proxy = FaultProxy(args.upstream).start()
+        fault_proxy = FaultProxy(args.upstream, seed=args.seed).start()
         if args.latency_ms:
             fault_proxy.add(Rule(Fault.latency(delay_s=args.latency_ms / 1000)))
+        for stall in args.stall:
+            kind, fraction, seconds = stall.split(":")
+            duration = 86_400.0 if seconds == "forever" else float(seconds)
+            fault = (
+                Fault.stall_mid_body(after_bytes=16 << 10, duration_s=duration)
+                if kind == "body"
+                else Fault.hang(duration_s=duration)
+            )
+            fault_proxy.add(Rule(fault, method="GET", probability=float(fraction)))
         proxy: LatencyProxy | FaultProxy = fault_proxy
     else:
+        if args.stall:
+            parser.error("--stall needs --faultproxy")
         proxy = LatencyProxy(
             args.upstream,
             latency_s=args.latency_ms / 1000,

@@ -38,6 +38,20 @@ rotated by one each repetition; figures are medians.
     python benchmarks/s3_read.py --total-mib 256 --object-mib 64 --small-count 2000 --json /tmp/r.json
     python benchmarks/s3_read.py --probe only                             # only the proxy ceilings
 
+Workload 3, tail latency (``--tail``, run alone; issue 17): ``--tail-small`` (200) objects of
+``--tail-small-kib`` (100) read whole by 16 threads, then ``--tail-large`` (8) objects of ``--tail-large-mib``
+(64) one after another, every object timed (per-object latency p50/p99/max) and checked (SHA-256 after its
+clock stops), through ``FaultProxy`` (``latency_proxy.py --faultproxy --stall``) in front of the capped
+proxy, in four scenarios: ``clean`` (no rule), ``paused`` (5% of GETs: the body pauses ``--tail-pause-s``
+(12) s after 16 KiB, then the connection closes), ``stopped`` (2%: the body stops for good) and
+``first-byte`` (5%: no response head for the pause). Readers: ``fastload`` (defaults: hedging on),
+``fastload-nohedge`` (``S3Config(hedge=0)``: the retry path alone), ``download_fileobj`` (s3transfer,
+``read_timeout=10`` like fastload's) and ``s3torchconnector`` (when importable; a directory holding it can
+be named by ``FASTLOAD_BENCH_S3TC_PATH``). A run still going after ``--tail-timeout-s`` counts as failed.
+Each run gets a fresh proxy seeded by the repetition: every reader meets the same sequence of fault draws::
+
+    python benchmarks/s3_read.py --tail --reps 2 --json /tmp/tail.json
+
 Before the readers, ``--probe`` (on by default) measures what the proxies can forward: the ceiling reader at
 1-64 connections straight at RGW, through ``latency_proxy`` without caps (splice and copy modes), through
 ``fastload.testing.faultproxy.FaultProxy`` without rules, and through the capped proxy.
@@ -53,6 +67,7 @@ import http.client
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import platform
 import shutil
@@ -83,6 +98,7 @@ READERS = ("fastload", "get_object", "download_fileobj", "s3torchconnector", "ce
 SMALL_READERS = ("per-object", "packed", "packed-dataset")
 LABELS = {
     "fastload": "fastload.open",
+    "fastload-before": "fastload.open, --fastload-before checkout",
     "get_object": "boto3 get_object",
     "download_fileobj": "boto3 download_fileobj",
     "s3torchconnector": "s3torchconnector S3Reader",
@@ -665,6 +681,7 @@ def prepare_packed_dataset(spec: dict[str, Any]) -> Callable[[], Tally]:
 
 PREPARE: dict[str, Callable[[dict[str, Any]], Callable[[], Tally]]] = {
     "fastload": prepare_fastload,
+    "fastload-before": prepare_fastload,
     "get_object": prepare_get_object,
     "download_fileobj": prepare_download_fileobj,
     "s3torchconnector": prepare_s3torchconnector,
@@ -707,6 +724,9 @@ def _delta(before: float | None, after: float | None) -> float | None:
 def run_child(spec_path: str) -> int:
     """Run one reader once as described by the JSON spec; write the result JSON next to it."""
     spec = json.loads(Path(spec_path).read_text())
+    if spec.get("workload") == "tail":
+        Path(spec["result_path"]).write_text(json.dumps(run_tail_child(spec)))
+        return 0
     run = PREPARE[spec["reader"]](spec)
     proxy_pids, origin_pids = spec["proxy_pids"], spec["origin_pids"]
     load = os.getloadavg()[0]
@@ -829,7 +849,7 @@ def run_reader(world: World, reader: str, spec: dict[str, Any], *, rep: int, pos
         spec_path.write_text(json.dumps(spec))
         done = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
-            env=world.env,
+            env=reader_env(world, reader, spec),
             capture_output=True,
             text=True,
             timeout=CHILD_TIMEOUT_S,
@@ -853,6 +873,19 @@ def run_reader(world: World, reader: str, spec: dict[str, Any], *, rep: int, pos
         load_1min=result["load_1min"],
         verified="sha256" if spec["verify"] else "sizes",
     )
+
+
+def reader_env(world: World, reader: str, spec: dict[str, Any]) -> dict[str, str]:
+    """The child's environment: ``spec["pythonpath"]`` first on PYTHONPATH (``--fastload-before``), and for
+    s3torchconnector the folder ``FASTLOAD_BENCH_S3TC_PATH`` names, if set."""
+    env = dict(world.env)
+    paths = [spec["pythonpath"]] if spec.get("pythonpath") else []
+    paths += [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+    if reader == "s3torchconnector" and os.environ.get("FASTLOAD_BENCH_S3TC_PATH"):
+        paths.append(os.environ["FASTLOAD_BENCH_S3TC_PATH"])
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
 
 
 def upload_client(world: World, **config: Any) -> Any:
@@ -1015,6 +1048,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--probe-concurrency", default="1,4,16,32,64", help="connection counts of the probe")
     add("--memstore-gib", type=float, default=None, help="RGW memstore size (default: 2x the data + 1 GiB)")
     add("--json", metavar="FILE", help="write every figure and the machine description to FILE")
+    add("--fastload-before", metavar="PATH", help="also run fastload from this checkout (before/after)")
+    add("--tail", action="store_true", help="only the tail-latency workload (stalls; see the docstring)")
+    add("--tail-small", type=int, default=200, help="tail: small objects (default 200)")
+    add("--tail-small-kib", type=int, default=100, help="tail: size of each small object (default 100)")
+    add("--tail-large", type=int, default=8, help="tail: large objects (default 8)")
+    add("--tail-large-mib", type=int, default=64, help="tail: size of each large object (default 64)")
+    add("--tail-pause-s", type=float, default=12.0, help="tail: how long a paused body stalls (default 12)")
+    add("--tail-readers", default=",".join(TAIL_READERS), help=f"tail: subset of {','.join(TAIL_READERS)}")
+    add("--tail-scenarios", default=",".join(TAIL_SCENARIOS), help=f"tail: of {','.join(TAIL_SCENARIOS)}")
+    add("--tail-timeout-s", type=float, default=180.0, help="tail: a run still going then counts as failed")
     add("--child", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.total_mib < 1 or args.object_mib < 1 or args.reps < 1 or args.chunk_mib < 1:
@@ -1204,6 +1247,316 @@ def world_up(args: argparse.Namespace, data_bytes: int) -> Iterator[World]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+# ------------------------------------------------------------------- tail latency under stalls (issue 17)
+
+TAIL_READERS = ("fastload", "fastload-nohedge", "download_fileobj", "s3torchconnector")
+TAIL_LABELS = {
+    "fastload": "fastload.open (hedging, default)",
+    "fastload-nohedge": "fastload.open, S3Config(hedge=0)",
+    "download_fileobj": "boto3 download_fileobj (s3transfer)",
+    "s3torchconnector": "s3torchconnector S3Client.get_object",
+}
+# scenario -> FaultProxy --stall rules (KIND:FRACTION:SECONDS; PAUSE is --tail-pause-s)
+TAIL_SCENARIOS = {
+    "clean": (),
+    "paused": ("body:0.05:PAUSE",),
+    "stopped": ("body:0.02:forever",),
+    "first-byte": ("first-byte:0.05:PAUSE",),
+}
+TAIL_SMALL_THREADS = 16
+
+
+def latency_summary(seconds: Sequence[float]) -> dict[str, float | None]:
+    """p50, p99 (nearest rank) and max of per-object latencies, in seconds."""
+    if not seconds:
+        return {"p50": None, "p99": None, "max": None}
+    ordered = sorted(seconds)
+
+    def rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(len(ordered) * q) - 1))]
+
+    return {"p50": rank(0.50), "p99": rank(0.99), "max": ordered[-1]}
+
+
+def _tail_fetcher(spec: dict[str, Any]) -> Callable[[str, int], bytes]:
+    """``fetch(key, size) -> bytes`` for the spec's reader (peers time out a silent connection after
+    ``read_timeout_s`` like fastload, 10 s by default)."""
+    reader, endpoint = spec["reader"], spec["endpoint_url"]
+    if reader.startswith("fastload"):
+        import fastload
+
+        config = fastload.S3Config(
+            endpoint_url=endpoint,
+            region=REGION,
+            addressing_style="path",
+            hedge=0.0 if "nohedge" in reader else 0.05,
+        )
+
+        def fetch_fastload(key: str, size: int) -> bytes:
+            with fastload.open(f"s3://{BUCKET}/{key}", config=config) as f:
+                return f.read()
+
+        return fetch_fastload
+    if reader == "download_fileobj":
+        from boto3.s3.transfer import TransferConfig
+
+        client = _boto_client(spec, read_timeout=spec["read_timeout_s"], max_pool_connections=32)
+        transfer = TransferConfig(max_concurrency=10)
+
+        def fetch_s3transfer(key: str, size: int) -> bytes:
+            sink = _Sink(size, keep=True)
+            client.download_fileobj(BUCKET, key, sink, Config=transfer)
+            return bytes(sink.buf or b"")
+
+        return fetch_s3transfer
+    from s3torchconnector import S3ClientConfig
+    from s3torchconnector._s3client import S3Client
+
+    s3tc = S3Client(REGION, endpoint=endpoint, s3client_config=S3ClientConfig(force_path_style=True))
+    return lambda key, size: s3tc.get_object(BUCKET, key).read()
+
+
+def run_tail_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """After one untimed GET (client set up), small objects read whole by 16 threads, then large objects one
+    after another, each timed; bytes are checked (SHA-256) after the clock stops for each object."""
+    fetch = _tail_fetcher(spec)
+
+    def one(obj: list[Any]) -> float:
+        key, size, sha = obj
+        began = time.perf_counter()
+        data = fetch(key, size)
+        took = time.perf_counter() - began
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
+            raise RuntimeError(f"{spec['reader']}: {key} came back wrong ({len(data)} of {size} bytes)")
+        return took
+
+    result: dict[str, Any] = {}
+    one(spec["small"][0])  # untimed: the client, its connection and credentials (as the other workloads)
+    began = time.perf_counter()
+    with ThreadPoolExecutor(TAIL_SMALL_THREADS) as pool:
+        small = list(pool.map(one, spec["small"]))
+    result["small"] = {"seconds": time.perf_counter() - began, "latency_s": small}
+    began = time.perf_counter()
+    large = [one(obj) for obj in spec["large"]]
+    result["large"] = {"seconds": time.perf_counter() - began, "latency_s": large}
+    if spec["reader"].startswith("fastload"):
+        import fastload
+
+        result["s3_stats"] = fastload.s3_stats()
+    return result
+
+
+def run_tail(world: World, args: argparse.Namespace, small: list[Any], large: list[Any]) -> dict[str, Any]:
+    """Every (scenario, reader) pair, ``--reps`` times, readers rotated; a fresh FaultProxy (seeded by the
+    repetition) in front of the capped proxy for each run, so every reader meets the same fault schedule."""
+    readers = [r for r in args.tail_readers.split(",") if r]
+    scenarios = [s for s in args.tail_scenarios.split(",") if s]
+    capped = world.proxies["capped"]
+    runs: list[dict[str, Any]] = []
+    for rep in range(args.reps):
+        for scenario in scenarios:
+            stalls = [rule.replace("PAUSE", f"{args.tail_pause_s:g}") for rule in TAIL_SCENARIOS[scenario]]
+            for reader in rotated(readers, rep):
+                argv = ["--faultproxy", "--seed", str(SEED + rep)]
+                for rule in stalls:
+                    argv += ["--stall", rule]
+                fault = ProxyProcess(capped.endpoint_url, *argv).start()
+                spec = {
+                    "workload": "tail",
+                    "reader": reader,
+                    "endpoint_url": fault.endpoint_url,
+                    "small": small,
+                    "large": large,
+                    "read_timeout_s": 10.0,
+                }
+                try:
+                    out = _tail_child(world, spec, args.tail_timeout_s)
+                finally:
+                    fault.stop()
+                out |= {"rep": rep, "scenario": scenario, "reader": reader}
+                runs.append(out)
+                print(f"  rep {rep} {scenario:10s} {reader:16s} {_tail_line(out)}", flush=True)
+    return {"runs": runs, "summary": summarize_tail(runs), "readers": readers, "scenarios": scenarios}
+
+
+def _tail_child(world: World, spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(dir=world.workdir) as tmp:
+        spec = {**spec, "result_path": str(Path(tmp) / "result.json")}
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        try:
+            done = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
+                env=reader_env(world, spec["reader"], spec),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                cwd=str(ROOT),
+            )
+        except subprocess.TimeoutExpired:
+            return {"error": f"did not finish in {timeout_s:g} s"}
+        if done.returncode != 0:
+            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+            return {"error": " | ".join(tail)[-300:]}
+        return dict(json.loads(Path(spec["result_path"]).read_text()))
+
+
+def _tail_line(out: dict[str, Any]) -> str:
+    if "error" in out:
+        return f"FAILED: {out['error']}"
+    parts = []
+    for what in ("small", "large"):
+        lat = latency_summary(out[what]["latency_s"])
+        parts.append(
+            f"{what} {out[what]['seconds']:6.2f} s (p50 {lat['p50'] or 0:.3f} p99 {lat['p99'] or 0:.3f} "
+            f"max {lat['max'] or 0:.3f})"
+        )
+    hedges = out.get("s3_stats", {}).get("hedges")
+    if hedges:
+        parts.append(f"hedges {hedges['sent']}/{hedges['won']} of {out['s3_stats']['requests']} GETs")
+    return "  ".join(parts)
+
+
+def summarize_tail(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per ``scenario/reader``: medians over repetitions of total seconds and of p50/p99/max (small and
+    large), their ranges, failures, and fastload's hedge counts."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in dict.fromkeys(f"{r['scenario']}/{r['reader']}" for r in runs):
+        group = [r for r in runs if f"{r['scenario']}/{r['reader']}" == key]
+        ok = [r for r in group if "error" not in r]
+        row: dict[str, Any] = {"runs": len(group), "failed": [r["error"] for r in group if "error" in r]}
+        for what in ("small", "large"):
+            figures = {"seconds": [r[what]["seconds"] for r in ok]}
+            for name in ("p50", "p99", "max"):
+                figures[name] = [latency_summary(r[what]["latency_s"])[name] for r in ok]
+            row[what] = {
+                name: {"median": statistics.median(v), "min": min(v), "max": max(v)} if v else None
+                for name, v in figures.items()
+            }
+        stats = [r["s3_stats"] for r in ok if "s3_stats" in r]
+        if stats:
+            row["hedges_sent"] = [s["hedges"]["sent"] for s in stats]
+            row["hedges_won"] = [s["hedges"]["won"] for s in stats]
+            row["requests"] = [s["requests"] for s in stats]
+        out[key] = row
+    return out
+
+
+def tail_targets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets, on medians: fastload under each stall scenario <= 1.5x its fault-free time
+    (small and large), p99 under 5% paused bodies <= 3x the fault-free p99, fault-free hedges <= 1%."""
+
+    def fig(key: str, what: str, name: str) -> float | None:
+        row = summary.get(key, {}).get(what)
+        return None if not row or row.get(name) is None else float(row[name]["median"])
+
+    targets = []
+    for scenario in ("paused", "stopped", "first-byte"):
+        for what in ("small", "large"):
+            base, got = fig("clean/fastload", what, "seconds"), fig(f"{scenario}/fastload", what, "seconds")
+            ratio = None if base is None or got is None else got / base
+            targets.append(
+                {"target": f"{scenario}: {what} <= 1.5x fault-free time", "measured": ratio, "minimum": 1.5}
+            )
+    for what in ("small", "large"):
+        base, got = fig("clean/fastload", what, "p99"), fig("paused/fastload", what, "p99")
+        ratio = None if base is None or got is None else got / base
+        targets.append(
+            {"target": f"paused: {what} p99 <= 3x fault-free p99", "measured": ratio, "minimum": 3.0}
+        )
+    clean = summary.get("clean/fastload", {})
+    share = None
+    if clean.get("requests"):
+        share = max(s / max(r, 1) for s, r in zip(clean["hedges_sent"], clean["requests"], strict=True))
+    targets.append({"target": "fault-free hedges <= 1% of GETs", "measured": share, "minimum": 0.01})
+    for t in targets:  # here the figure must stay at or below its bound
+        t["met"] = None if t["measured"] is None else t["measured"] <= t["minimum"]
+    return targets
+
+
+def format_tail(report: dict[str, Any]) -> str:
+    tail = report["tail"]
+    rows = []
+    for key, row in tail["summary"].items():
+        scenario, reader = key.split("/")
+        cells = [scenario, TAIL_LABELS.get(reader, reader)]
+        for what in ("small", "large"):
+            data = row[what]
+            if data["seconds"] is None:
+                cells += ["-", "-"]
+                continue
+            sec = data["seconds"]
+            cells.append(f"{sec['median']:.2f} ({sec['min']:.2f}-{sec['max']:.2f})")
+            cells.append(" / ".join(f"{data[n]['median'] * 1000:.0f}" for n in ("p50", "p99", "max")))
+        hedges = (
+            f"{statistics.median(row['hedges_sent']):.0f}/{statistics.median(row['requests']):.0f}"
+            if row.get("requests")
+            else ""
+        )
+        cells.append(
+            hedges + (f" FAILED {len(row['failed'])}x: {row['failed'][0][:60]}" if row["failed"] else "")
+        )
+        rows.append(cells)
+    header = [
+        "stalls",
+        "reader",
+        "small: all s (range)",
+        "small p50/p99/max ms",
+        "large: all s (range)",
+        "large p50/p99/max ms",
+        "hedges/GETs",
+    ]
+    lines = [markdown_table(header, rows), "", "Targets:"]
+    for t in tail["targets"]:
+        verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "NOT met")
+        lines.append(f"- {t['target']}: {_fmt(t['measured'], '.3f')} ({verdict})")
+    return "\n".join(lines)
+
+
+def make_tail_objects(world: World, args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
+    """``--tail-small`` objects of ``--tail-small-kib`` and ``--tail-large`` of ``--tail-large-mib``."""
+    import numpy as np
+
+    client = upload_client(world, max_pool_connections=SMALL_THREADS)
+    rng = np.random.default_rng(SEED + 17)
+    small = []
+    for i in range(args.tail_small):
+        data = rng.bytes(args.tail_small_kib << 10)
+        key = f"tail/small-{i:05d}.bin"
+        client.put_object(Bucket=BUCKET, Key=key, Body=data)
+        small.append([key, len(data), hashlib.sha256(data).hexdigest()])
+    large = []
+    for i in range(args.tail_large):
+        data = rng.bytes(args.tail_large_mib * MIB)
+        key = f"tail/large-{i:03d}.bin"
+        client.put_object(Bucket=BUCKET, Key=key, Body=data)
+        large.append([key, len(data), hashlib.sha256(data).hexdigest()])
+    return small, large
+
+
+def main_tail(args: argparse.Namespace, report: dict[str, Any]) -> int:
+    args.probe = "no"
+    data_bytes = args.tail_small * (args.tail_small_kib << 10) + args.tail_large * args.tail_large_mib * MIB
+    began = time.perf_counter()
+    with world_up(args, data_bytes) as world:
+        small, large = make_tail_objects(world, args)
+        print(f"uploaded {len(small)} small and {len(large)} large objects", flush=True)
+        report["tail"] = run_tail(world, args, small, large)
+    report["tail"]["targets"] = tail_targets(report["tail"]["summary"])
+    report["elapsed_s"] = time.perf_counter() - began
+    s = report["settings"]
+    print(
+        f"\nMachine: {describe(report['machine'])}\nOrigin: Ceph RGW (memstore) behind latency_proxy "
+        f"({s['latency_ms']:g} ms, {s['conn_mbps']:g} MB/s per response) behind FaultProxy; "
+        f"{s['tail_small']} objects of {s['tail_small_kib']} KiB (16 threads), then {s['tail_large']} x "
+        f"{s['tail_large_mib']} MiB one by one; pauses {s['tail_pause_s']:g} s; medians of {s['reps']} "
+        f"repetition(s) (range)\n\n{format_tail(report)}",
+        flush=True,
+    )
+    _write_json(args.json, report)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -1221,6 +1574,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": info,
         "settings": vars(args) | {"part_bytes_ceiling": PART_BYTES, "small_threads": SMALL_THREADS},
     }
+    if args.tail:
+        return main_tail(args, report)
     failures: dict[str, str] = {}
     began = time.perf_counter()
     with world_up(args, data_bytes) as world:
@@ -1243,7 +1598,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "part_bytes": PART_BYTES,
             "proxy_pids": [capped.pid],
         }
+        if args.fastload_before:
+            readers.insert(1, "fastload-before")
         specs = {r: dict(base) for r in readers}
+        if args.fastload_before:
+            specs["fastload-before"]["pythonpath"] = str(Path(args.fastload_before).resolve())
         if "ceiling-direct" in specs:
             specs["ceiling-direct"].update(endpoint_url=world.rgw.endpoint_url, proxy_pids=[])
         print(

@@ -115,6 +115,13 @@ class S3Config:
     SigV4 signer and the client's credentials, endpoint and region, and sends them over pooled ``http.client``
     connections (about half the CPU per GiB); ``"botocore"`` sends them through ``get_object``, for stores
     or setups the direct path does not handle (non-SigV4 signing, botocore plugins, region redirects).
+
+    Tail tolerance (direct transport): a GET that lags far behind what this endpoint normally does (no
+    response head, or no body bytes, for 3x this endpoint's p99, never less than ``hedge_floor_s``; or past
+    3x the p95 time of its size; 10x ``hedge_floor_s`` while too few GETs are known) gets a second GET for
+    its remaining bytes on a new connection; the first to finish is kept. ``hedge`` caps hedges at that
+    fraction of GETs (0 turns them off); none are sent while the store throttles. ``read_timeout_s`` stays
+    the hard limit of a silent connection (``fastload.core.hedge``).
     """
 
     endpoint_url: str | None = None
@@ -132,8 +139,14 @@ class S3Config:
     max_backoff_s: float = 4.0
     deadline_s: float = 120.0
     transport: str = "direct"
+    hedge: float = 0.05
+    hedge_floor_s: float = 0.1
 
     def __post_init__(self) -> None:
+        if not 0 <= self.hedge <= 1:
+            raise ConfigError(f"hedge={self.hedge} must be within [0, 1] (0.05 is typical; 0: no hedging)")
+        if self.hedge_floor_s <= 0:
+            raise ConfigError(f"hedge_floor_s={self.hedge_floor_s} must be > 0 (0.1 s is the default)")
         if self.part_size_bytes < 1:
             raise ConfigError(f"part_size_bytes={self.part_size_bytes} must be >= 1 (8 MiB is typical)")
         if self.max_concurrency < 1:

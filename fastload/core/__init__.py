@@ -3,7 +3,8 @@ threads, clocks, env, torch or cloud SDKs here; callers pass ``now``, ``rng``, `
 
 Owns: sample keys and grouping (``keys``), shard planning (``plan``), the manifest schema (``index``), byte
 ranges and the 206 contract (``ranges``), fault classes and backoff (``retry``), the AIMD limit
-(``throttle``), who reads which sample per epoch, rank and worker (``sharding``; a rank's order as spans:
-``refs``; the bounded sample shuffle: ``shuffle``), read tasks (``readplan``), sequence packing
-(``seqpack``), bench advice (``advice``), sizes with units (``units``).
+(``throttle``), the S3 latency model, deadlines and hedge budget (``hedge``), who reads which sample per
+epoch, rank and worker (``sharding``; a rank's order as spans: ``refs``; the bounded sample shuffle:
+``shuffle``), read tasks (``readplan``), sequence packing (``seqpack``), bench advice (``advice``), sizes
+with units (``units``).
 """

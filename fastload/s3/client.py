@@ -1,7 +1,10 @@
 """The only place that imports boto3/botocore: clients (one per process and config, kept by
 :mod:`fastload.s3.runtime`), the
 translation of botocore's exceptions into retry faults and fastload errors, and what the reader's direct
-transport (``io.s3get``) borrows from a client: object URL and signing region, SigV4 headers, TLS setting."""
+transport (``s3.transport``) shares with a client, through public botocore API only: the session that
+resolves credentials (a refreshable set is refreshed before it expires) and the CA bundle both are built
+with (:func:`get_session`, :func:`tls_verify`), the object URL and signing region (:func:`resolve_target`),
+SigV4 headers (:class:`Signer`)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import botocore.auth
 import botocore.awsrequest
 import botocore.config
 import botocore.exceptions
+import botocore.session
 import urllib3.exceptions
 
 from fastload.config import S3Config
@@ -41,13 +45,45 @@ def get_client(config: S3Config) -> Any:
     return runtime.current().clients.get(config, lambda: new_client(config))
 
 
+@dataclass(frozen=True)
+class Sessions:
+    """A botocore session (credentials, config variables) and the boto3 session wrapping it."""
+
+    core: Any
+    boto: Any
+
+
+def get_session(config: S3Config) -> Sessions:
+    """This process's sessions for ``config`` (its profile): clients and the direct transport share them,
+    so they share one credentials object."""
+    return runtime.current().sessions.get(config, lambda: _new_sessions(config))  # type: ignore[no-any-return]
+
+
+def _new_sessions(config: S3Config) -> Sessions:
+    core = botocore.session.Session(profile=config.profile or None)
+    return Sessions(core, boto3.session.Session(botocore_session=core))
+
+
+def credentials(config: S3Config) -> Any:
+    """The credentials ``config``'s clients sign with (botocore's public ``get_credentials()``; None when
+    none are configured)."""
+    return get_session(config).boto.get_credentials()
+
+
+def tls_verify(config: S3Config) -> str | None:
+    """The CA bundle every connection for ``config`` verifies TLS with (``AWS_CA_BUNDLE`` or the profile's
+    ``ca_bundle``), or None for the system's trust store; clients are built with it (``verify=``)."""
+    value = get_session(config).core.get_config_variable("ca_bundle")
+    return str(value) if value else None
+
+
 def new_client(config: S3Config) -> Any:
     """A new botocore S3 client for ``config`` (use :func:`get_client`, which keeps one per process)."""
-    session = boto3.session.Session(profile_name=config.profile or None)
-    return session.client(
+    return get_session(config).boto.client(
         "s3",
         endpoint_url=config.endpoint_url,
         region_name=config.region,
+        verify=tls_verify(config),
         config=botocore.config.Config(
             s3={"addressing_style": config.addressing_style},
             # what botocore signs requests with anyway; said explicitly so that presigned URLs (used by
@@ -182,34 +218,26 @@ def no_credentials_error(bucket: str, key: str) -> AccessDeniedError:
 
 
 class Signer:
-    """SigV4 headers for one plain HTTP request, with the botocore client's own credentials object (a
-    refreshable one is refreshed when botocore says it expires) and botocore's S3 signer."""
+    """SigV4 headers for one plain HTTP request, with the credentials the client signs with
+    (:func:`credentials`; ``get_frozen_credentials()`` refreshes a refreshable set before it expires) and
+    botocore's S3 signer."""
 
-    def __init__(self, client: Any) -> None:
-        # the credentials the client signs with; botocore has no public accessor for them
-        self._credentials = getattr(getattr(client, "_request_signer", None), "_credentials", None)
+    def __init__(self, creds: Any) -> None:
+        self._creds = creds
 
     @property
     def has_credentials(self) -> bool:
-        return self._credentials is not None
+        return self._creds is not None
 
     def headers(self, method: str, target: ObjectTarget, headers: Mapping[str, str]) -> dict[str, str]:
         """``headers`` plus ``X-Amz-Date``, ``X-Amz-Content-SHA256``, ``Authorization`` (and the session
         token, if any) for ``method`` on ``target``."""
-        if self._credentials is None:
+        if self._creds is None:
             raise RuntimeError("no credentials")  # resolve_target raised the user's error before this
-        frozen = self._credentials.get_frozen_credentials()
+        frozen = self._creds.get_frozen_credentials()
         request = botocore.awsrequest.AWSRequest(method=method, url=target.url, headers=dict(headers))
         botocore.auth.S3SigV4Auth(frozen, "s3", target.region).add_auth(request)
         return dict(request.headers.items())
-
-
-def ca_bundle(client: Any) -> str | bool | None:
-    """The client's TLS verification setting: a CA bundle path, False (verification off) or None (the
-    system's default trust store)."""
-    session = getattr(getattr(client, "_endpoint", None), "http_session", None)
-    verify = getattr(session, "_verify", None)
-    return None if verify is True else verify
 
 
 def fail_fast_error(failure: Failure, bucket: str, key: str, what: str = "read") -> S3Error:

@@ -5,7 +5,9 @@ fetched concurrently (up to ``max_concurrency`` per reader, and the process-wide
 with ``Range`` and ``If-Match``; every response is checked against the range contract (``core.ranges``);
 failures are retried per range by ``core.retry`` (resuming after the last good byte); a part is handed to
 the reader only when complete and correct. Requests travel over the transport ``S3Config.transport`` names
-(``s3.transport``); each part's body is read straight into its own buffer.
+(``s3.transport``); each part's body is read straight into its own buffer. Each GET attempt is a race
+(``s3.hedging``, policy in ``core.hedge``): one that lags far behind what its size predicts gets a hedge,
+a second GET for its remaining bytes on a new connection, checked like any answer; the first to finish wins.
 
 (Over 400 lines on purpose: one class whose read-ahead window, first-request handshake and per-part retries
 share the object's state (size, ETag, parts in flight); split apart, they would reach into each other.)
@@ -23,17 +25,29 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastload.config import S3Config
+from fastload.core.hedge import HedgePolicy
 from fastload.core.ranges import ByteRange, PartLayout, Verdict, check_response, plan_ranges
 from fastload.core.retry import Fault
 from fastload.errors import ObjectChangedError, RangeReadError
 from fastload.s3 import runtime
-from fastload.s3.client import Failure, fail_fast_error, get_client
+from fastload.s3.client import Failure, classify_exception, fail_fast_error, get_client
+from fastload.s3.hedging import Race, Runner
 from fastload.s3.partbuffers import Buffer, new_buffer
 from fastload.s3.retrying import BadResponse, Retrier
 from fastload.s3.transport import Body, BotocoreObject, ObjectIO, open_object
 
 T = TypeVar("T")
 FIRST_PART_BYTES = 1 << 20
+
+
+def hedge_policy(config: S3Config) -> HedgePolicy | None:
+    """The deadlines and hedge budget ``config`` asks for (None: no hedging)."""
+    if config.hedge <= 0:
+        return None
+    ceiling = config.read_timeout_s
+    return HedgePolicy(
+        floor_s=min(config.hedge_floor_s, ceiling), ceiling_s=ceiling, max_fraction=config.hedge
+    )
 
 
 class _Part:
@@ -79,6 +93,7 @@ class RangedReader(io.RawIOBase):
         self._object = self._open_object()
         self._rng, self._sleep, self._clock = rng or random.Random(), sleep, clock
         self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=sleep, clock=clock)
+        self._hedge = hedge_policy(self._config)
         self._pid = os.getpid()
         self._part = self._config.part_size_bytes
         # a small first part: its answer (size, ETag) arrives quickly and lets every other part start
@@ -430,65 +445,171 @@ class RangedReader(io.RawIOBase):
     ) -> _Part:
         """Bytes of ``asked`` (clipped to the object on the first request), retried until complete; every
         retry asks only for the bytes after the last good one, read into the same buffer. ``sized`` is set
-        once a ranged answer has given the object's size and ETag (before its body is read)."""
+        once a ranged answer has given the object's size and ETag (before its body is read). Each attempt
+        runs as a race (``s3.hedging``): if it lags, a hedge fetches its remaining bytes and may win."""
         state: dict[str, Any] = {"buf": None, "got": 0}
 
         def attempt() -> _Part:
-            got = state["got"]
-            cur = ByteRange(asked.start + got, asked.end)
-            started = self._clock()
+            cur = ByteRange(asked.start + state["got"], asked.end)
+            race = self._race(cur, sized)
             try:
-                body = self._object.get(self._headers(cur))
-            except BadResponse as exc:
-                if first and exc.failure.status == 416:
-                    raise _PastEnd() from None
-                raise
-            latency = self._clock() - started
-            try:
-                status = body.status
-                check = check_response(status, body.content_range, body.content_length, cur, self._size)
-                if check.verdict is Verdict.BAD:
-                    raise BadResponse(Failure(Fault.BAD_RANGE, status, check.reason))
-                assert check.total is not None
-                self._learn(check.total, body.etag)
-                if check.verdict is Verdict.WHOLE:
-                    whole = _read_whole(body, check.total)
-                    self._runtime.stats.request_done(latency, len(whole))
-                    self._whole = whole
-                    end = min(asked.end, check.total)
-                    return _Part(bytes(whole[asked.start : end]), max(0, end - asked.start))
-                end = min(asked.end, check.total)
-                want = end - asked.start
-                if sized is not None:
-                    sized.set()
-                if state["buf"] is None:
-                    # parts of one size class share pooled buffers: a short last part uses a whole one
-                    size = self._part if self._first < want <= self._part else want
-                    state["buf"] = self._runtime.buffers.take(size)
-                view = memoryview(state["buf"])
-                try:
-                    while state["got"] < want:
-                        n = body.readinto(view[state["got"] : want])
-                        if not n:
-                            break
-                        state["got"] += n
-                finally:
-                    self._runtime.stats.request_done(latency, state["got"] - got)
-                if state["got"] < want:
-                    raise BadResponse(
-                        Failure(
-                            Fault.SHORT_BODY,
-                            status,
-                            f"body ended after {state['got'] - got} of {end - cur.start} bytes",
-                        )
-                    )
-                if body.readinto(memoryview(bytearray(1))):
-                    raise BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
-                return _Part(state["buf"], want, pooled=True)
+                return self._get(asked, cur, state, race, first=first, sized=sized)
+            except Exception:
+                if race is None:
+                    raise
+                winner = race.settle(self._config.connect_timeout_s + self._config.read_timeout_s)
+                if winner is None:
+                    raise
+                return self._merged(asked, cur, state, winner)
             finally:
-                body.close()
+                if race is not None:
+                    race.close()
 
         return self._retrying(attempt, asked, "GET", stop=stop)
+
+    def _race(self, cur: ByteRange, sized: threading.Event | None) -> Race | None:
+        if self._hedge is None or not self._object.abortable:
+            return None
+        return self._runtime.hedging.race(
+            self._hedge, cur.length, lambda race, runner: self._hedged(race, runner, cur, sized)
+        )
+
+    def _buffer(self, want: int) -> Buffer:
+        # parts of one size class share pooled buffers: a short last part uses a whole one
+        return self._runtime.buffers.take(self._part if self._first < want <= self._part else want)
+
+    def _get(
+        self,
+        asked: ByteRange,
+        cur: ByteRange,
+        state: dict[str, Any],
+        race: Race | None,
+        *,
+        first: bool,
+        sized: threading.Event | None,
+    ) -> _Part:
+        """One GET of ``cur`` (the bytes of ``asked`` after ``state["got"]``), read into the part's buffer."""
+        got = state["got"]
+        runner = race.primary if race is not None else None
+        started, sent_at = self._clock(), time.monotonic()
+        try:
+            body = self._object.get(self._headers(cur), abort=runner.abort if runner is not None else None)
+        except BadResponse as exc:
+            if first and exc.failure.status == 416:
+                raise _PastEnd() from None
+            raise
+        latency = self._clock() - started
+        head_at = time.monotonic()
+        if runner is not None:
+            runner.head_at = runner.progress_at = head_at
+        try:
+            status = body.status
+            check = check_response(status, body.content_range, body.content_length, cur, self._size)
+            if check.verdict is Verdict.BAD:
+                raise BadResponse(Failure(Fault.BAD_RANGE, status, check.reason))
+            assert check.total is not None
+            self._learn(check.total, body.etag)
+            if check.verdict is Verdict.WHOLE:
+                whole = _read_whole(body, check.total)
+                self._runtime.stats.request_done(latency, len(whole))
+                self._whole = whole
+                end = min(asked.end, check.total)
+                return _Part(bytes(whole[asked.start : end]), max(0, end - asked.start))
+            end = min(asked.end, check.total)
+            want = end - asked.start
+            if sized is not None:
+                sized.set()
+            if state["buf"] is None:
+                state["buf"] = self._buffer(want)
+            view = memoryview(state["buf"])
+            last, gap = head_at, 0.0
+            try:
+                while state["got"] < want:
+                    n = body.readinto(view[state["got"] : want])
+                    if not n:
+                        break
+                    state["got"] += n
+                    now = time.monotonic()
+                    last, gap = now, max(gap, now - last)
+                    if runner is not None:
+                        runner.got, runner.progress_at = state["got"] - got, now
+            finally:
+                self._runtime.stats.request_done(latency, state["got"] - got)
+            if state["got"] < want:
+                raise BadResponse(
+                    Failure(
+                        Fault.SHORT_BODY,
+                        status,
+                        f"body ended after {state['got'] - got} of {end - cur.start} bytes",
+                    )
+                )
+            if body.readinto(memoryview(bytearray(1))):
+                raise BadResponse(Failure(Fault.BAD_RANGE, status, "body longer than its range"))
+            if race is not None and not race.claim(race.primary):
+                raise _Lost()  # a hedge finished first: its bytes are taken (they are the same)
+            self._runtime.hedging.observe(want - got, head_at - sent_at, time.monotonic() - sent_at, gap)
+            return _Part(state["buf"], want, pooled=True)
+        finally:
+            body.close()
+
+    def _hedged(self, race: Race, runner: Runner, cur: ByteRange, sized: threading.Event | None) -> None:
+        """A hedge (on its own thread): the bytes of ``cur`` from ``runner.offset`` on, over a new connection,
+        into a buffer of its own, checked like any response (206, Content-Range, If-Match); claims the race
+        if it has them all first. Its failures only end the hedge: the original GET decides the error."""
+        start = cur.start + runner.offset
+        size = self._size
+        if start >= (cur.end if size is None else min(cur.end, size)):
+            return
+        asked = ByteRange(start, cur.end)
+        sent_at = time.monotonic()
+        stats = self._runtime.stats
+        try:
+            body = self._object.get(self._headers(asked), abort=runner.abort, fresh=True)
+        except Exception as exc:
+            _hedge_failed(stats, exc)
+            return
+        runner.head_at = runner.progress_at = head_at = time.monotonic()
+        try:
+            check = check_response(body.status, body.content_range, body.content_length, asked, self._size)
+            if check.verdict is not Verdict.PARTIAL or check.total is None:
+                stats.hedge_event(failed=1)
+                return
+            self._learn(check.total, body.etag)
+            if sized is not None:
+                sized.set()
+            end = min(cur.end, check.total)
+            want = end - start
+            view, gap = memoryview(new_buffer(want)), 0.0
+            while runner.got < want:
+                n = body.readinto(view[runner.got : want])
+                if not n:
+                    break
+                runner.got += n
+                now = time.monotonic()
+                runner.progress_at, gap = now, max(gap, now - runner.progress_at)
+            if runner.got < want or body.readinto(memoryview(bytearray(1))):
+                stats.hedge_event(failed=1)
+                return
+            runner.buf, runner.end = view.obj, end - cur.start
+            if race.claim(runner):
+                self._runtime.hedging.observe(want, head_at - sent_at, time.monotonic() - sent_at, gap)
+        except Exception as exc:
+            _hedge_failed(stats, exc)
+        finally:
+            body.close()
+            stats.request_done(head_at - sent_at, runner.got)
+
+    def _merged(self, asked: ByteRange, cur: ByteRange, state: dict[str, Any], winner: Runner) -> _Part:
+        """The part, completed with the winning hedge's bytes (those before them came from the original)."""
+        assert winner.end is not None and winner.buf is not None
+        base = cur.start - asked.start
+        n = winner.end - winner.offset
+        want = base + winner.end
+        if state["buf"] is None:
+            state["buf"] = self._buffer(want)
+        memoryview(state["buf"])[base + winner.offset : want] = memoryview(winner.buf)[:n]
+        state["got"] = want
+        return _Part(state["buf"], want, pooled=True)
 
     def _retrying(
         self, attempt: Callable[[], T], asked: ByteRange, verb: str, *, stop: threading.Event | None = None
@@ -520,6 +641,18 @@ class RangedReader(io.RawIOBase):
 
 class _PastEnd(Exception):
     """416 on the first request: the read position is at or past the end of the object."""
+
+
+class _Lost(Exception):
+    """The original GET finished after a hedge had won."""
+
+
+def _hedge_failed(stats: Any, exc: Exception) -> None:
+    """Count a hedge that failed; a throttled one tells the watchdog to hold back (``core.hedge``)."""
+    stats.hedge_event(failed=1)
+    failure = exc.failure if isinstance(exc, BadResponse) else classify_exception(exc)
+    if failure is not None and failure.fault is Fault.THROTTLE:
+        stats.throttled()
 
 
 def _read_whole(body: Body, size: int) -> memoryview:

@@ -1,5 +1,6 @@
-"""This process's S3 state, in one object: clients and direct transports per ``S3Config``, concurrency
-gates per limit, the pool of part buffers and the counters ``fastload.s3_stats()`` reports.
+"""This process's S3 state, in one object: sessions, clients and direct transports per ``S3Config``,
+concurrency gates per limit, the pool of part buffers, the latency model and open hedged races
+(``hedging``), and the counters ``fastload.s3_stats()`` reports.
 
 Lifetime: :func:`current` creates the runtime on first use in a process. A forked child (a DataLoader
 worker) never uses its parent's: it gets a fresh runtime on first use, with no clients, connections, gates,
@@ -23,6 +24,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 from fastload.s3.gate import ConcurrencyGate
+from fastload.s3.hedging import Hedger
 from fastload.s3.partbuffers import BufferPool
 from fastload.s3.stats import S3Stats
 
@@ -101,6 +103,8 @@ class S3Runtime:
         self.pid = os.getpid()
         self.stats = S3Stats()
         self.buffers = BufferPool()
+        self.hedging = Hedger(self.stats)
+        self.sessions: KeyedCache[Hashable, Any] = KeyedCache(max_configs)
         self.clients: KeyedCache[Hashable, Any] = KeyedCache(max_configs, close=_close)
         self.transports: KeyedCache[Hashable, Any] = KeyedCache(max_configs, close=_close)
         # a gate in use is never closed; one evicted while readers hold it only stops being shared
@@ -114,6 +118,7 @@ class S3Runtime:
         """Close and drop the client and transport of ``config`` (say, after its credentials changed)."""
         self.transports.discard(config)
         self.clients.discard(config)
+        self.sessions.discard(config)
 
     def close(self) -> None:
         """Close every idle connection and client and free the idle buffers; the runtime stays usable (what

@@ -1,9 +1,10 @@
-"""S3 counters: requests, bytes, retries by cause, throttles, concurrency, latency percentiles (this
-process's are in :mod:`fastload.s3.runtime`)."""
+"""S3 counters: requests, bytes, retries by cause, throttles, concurrency, latency percentiles, hedged
+requests (this process's are in :mod:`fastload.s3.runtime`)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, deque
 from typing import Any
 
@@ -27,6 +28,8 @@ class S3Stats:
             self.throttles = 0
             self.concurrency_limit = 0
             self.in_flight = 0
+            self.last_throttle_at: float | None = None  # time.monotonic() of the last 503/429
+            self.hedges: Counter[str] = Counter()
             self._latencies.clear()
 
     def request_done(self, first_byte_s: float, nbytes: int) -> None:
@@ -40,10 +43,22 @@ class S3Stats:
             self.requests += 1
             if fault is Fault.THROTTLE:
                 self.throttles += 1
+                self.last_throttle_at = time.monotonic()
             if retried:
                 self.retries[fault.value] += 1
             else:
                 self.failures += 1
+
+    def throttled(self) -> None:
+        """A 503/429 outside the retry loop (a hedge): counted, and it holds hedging back."""
+        with self._lock:
+            self.throttles += 1
+            self.last_throttle_at = time.monotonic()
+
+    def hedge_event(self, **counts: int) -> None:
+        """Add to the hedge counters (``sent``, ``won``, ``wasted_bytes``, ``suppressed_throttle``, ...)."""
+        with self._lock:
+            self.hedges.update(counts)
 
     def add_bytes(self, nbytes: int) -> None:
         with self._lock:
@@ -72,4 +87,16 @@ class S3Stats:
                 "concurrency_limit": self.concurrency_limit,
                 "in_flight": self.in_flight,
                 "first_byte_latency": pct,
+                "hedges": {
+                    name: self.hedges.get(name, 0)
+                    for name in (
+                        "sent",
+                        "won",
+                        "failed",
+                        "wasted_bytes",
+                        "cut",
+                        "suppressed_throttle",
+                        "suppressed_budget",
+                    )
+                },
             }

@@ -2,19 +2,21 @@
 
 Two implementations behind one interface, chosen by ``S3Config.transport``:
 
-- ``"direct"`` (default), :class:`DirectTransport`: ``http.client`` connections from a small per-process
-  pool (kept alive, checked for a closed peer before reuse), each request signed with botocore's SigV4
-  signer and the botocore client's own credentials, endpoint, addressing style and region (resolved once per
-  object, see :func:`~fastload.s3.client.resolve_target`); the body is read with ``readinto1`` straight into
-  the caller's buffer, so a stalled body keeps every byte that arrived. Per GiB this costs a fraction of
-  botocore's request pipeline (event hooks, parsing, urllib3) and one copy less.
-- ``"botocore"``, :class:`BotocoreTransport`: ``client.get_object``/``head_object``, for setups the direct
-  path does not cover (a non-SigV4 signer, botocore plugins, region redirects).
+- ``"direct"`` (default), :class:`DirectTransport`: pooled keep-alive ``http.client`` connections (checked
+  for a closed peer before reuse); requests signed with botocore's SigV4 signer and the client's own
+  credentials (its session's), endpoint, addressing style and region (resolved once per object, see
+  :func:`~fastload.s3.client.resolve_target`), TLS verified with the client's CA bundle; bodies read with
+  ``HTTPResponse.readinto`` straight into the caller's buffer in pieces of ``core.hedge.PIECE_BYTES``
+  (progress the hedging watchdog sees). A fraction of botocore's CPU per GiB, one copy less. Requests can
+  be cut short from another thread (:class:`~fastload.s3.hedging.Abort`). The one ``http.client`` detail
+  beyond its documented API, a connection's socket, is read by :func:`connection_socket` only.
+- ``"botocore"``, :class:`BotocoreObject`: ``client.get_object``/``head_object`` (bodies through
+  ``StreamingBody.read``), for what the direct path does not cover (non-SigV4 signers, botocore plugins,
+  region redirects). Its requests cannot be aborted, so they are not hedged.
 
-Both raise :class:`~fastload.s3.retrying.BadResponse` for an HTTP error status (classified with
-``core.retry``, the S3 error code parsed from the XML body), and let timeouts, resets and cut bodies
-through as exceptions that :func:`~fastload.s3.client.classify_exception` knows. No credential material
-reaches a message.
+Both raise :class:`~fastload.s3.retrying.BadResponse` for an HTTP error status (S3 error code parsed from
+the XML body) and let timeouts, resets and cut bodies through as exceptions that
+:func:`~fastload.s3.client.classify_exception` knows. No credential material reaches a message.
 """
 
 from __future__ import annotations
@@ -30,19 +32,22 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from fastload.config import S3Config
+from fastload.core.hedge import PIECE_BYTES
 from fastload.core.retry import classify_status
 from fastload.s3 import runtime
 from fastload.s3.client import (
     Failure,
     ObjectTarget,
     Signer,
-    ca_bundle,
     classify_exception,
+    credentials,
     get_client,
     is_no_credentials,
     no_credentials_error,
     resolve_target,
+    tls_verify,
 )
+from fastload.s3.hedging import Abort
 from fastload.s3.retrying import BadResponse
 
 _ERROR_BODY_BYTES = 64 << 10
@@ -58,8 +63,7 @@ class Body(Protocol):
     etag: str | None
 
     def readinto(self, view: memoryview) -> int:
-        """Bytes that have arrived (at least one, up to ``len(view)``), written to ``view``; 0 at the end.
-        Raises on a reset, or after ``read_timeout_s`` without a byte."""
+        """Up to ``len(view)`` bytes into ``view``; 0 at the end (or once cut); raises on reset/timeout."""
 
     def close(self) -> None:
         """Done with the body (the connection is reused only if it was read to its end)."""
@@ -68,8 +72,13 @@ class Body(Protocol):
 class ObjectIO(Protocol):
     """Requests on one object (one version, if given)."""
 
-    def get(self, headers: dict[str, str]) -> Body:
-        """A GET with ``headers`` (Range, If-Match); raises :class:`BadResponse` on an error status."""
+    @property
+    def abortable(self) -> bool:
+        """Whether ``get(..., abort=)`` honours the abort (so its GETs may be hedged)."""
+
+    def get(self, headers: dict[str, str], *, abort: Abort | None = None, fresh: bool = False) -> Body:
+        """A GET with ``headers`` (Range, If-Match); :class:`BadResponse` on an error status. ``abort.fire()``
+        cuts it short (where :attr:`abortable`); ``fresh``: on a new connection (a hedge), not a pooled."""
 
     def head(self, headers: dict[str, str]) -> Body:
         """A HEAD (its body is empty); raises :class:`BadResponse` on an error status."""
@@ -101,7 +110,7 @@ class _Pool:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
-                return self._connect()
+                return self.connect()
             if _usable(conn):
                 return conn
             conn.close()
@@ -120,7 +129,8 @@ class _Pool:
                 return
         conn.close()
 
-    def _connect(self) -> http.client.HTTPConnection:
+    def connect(self) -> http.client.HTTPConnection:
+        """A new connection (into the pool once its request ends, like any other)."""
         timeout = self._config.connect_timeout_s
         conn: http.client.HTTPConnection
         if self.scheme == "https":
@@ -135,17 +145,31 @@ class _Pool:
         except OSError as exc:  # unreachable host, failed DNS lookup: retried like a refused connection
             conn.close()
             raise ConnectionError(f"cannot connect to {self.host}:{self.port} ({exc})") from exc
-        assert conn.sock is not None
-        conn.sock.settimeout(self._config.read_timeout_s)  # from now on: the inactivity timeout
-        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock = connection_socket(conn)
+        assert sock is not None  # just connected
+        sock.settimeout(self._config.read_timeout_s)  # from now on: the inactivity timeout
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         with self._lock:
             self.created += 1
         return conn
 
 
+def connection_socket(conn: http.client.HTTPConnection) -> socket.socket | None:
+    """The socket of an ``http.client`` connection (None once closed): its ``sock`` attribute, which the
+    documented API does not name (nothing public gives it). The only place that reads it; raises if that
+    attribute changes."""
+    sock = getattr(conn, "sock", AttributeError)
+    if sock is not None and not isinstance(sock, socket.socket):
+        raise RuntimeError(
+            f"http.client.HTTPConnection.sock is {type(sock).__name__}, not a socket: this Python's "
+            "http.client changed; use S3Config(transport='botocore') and report it"
+        )
+    return sock
+
+
 def _usable(conn: http.client.HTTPConnection) -> bool:
     """An idle connection whose peer has not closed it (nothing readable while no request is out)."""
-    sock = conn.sock
+    sock = connection_socket(conn)
     if sock is None:
         return False
     try:
@@ -156,36 +180,30 @@ def _usable(conn: http.client.HTTPConnection) -> bool:
 
 
 class _DirectBody:
-    """A response on a pooled connection; its body is read straight off the socket's buffered reader."""
+    """A response on a pooled connection; its body is read with ``HTTPResponse.readinto`` (public API)."""
 
-    def __init__(self, pool: _Pool, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse):
-        self._pool, self._conn, self._resp = pool, conn, resp
+    def __init__(
+        self, pool: _Pool, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, abort: Abort
+    ):
+        self._pool, self._conn, self._resp, self._abort = pool, conn, resp, abort
         self.status = resp.status
         self.content_range = resp.getheader("Content-Range")
         length = resp.getheader("Content-Length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
         self.etag = resp.getheader("ETag")
-        # bytes left to read, when the body is delimited by Content-Length (S3's answers always are)
-        self._left = resp.length if not resp.chunked and resp.length is not None else None
+        self._read = 0
 
     def readinto(self, view: memoryview) -> int:
-        if self._left is None:  # chunked or close-delimited: http.client decodes it (one copy more)
-            data = self._resp.read1(len(view))
-            view[: len(data)] = data
-            return len(data)
-        if not self._left or not len(view):
-            return 0
-        fp = self._resp.fp
-        assert fp is not None
-        n = fp.readinto1(view[: self._left])
-        self._left -= n
+        n = self._resp.readinto(view[:PIECE_BYTES])  # 0 at the end of the body, or when it was cut
+        self._read += n
         return n
 
     def close(self) -> None:
         resp, conn = self._resp, self._conn
-        # read to its end: by our count (Content-Length bodies read off fp), or http.client's (it closes a
-        # response whose body it has delivered completely)
-        finished = self._left == 0 if self._left is not None else resp.isclosed()
+        self._abort.detach()  # before the connection may serve another request
+        # read to its end: by Content-Length, or (chunked) http.client closed it after the last chunk
+        chunked = self.content_length is None or resp.getheader("Transfer-Encoding") is not None
+        finished = resp.isclosed() if chunked else self._read == self.content_length
         reusable = finished and not resp.will_close
         resp.close()
         if reusable:
@@ -197,15 +215,10 @@ class _DirectBody:
 class DirectTransport:
     """Signed requests over pooled ``http.client`` connections (see the module docstring)."""
 
-    def __init__(self, config: S3Config, client: Any) -> None:
+    def __init__(self, config: S3Config, client: Any, creds: Any, verify: str | None) -> None:
         self._config, self._client = config, client
-        self._signer = Signer(client)
-        verify = ca_bundle(client)
-        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
-        if verify is False:  # the client was told not to verify (botocore's verify=False)
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        self._context = context
+        self._signer = Signer(creds)
+        self._context = ssl.create_default_context(cafile=verify)
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._lock = threading.Lock()
         self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY, as botocore reads them
@@ -243,28 +256,38 @@ class DirectTransport:
         for pool in pools:
             pool.close()
 
-    def request(self, method: str, target: ObjectTarget, headers: dict[str, str]) -> _DirectBody:
+    def request(
+        self,
+        method: str,
+        target: ObjectTarget,
+        headers: dict[str, str],
+        abort: Abort | None = None,
+        fresh: bool = False,
+    ) -> _DirectBody:
         signed = self._signer.headers(method, target, headers)
         parts = urlsplit(target.url)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         pool = self.pool(target.url)
-        conn = pool.take()
+        conn, abort = pool.connect() if fresh else pool.take(), abort or Abort()
+        abort.attach(connection_socket(conn))  # a pooled connection is connected
         try:
             conn.request(method, path, headers=signed)
             resp = conn.getresponse()
         except BaseException:
+            abort.detach()
             conn.close()
             raise
-        body = _DirectBody(pool, conn, resp)
         if resp.status >= 300:
             try:
                 data = resp.read(_ERROR_BODY_BYTES) if method != "HEAD" else b""
             except (OSError, http.client.HTTPException):
                 data = b""
-            body._left = None  # read by http.client: finished once it has closed the response
-            body.close()
+            abort.detach()
+            reusable = resp.isclosed() and not resp.will_close  # read to its end by http.client
+            resp.close()
+            pool.give_back(conn) if reusable else conn.close()
             raise BadResponse(error_failure(resp.status, data))
-        return body
+        return _DirectBody(pool, conn, resp, abort)
 
 
 # -- botocore ---------------------------------------------------------------------------------------------
@@ -277,15 +300,12 @@ class _BotocoreBody:
         self.content_length = resp.get("ContentLength")
         self.etag = resp.get("ETag")
         self._body = resp.get("Body")
-        raw = getattr(self._body, "_raw_stream", None)
-        read1 = getattr(raw, "read1", None)
-        # urllib3's read1 returns what has arrived, so a stalled body loses nothing already received
-        self._read = read1 if callable(read1) else getattr(self._body, "read", None)
 
     def readinto(self, view: memoryview) -> int:
-        if self._read is None:
+        if self._body is None:
             return 0
-        data = self._read(len(view))
+        # StreamingBody.read (public) returns once it has the bytes asked for: a stall loses at most a piece
+        data = self._body.read(min(len(view), PIECE_BYTES))
         view[: len(data)] = data
         return len(data)
 
@@ -318,7 +338,9 @@ class BotocoreObject:
                 raise BadResponse(failure) from exc
             raise
 
-    def get(self, headers: dict[str, str]) -> Body:
+    abortable = False
+
+    def get(self, headers: dict[str, str], *, abort: Abort | None = None, fresh: bool = False) -> Body:
         return _BotocoreBody(self._call(self._client.get_object, headers))
 
     def head(self, headers: dict[str, str]) -> Body:
@@ -343,11 +365,16 @@ class DirectObject:
             self._target = target
         return self._target
 
-    def get(self, headers: dict[str, str]) -> Body:
+    @property
+    def abortable(self) -> bool:
+        self._resolved()
+        return self._fallback is None
+
+    def get(self, headers: dict[str, str], *, abort: Abort | None = None, fresh: bool = False) -> Body:
         target = self._resolved()
         if self._fallback is not None:
             return self._fallback.get(headers)
-        return self._transport.request("GET", target, headers)
+        return self._transport.request("GET", target, headers, abort, fresh=fresh)
 
     def head(self, headers: dict[str, str]) -> Body:
         target = self._resolved()
@@ -360,7 +387,7 @@ def direct_transport(config: S3Config) -> DirectTransport:
     """This process's direct transport for ``config`` (a new one, with no connections, after fork), kept by
     :mod:`fastload.s3.runtime` (which closes its idle connections at exit)."""
     transport: DirectTransport = runtime.current().transports.get(
-        config, lambda: DirectTransport(config, get_client(config))
+        config, lambda: DirectTransport(config, get_client(config), credentials(config), tls_verify(config))
     )
     return transport
 

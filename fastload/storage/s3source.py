@@ -4,6 +4,7 @@ GET, large ones with the parallel ranged reader)."""
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -11,7 +12,7 @@ from fastload.config import S3Config
 from fastload.core.retry import Fault
 from fastload.errors import RangeReadError, Skip
 from fastload.s3 import runtime
-from fastload.s3.client import Failure, get_client, parse_s3_url
+from fastload.s3.client import Failure, parse_s3_url
 from fastload.s3.listing import ObjectInfo, list_objects
 from fastload.s3.reader import RangedReader
 from fastload.s3.retrying import BadResponse, Retrier, give_up_on
@@ -67,8 +68,11 @@ class S3Source:
 
 
 def get_whole(bucket: str, key: str, *, config: S3Config, client: Any = None) -> bytes:
-    """One object's bytes with one GET (retried), checked against its Content-Length."""
-    client = client if client is not None else get_client(config)
+    """One object's bytes: through the ranged reader (a small object is one GET; retried, checked against
+    its Content-Range, hedged when it stalls), or with ``client``'s ``get_object`` when one is given."""
+    if client is None:
+        with RangedReader(bucket, key, config=config) as reader:
+            return reader.fetch_range(0, sys.maxsize)
 
     def attempt() -> bytes:
         resp = client.get_object(Bucket=bucket, Key=key)

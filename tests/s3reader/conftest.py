@@ -5,7 +5,8 @@
 - ``objects`` (session): seeded random objects of 0 bytes to 3 MiB plus a tar, a zip and a Parquet file.
 - ``proxy`` (function): a seeded :class:`FaultProxy` in front of moto; ``make_proxy(seed)`` for more.
 - ``make_config(proxy, **overrides)``: the reader's ``S3Config`` pointed at a proxy, with small timeouts and
-  a ``process_max_concurrency`` no other test uses, so the process-wide AIMD gate never leaks between tests.
+  a ``process_max_concurrency`` no other test uses, so the process-wide AIMD gate never leaks between tests;
+  hedging stays on, its deadlines' floor at 0.8 s (above what moto takes on a busy machine).
 
 Every test starts with zeroed ``fastload.s3_stats()`` and dummy credentials in the environment. Its proxies
 close only after the reader threads it started have finished (bounded), so those cannot touch the next test;
@@ -184,6 +185,9 @@ def make_config() -> Callable[..., fastload.S3Config]:
             base_backoff_s=0.01,
             max_backoff_s=0.2,
             deadline_s=10.0,
+            # hedging on, with deadlines above anything moto does on a busy machine (0.25 s by default):
+            # these tests count GETs; tests/s3reader/test_hedge.py lowers the floor to hedge on purpose
+            hedge_floor_s=0.8,
         )
         return replace(config, **overrides)
 

@@ -137,7 +137,8 @@ def test_connections_are_reused(
     requests = len(gets(proxy, "obj-3m"))
     pool = s3get.direct_transport(config).pool(proxy.endpoint_url)
     assert requests >= 3 * 12
-    assert pool.created <= 4 + 1, (pool.created, requests)
+    hedges = fastload.s3_stats()["hedges"]["sent"]  # a hedge goes out on a new connection, by design
+    assert pool.created <= 4 + 1 + hedges, (pool.created, requests, hedges)
 
 
 def test_a_connection_closed_while_idle_is_not_reused(
@@ -151,8 +152,9 @@ def test_a_connection_closed_while_idle_is_not_reused(
     idle = list(pool._idle)
     assert idle
     for conn in idle:  # what a server's close looks like from here: the peer end is gone
-        assert conn.sock is not None
-        conn.sock.shutdown(socket.SHUT_RD)
+        sock = s3get.connection_socket(conn)
+        assert sock is not None
+        sock.shutdown(socket.SHUT_RD)
     fastload.s3_stats(reset=True)
     assert timed(lambda: read_all("small", config))[0] == objects["small"]
     assert fastload.s3_stats()["retries_total"] == 0

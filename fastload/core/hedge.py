@@ -1,0 +1,244 @@
+"""Tail tolerance: what a GET of ``n`` bytes normally costs on this endpoint, the deadlines that follow, and
+when a lagging request gets a second ("hedged") GET for its remaining bytes.
+
+Pure: the caller feeds :class:`LatencyModel` with finished requests and passes ``now``; it owns the clock,
+the threads and the lock. The rules (AWS's S3 guidance: track latency, retry the slowest requests early,
+on a new connection):
+
+- **deadlines** adapt to the endpoint: the first-byte deadline is ``multiplier x`` the p99 first-byte time,
+  the progress deadline ``multiplier x`` the p99 of the longest wait for a body piece in a request (before
+  such waits are known: the time one piece takes at the slow (p5) per-connection throughput), the
+  completion deadline of ``n`` bytes ``multiplier x`` its predicted p95 time (p95 first byte + ``n`` / p5
+  throughput). Each is bounded below by ``floor_s`` and above by ``ceiling_s`` (``read_timeout_s``, which
+  stays the hard limit of a silent socket). A cold model (too few samples) gives ``cold_factor x floor_s``
+  (1 s by default: AWS's advice for small GETs) until it knows this endpoint.
+- **hedge** a request that has passed one of them, unless the endpoint throttled within
+  ``throttle_quiet_s`` (503s: the AIMD gate is in charge, more requests would make it worse), the budget
+  is spent (at most ``burst + max_fraction x requests`` hedges) or the request already has ``max_hedges``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+PIECE_BYTES = 256 << 10  # what one body read asks for; progress is seen (and a stall loses at most) a piece
+
+
+def size_class(nbytes: int) -> int:
+    """Requests are modelled by size in powers of 4 (64 KiB, 256 KiB, 1 MiB, 4 MiB, ... share a class)."""
+    return max(0, (max(nbytes, 1).bit_length() - 1) // 2)
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of sorted ``values`` (nearest rank); ``values`` must not be empty."""
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+class LatencyModel:
+    """First-byte times (all requests) and per-connection throughput (by size class) of finished GETs, the
+    last ``window`` of each. Not thread-safe: the caller holds a lock."""
+
+    def __init__(self, window: int = 512, min_samples: int = 16) -> None:
+        if window < 1 or min_samples < 1:
+            raise ValueError(f"{window=} and {min_samples=} must be >= 1")
+        self.window, self.min_samples = window, min_samples
+        self._first: deque[float] = deque(maxlen=window)
+        self._rates: dict[int, deque[float]] = {}
+        self._all_rates: deque[float] = deque(maxlen=window)
+        self._gaps: deque[float] = deque(maxlen=window)
+        self._sorted: dict[object, list[float]] = {}
+        self.observed = 0
+
+    def observe(
+        self, nbytes: int, first_byte_s: float, total_s: float, max_gap_s: float | None = None
+    ) -> None:
+        """One finished GET: ``nbytes`` of body, its response head after ``first_byte_s``, done after
+        ``total_s`` (both from sending the request), the longest wait for a body piece ``max_gap_s``."""
+        self.observed += 1
+        self._first.append(max(0.0, first_byte_s))
+        if max_gap_s is not None:
+            self._gaps.append(max(0.0, max_gap_s))
+        body_s = max(total_s - first_byte_s, 1e-6)
+        if nbytes >= PIECE_BYTES // 4:  # tiny bodies say little about a connection's speed
+            rate = nbytes / body_s
+            self._rates.setdefault(size_class(nbytes), deque(maxlen=self.window)).append(rate)
+            self._all_rates.append(rate)
+        self._sorted.clear()
+
+    def _quantile(self, key: object, samples: deque[float], q: float) -> float | None:
+        if len(samples) < self.min_samples:
+            return None
+        ordered = self._sorted.get(key)
+        if ordered is None:
+            ordered = self._sorted[key] = sorted(samples)
+        return quantile(ordered, q)
+
+    def first_byte_s(self, q: float) -> float | None:
+        """The ``q`` quantile of first-byte times, or None while too few are known."""
+        return self._quantile("first", self._first, q)
+
+    def gap_s(self, q: float) -> float | None:
+        """The ``q`` quantile of the longest wait for a body piece per request, or None while too few."""
+        return self._quantile("gap", self._gaps, q)
+
+    def rate(self, nbytes: int, q: float) -> float | None:
+        """The ``q`` quantile of per-connection throughput (bytes/s) for requests of about ``nbytes`` (of
+        every size when that class has too few samples), or None while too few are known."""
+        cls = size_class(nbytes)
+        own = self._rates.get(cls)
+        if own is not None and len(own) >= self.min_samples:
+            return self._quantile(cls, own, q)
+        return self.all_rates(q)
+
+    def slow_rates(self, q: float) -> dict[int, float]:
+        """The ``q`` quantile of throughput of every size class with enough samples."""
+        out = {}
+        for cls, samples in self._rates.items():
+            value = self._quantile(cls, samples, q)
+            if value is not None:
+                out[cls] = value
+        return out
+
+    def all_rates(self, q: float) -> float | None:
+        """The ``q`` quantile of throughput over every size."""
+        return self._quantile("rate", self._all_rates, q)
+
+    def predict_s(self, nbytes: int, q: float = 0.95) -> float | None:
+        """Seconds a GET of ``nbytes`` takes at the ``q`` quantile (slow first byte + slow throughput)."""
+        first = self.first_byte_s(q)
+        if first is None:
+            return None
+        if nbytes <= 0:
+            return first
+        rate = self.rate(nbytes, 1.0 - q)
+        return None if rate is None else first + nbytes / rate
+
+
+@dataclass(frozen=True, kw_only=True)
+class HedgePolicy:
+    """Bounds of the adaptive deadlines and of hedging (see the module docstring)."""
+
+    floor_s: float = 0.1
+    ceiling_s: float = 10.0
+    multiplier: float = 3.0
+    cold_factor: float = 10.0
+    max_fraction: float = 0.05
+    burst: int = 3
+    max_hedges: int = 2
+    throttle_quiet_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.floor_s <= self.ceiling_s:
+            raise ValueError(f"need 0 < floor_s ({self.floor_s}) <= ceiling_s ({self.ceiling_s})")
+        if self.multiplier < 1 or self.cold_factor < 1:
+            raise ValueError(f"{self.multiplier=} and {self.cold_factor=} must be >= 1")
+        if not 0 <= self.max_fraction <= 1:
+            raise ValueError(f"max_fraction={self.max_fraction} must be within [0, 1]")
+        if self.burst < 0 or self.max_hedges < 0 or self.throttle_quiet_s < 0:
+            raise ValueError(f"{self.burst=}, {self.max_hedges=} and {self.throttle_quiet_s=} must be >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_fraction > 0 and self.max_hedges > 0
+
+    def bound(self, seconds: float | None) -> float:
+        """``multiplier x seconds`` within the bounds; the cold deadline when ``seconds`` is unknown."""
+        if seconds is None:
+            return min(self.ceiling_s, self.cold_factor * self.floor_s)
+        return min(self.ceiling_s, max(self.floor_s, self.multiplier * seconds))
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Seconds a request may take before it counts as lagging: to its response head, between two body
+    pieces, and (:meth:`completion_s`) in all for its size."""
+
+    first_byte_s: float
+    progress_s: float
+    policy: HedgePolicy
+    first_byte_p95_s: float | None
+    slow_rates: dict[int, float]  # p5 throughput by size class (classes with enough samples)
+    slow_rate: float | None  # p5 throughput over every size
+
+    def completion_s(self, nbytes: int) -> float:
+        rate = self.slow_rates.get(size_class(nbytes), self.slow_rate)
+        first = self.first_byte_p95_s
+        return self.policy.bound(None if first is None or rate is None else first + nbytes / rate)
+
+
+def deadlines(model: LatencyModel, policy: HedgePolicy) -> Deadlines:
+    """The deadlines ``model`` and ``policy`` give now (compute once per check, not per request)."""
+    gap = model.gap_s(0.99)
+    if gap is None:
+        slow_rate = model.rate(PIECE_BYTES, 0.05)
+        gap = None if slow_rate is None else PIECE_BYTES / slow_rate
+    return Deadlines(
+        first_byte_s=policy.bound(model.first_byte_s(0.99)),
+        progress_s=policy.bound(gap),
+        policy=policy,
+        first_byte_p95_s=model.first_byte_s(0.95),
+        slow_rates=model.slow_rates(0.05),
+        slow_rate=model.all_rates(0.05),
+    )
+
+
+class Lag(Enum):
+    """Why a request lags."""
+
+    FIRST_BYTE = "first_byte"  # no response head by the first-byte deadline
+    STALLED = "stalled"  # no body bytes for the progress deadline
+    SLOW = "slow"  # past the completion deadline of its size
+
+
+@dataclass(frozen=True)
+class Flight:
+    """What a check sees of the newest request for one byte range (the original GET or its last hedge):
+    when it was sent, when its head and its last body bytes arrived, and the bytes it asked for."""
+
+    sent_at: float
+    head_at: float | None
+    progress_at: float
+    nbytes: int
+
+
+def lag(flight: Flight, now: float, limits: Deadlines) -> Lag | None:
+    """Why ``flight`` lags at ``now``, or None if it does not."""
+    if flight.head_at is None:
+        return Lag.FIRST_BYTE if now - flight.sent_at > limits.first_byte_s else None
+    if now - flight.progress_at > limits.progress_s:
+        return Lag.STALLED
+    if now - flight.sent_at > limits.completion_s(flight.nbytes):
+        return Lag.SLOW
+    return None
+
+
+class Verdict(Enum):
+    """The answer for a lagging request."""
+
+    HEDGE = "hedge"
+    THROTTLED = "throttled"  # not while the endpoint throttles
+    NO_BUDGET = "no_budget"  # hedges would pass max_fraction of requests
+    ENOUGH = "enough"  # this request has max_hedges already
+
+
+def decide(
+    policy: HedgePolicy,
+    *,
+    now: float,
+    last_throttle_at: float | None,
+    requests: int,
+    hedges: int,
+    hedges_of_this: int,
+) -> Verdict:
+    """Whether a lagging request gets a hedge now: ``requests`` and ``hedges`` sent so far by the process,
+    ``hedges_of_this`` by this request."""
+    if last_throttle_at is not None and now - last_throttle_at < policy.throttle_quiet_s:
+        return Verdict.THROTTLED
+    if hedges_of_this >= policy.max_hedges:
+        return Verdict.ENOUGH
+    if hedges + 1 > policy.burst + policy.max_fraction * requests:
+        return Verdict.NO_BUDGET
+    return Verdict.HEDGE

@@ -1,0 +1,266 @@
+"""Hedged GETs, the I/O half of :mod:`fastload.core.hedge`: this process's latency model, the races between
+a GET and its hedges, and the watchdog thread that starts hedges.
+
+A reader opens a :class:`Race` per GET attempt (:meth:`Hedger.race`); the GET is the race's first
+:class:`Runner` and runs on the reader's own thread, reporting its progress (``head_at``, ``got``,
+``progress_at``: plain attribute writes). The watchdog (one daemon thread per process, running while races
+are open, ticking at a quarter of the deadlines' floor) asks ``core.hedge`` whether the newest runner of each
+race lags and whether a hedge may go out now; if so it adds a runner and starts the reader's hedge function
+on a short-lived thread named ``fastload-s3-hedge``. The first runner to finish :meth:`Race.claim`\\ s the
+race; the others are aborted (their sockets shut down, which wakes a blocked read). Hedges bypass the AIMD
+gate (they are capped by the budget and never sent while the store throttles). A silent GET that may not be
+hedged because the budget is spent is cut short instead and retried at once (not waited out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastload.core import hedge as policy_mod
+from fastload.core.hedge import HedgePolicy, LatencyModel
+from fastload.s3.stats import S3Stats
+
+IDLE_EXIT_S = 2.0  # the watchdog thread ends after this long without open races
+
+
+class Abort:
+    """Lets another thread cut one request short: shuts its connection's socket down (waking a read that
+    blocks on it). Attached when the request has a socket, detached before the connection is reused."""
+
+    __slots__ = ("_lock", "_sock", "fired")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: Any = None
+        self.fired = False
+
+    def attach(self, sock: Any) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.fired:
+                _shutdown(sock)
+
+    def detach(self) -> None:
+        with self._lock:
+            self._sock = None
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            if self._sock is not None:
+                _shutdown(self._sock)
+
+
+def _shutdown(sock: Any) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(2)  # socket.SHUT_RDWR
+
+
+class Runner:
+    """One GET of a race. ``offset``: where its bytes start within the race's range (the original: 0; a
+    hedge: what the original had received when the hedge was sent); ``got``: bytes it has received
+    (for the original: up to which byte of the range its buffer is filled)."""
+
+    __slots__ = ("abort", "buf", "end", "got", "head_at", "offset", "progress_at", "sent_at", "size")
+
+    def __init__(self, offset: int, size: int, sent_at: float) -> None:
+        self.offset, self.size, self.sent_at = offset, size, sent_at
+        self.head_at: float | None = None
+        self.progress_at = sent_at
+        self.got = 0
+        self.abort = Abort()
+        self.buf: Any = None  # a hedge's bytes, once it has them all
+        self.end: int | None = None  # a hedge's end (within the range), once its answer says it
+
+
+class Race:
+    """A GET attempt and its hedges; the first to finish wins (see the module docstring)."""
+
+    def __init__(
+        self,
+        hedger: Hedger,
+        policy: HedgePolicy,
+        size: int,
+        start_hedge: Callable[[Race, Runner], None],
+        now: float,
+    ) -> None:
+        self.hedger, self.policy = hedger, policy
+        self.primary = Runner(0, size, now)
+        self.hedges: list[Runner] = []
+        self.winner: Runner | None = None
+        self.closed = False
+        self.suppressed = False  # a suppressed hedge was counted once already
+        self._running = 0
+        self._start_hedge = start_hedge
+        self._cond = threading.Condition()
+
+    @property
+    def newest(self) -> Runner:
+        return self.hedges[-1] if self.hedges else self.primary
+
+    def launch(self, now: float) -> None:
+        """Send a hedge for the bytes the original has not received yet (called by the watchdog)."""
+        runner = Runner(self.primary.got, self.primary.size - self.primary.got, now)
+        with self._cond:
+            if self.closed or self.winner is not None:
+                return
+            self.hedges.append(runner)
+            self._running += 1
+        thread = threading.Thread(target=self._run, args=(runner,), name="fastload-s3-hedge", daemon=True)
+        thread.start()
+
+    def _run(self, runner: Runner) -> None:
+        try:
+            self._start_hedge(self, runner)
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    def claim(self, runner: Runner) -> bool:
+        """``runner`` has all its bytes: it wins unless another did first; the others are aborted."""
+        with self._cond:
+            if self.winner is not None:
+                return self.winner is runner
+            self.winner = runner
+            self._cond.notify_all()
+        for other in (self.primary, *self.hedges):
+            if other is not runner:
+                other.abort.fire()
+        return True
+
+    def cut_short(self) -> bool:
+        """Abort every GET of the race (the original and any hedge): the original's thread fails the
+        attempt and retries at once."""
+        with self._cond:
+            if self.closed or self.winner is not None:
+                return False
+            self.closed = True
+        for runner in (self.primary, *self.hedges):
+            runner.abort.fire()
+        return True
+
+    def settle(self, timeout_s: float) -> Runner | None:
+        """After the original failed: the hedge that won (waiting up to ``timeout_s`` for those still
+        running), or None."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self.closed = True  # no new hedges
+            while self.winner is None and self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return self.winner if self.winner is not self.primary else None
+
+    def close(self) -> None:
+        """The original's thread is done with the race: abort hedges still running, count what was lost."""
+        with self._cond:
+            self.closed = True
+            winner = self.winner
+        for runner in self.hedges:
+            if runner is not winner:
+                runner.abort.fire()
+        wasted = sum(r.got for r in self.hedges if r is not winner)
+        if winner is not None and winner is not self.primary:
+            wasted += max(0, self.primary.got - winner.offset)
+        self.hedger.closed(self, wasted)
+
+
+class Hedger:
+    """This process's latency model, open races and hedge counters (kept by :mod:`fastload.s3.runtime`)."""
+
+    def __init__(self, stats: S3Stats, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stats, self.clock = stats, clock
+        self.model = LatencyModel()
+        self.requests = 0
+        self.hedges = 0
+        self._races: set[Race] = set()
+        self._lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
+
+    def observe(self, nbytes: int, first_byte_s: float, total_s: float, max_gap_s: float) -> None:
+        """A finished GET (feeds the model every deadline comes from)."""
+        with self._lock:
+            self.model.observe(nbytes, first_byte_s, total_s, max_gap_s)
+
+    def deadlines(self, policy: HedgePolicy) -> policy_mod.Deadlines:
+        with self._lock:
+            return policy_mod.deadlines(self.model, policy)
+
+    def race(self, policy: HedgePolicy, size: int, start_hedge: Callable[[Race, Runner], None]) -> Race:
+        """Open a race for a GET of ``size`` bytes (``start_hedge(race, runner)`` runs a hedge)."""
+        race = Race(self, policy, size, start_hedge, self.clock())
+        with self._lock:
+            self.requests += 1
+            self._races.add(race)
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(
+                    target=self._watch, args=(policy.floor_s,), name="fastload-hedge-watch", daemon=True
+                )
+                self._watchdog.start()
+        return race
+
+    def closed(self, race: Race, wasted_bytes: int) -> None:
+        with self._lock:
+            self._races.discard(race)
+        if race.hedges:
+            won = race.winner is not None and race.winner is not race.primary
+            self.stats.hedge_event(won=int(won), wasted_bytes=wasted_bytes)
+
+    def _watch(self, floor_s: float) -> None:
+        idle_since: float | None = None
+        tick = min(0.1, floor_s / 4)
+        while True:
+            time.sleep(tick)
+            with self._lock:
+                races = list(self._races)
+                if not races:
+                    idle_since = idle_since if idle_since is not None else self.clock()
+                    if self.clock() - idle_since > IDLE_EXIT_S:
+                        self._watchdog = None
+                        return
+                    continue
+                idle_since = None
+                limits = {p: policy_mod.deadlines(self.model, p) for p in {r.policy for r in races}}
+                tick = min(0.1, min(p.floor_s for p in limits) / 4)
+            now = self.clock()
+            for race in races:
+                self._check(race, now, limits[race.policy])
+
+    def _check(self, race: Race, now: float, limits: policy_mod.Deadlines) -> None:
+        if race.closed or race.winner is not None:
+            return
+        runner = race.newest
+        flight = policy_mod.Flight(runner.sent_at, runner.head_at, runner.progress_at, runner.size)
+        why = policy_mod.lag(flight, now, limits)
+        if why is None:
+            return
+        with self._lock:
+            verdict = policy_mod.decide(
+                race.policy,
+                now=now,
+                last_throttle_at=self.stats.last_throttle_at,
+                requests=self.requests,
+                hedges=self.hedges,
+                hedges_of_this=len(race.hedges),
+            )
+            if verdict is policy_mod.Verdict.HEDGE:
+                self.hedges += 1
+        if verdict is policy_mod.Verdict.HEDGE:
+            self.stats.hedge_event(sent=1)
+            race.launch(now)
+            return
+        no_hedge = verdict in (policy_mod.Verdict.NO_BUDGET, policy_mod.Verdict.ENOUGH)
+        if no_hedge and why is not policy_mod.Lag.SLOW and race.cut_short():
+            # no budget for a second GET: a silent one is cut now and retried (no more requests than
+            # waiting out read_timeout_s would make, the bytes it had are kept)
+            self.stats.hedge_event(cut=1)
+        if not race.suppressed and verdict is not policy_mod.Verdict.ENOUGH:
+            race.suppressed = True
+            key = "suppressed_throttle" if verdict is policy_mod.Verdict.THROTTLED else "suppressed_budget"
+            self.stats.hedge_event(**{key: 1})
