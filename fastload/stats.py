@@ -9,7 +9,9 @@ from fastload.s3 import runtime
 
 def s3_stats(*, reset: bool = False) -> dict[str, Any]:
     """This process's S3 counters: requests, bytes, retries by cause, throttles, the current concurrency
-    limit and requests in flight, and first-byte latency percentiles (ms). ``reset`` zeroes them after."""
+    limit and requests in flight, first-byte latency percentiles (ms), and ``hedges`` (second GETs sent for
+    lagging requests: sent, won, failed, wasted_bytes, cut, and those suppressed by throttling or the
+    budget). ``reset`` zeroes them after."""
     stats = runtime.current().stats
     snap = stats.snapshot()
     if reset:
