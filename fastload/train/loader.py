@@ -9,6 +9,8 @@ the dataset's own ``state_dict()``/``load_state_dict()``.
 
 from __future__ import annotations
 
+import signal
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,18 +31,45 @@ WORKER_DIED = (
 )
 
 
+def _worker_died(exc: RuntimeError, slots: MainSlots) -> WorkerDiedError | None:
+    """:class:`WorkerDiedError` for torch's "worker ... killed by signal / exited unexpectedly" (its slot
+    files removed), or None for another error."""
+    if "exited unexpectedly" not in str(exc) and "killed by signal" not in str(exc):
+        return None
+    slots.remove_dead_children()
+    return WorkerDiedError(WORKER_DIED.format(cause=str(exc).split(". ")[0]))
+
+
 def _workers_watched(batches: Iterator[Any], slots: MainSlots) -> Iterator[Any]:
     """``batches`` from DataLoader's iterator; a worker that died becomes :class:`WorkerDiedError` (torch's
-    own message kept as the cause) and its slot files are removed."""
+    own message kept as the cause) and its slot files are removed. torch reports a dead worker from its
+    SIGCHLD handler too, wherever the training process is (in a step, between batches): that handler is
+    wrapped for as long as the iteration lasts, so the error is the same there."""
     slots.watch_children()
+    previous = signal.getsignal(signal.SIGCHLD) if hasattr(signal, "SIGCHLD") else None
+    wrapped = callable(previous) and threading.current_thread() is threading.main_thread()
+
+    def on_child(signum: int, frame: Any) -> None:
+        try:
+            previous(signum, frame)  # type: ignore[misc,operator]
+        except RuntimeError as exc:
+            died = _worker_died(exc, slots)
+            if died is None:
+                raise
+            raise died from exc
+
+    if wrapped:
+        signal.signal(signal.SIGCHLD, on_child)
     try:
         yield from batches
     except RuntimeError as exc:
-        if "exited unexpectedly" not in str(exc) and "killed by signal" not in str(exc):
+        died = _worker_died(exc, slots)
+        if died is None:
             raise
-        slots.remove_dead_children()
-        cause = str(exc).split(". ")[0]
-        raise WorkerDiedError(WORKER_DIED.format(cause=cause)) from exc
+        raise died from exc
+    finally:
+        if wrapped and signal.getsignal(signal.SIGCHLD) is on_child:
+            signal.signal(signal.SIGCHLD, previous)
 
 
 class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]

@@ -94,17 +94,26 @@ def sweep_stale(*, older_than: float = STALE_SECONDS) -> None:
     unlink_matching(lambda name: unheld(os.path.join(SHM_DIR, name), older_than=older_than))
 
 
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` (a child of this one) has ended: no such process, or a zombie not yet reaped
+    (torch's SIGCHLD handler reports a killed worker before anything waits for it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def remove_dead(pids: set[int]) -> None:
     """Remove the slot files of processes ``pids`` (this process's own children, so their pids mean the
     same here) that are gone and whose files nobody holds: a killed worker's unsent slots."""
-    dead = set()
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            dead.add(pid)
-        except PermissionError:
-            pass
+    dead = {pid for pid in pids if _gone(pid)}
 
     def theirs(name: str) -> bool:
         part = name.split("-")[1:2]
