@@ -77,7 +77,8 @@ class LocalDestination:
         folder = self._path(prefix)
         if not os.path.isdir(folder):
             return []
-        return sorted(os.path.join(prefix, n) for n in os.listdir(folder))
+        # leaves out atomic_write's hidden temporary files (a kill can leave one behind)
+        return sorted(os.path.join(prefix, n) for n in os.listdir(folder) if not n.startswith("."))
 
     def remove(self, name: str) -> None:
         """Delete one file, if it is there."""
