@@ -811,6 +811,118 @@ done:
     return result;
 }
 
+/* ---- the bounded sample shuffle --------------------------------------------------------------------------
+ * buffer_shuffle() is fastload.core.shuffle._buffer_shuffle_loop (the definition) in C, drawing from the
+ * Python random.Random's own Mersenne Twister state as CPython does: randrange(m) = getrandbits(k) until
+ * below m, k = m.bit_length(), getrandbits(k <= 32) = the top k bits of one 32-bit output; shuffle() swaps
+ * x[i] with x[randbelow(i + 1)] for i from the end down to 1.  The caller checks once per process that it
+ * gives the loop's permutation (fastload.core.shuffle.use_native). */
+#define MT_N 624
+#define MT_M 397
+
+typedef struct {
+    uint32_t mt[MT_N];
+    Py_ssize_t pos;
+} Mt;
+
+static void mt_twist(Mt *g) {
+    static const uint32_t mag01[2] = {0x0u, 0x9908b0dfu};
+    uint32_t *mt = g->mt, y;
+    int k;
+    for (k = 0; k < MT_N - MT_M; k++) {
+        y = (mt[k] & 0x80000000u) | (mt[k + 1] & 0x7fffffffu);
+        mt[k] = mt[k + MT_M] ^ (y >> 1) ^ mag01[y & 1u];
+    }
+    for (; k < MT_N - 1; k++) {
+        y = (mt[k] & 0x80000000u) | (mt[k + 1] & 0x7fffffffu);
+        mt[k] = mt[k + (MT_M - MT_N)] ^ (y >> 1) ^ mag01[y & 1u];
+    }
+    y = (mt[MT_N - 1] & 0x80000000u) | (mt[0] & 0x7fffffffu);
+    mt[MT_N - 1] = mt[MT_M - 1] ^ (y >> 1) ^ mag01[y & 1u];
+    g->pos = 0;
+}
+
+static inline uint32_t mt_next(Mt *g) {
+    if (g->pos >= MT_N) mt_twist(g);
+    uint32_t y = g->mt[g->pos++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    return y;
+}
+
+/* CPython's _randbelow_with_getrandbits for 2 <= m < 2**32 */
+static inline uint32_t mt_below(Mt *g, uint32_t m, int shift) {
+    uint32_t r;
+    do r = mt_next(g) >> shift;
+    while (r >= m);
+    return r;
+}
+
+static int bit_length(uint64_t m) {
+    int k = 0;
+    while (m) {
+        k++;
+        m >>= 1;
+    }
+    return k;
+}
+
+/* buffer_shuffle(n, buffer, key, pos) -> (order, key, pos): order is a bytearray of n native int64 */
+static PyObject *buffer_shuffle_py(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_ssize_t n, buffer, pos;
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "nny*n", &n, &buffer, &key, &pos)) return NULL;
+    Mt g;
+    if (key.len != (Py_ssize_t)sizeof(g.mt) || pos < 0 || pos > MT_N || n < 0 || buffer < 2 ||
+        (uint64_t)buffer > 0xffffffffu || n > PY_SSIZE_T_MAX / 8) {
+        PyBuffer_Release(&key);
+        PyErr_SetString(PyExc_ValueError, "buffer_shuffle: need n >= 0, 2 <= buffer < 2**32, a 624-word key");
+        return NULL;
+    }
+    memcpy(g.mt, key.buf, sizeof(g.mt));
+    PyBuffer_Release(&key);
+    g.pos = pos;
+    PyObject *order = PyByteArray_FromStringAndSize(NULL, n * 8);
+    int64_t *pending = PyMem_RawMalloc((size_t)buffer * sizeof(int64_t));
+    if (order == NULL || pending == NULL) {
+        Py_XDECREF(order);
+        PyMem_RawFree(pending);
+        return PyErr_NoMemory();
+    }
+    int64_t *out = (int64_t *)PyByteArray_AS_STRING(order);
+    Py_BEGIN_ALLOW_THREADS
+    const int64_t last = buffer - 1;
+    const int shift = 32 - bit_length((uint64_t)buffer);
+    int64_t cnt = n < last ? n : last, o = 0;
+    for (int64_t i = 0; i < cnt; i++) pending[i] = i;
+    for (int64_t i = last; i < n; i++) { /* the buffer is full: draw a slot; the last one is sample i */
+        int64_t j = mt_below(&g, (uint32_t)buffer, shift);
+        if (j == last) {
+            out[o++] = i;
+        } else {
+            out[o++] = pending[j];
+            pending[j] = i;
+        }
+    }
+    for (int64_t i = cnt - 1; i >= 1; i--) { /* random.shuffle of what is left */
+        int64_t j = mt_below(&g, (uint32_t)(i + 1), 32 - bit_length((uint64_t)(i + 1)));
+        int64_t t = pending[i];
+        pending[i] = pending[j];
+        pending[j] = t;
+    }
+    memcpy(out + o, pending, (size_t)cnt * sizeof(int64_t));
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(pending);
+    PyObject *newkey = PyBytes_FromStringAndSize((const char *)g.mt, sizeof(g.mt));
+    if (newkey == NULL) {
+        Py_DECREF(order);
+        return NULL;
+    }
+    return Py_BuildValue("(NNn)", order, newkey, g.pos);
+}
+
 static PyMethodDef methods[] = {
     {"layout_run", layout_run, METH_VARARGS,
      "layout_run(fd, offsets, keys, key_base, rows, fields, dot_fields, crcs, first, stop, max_bytes) -> "
@@ -821,6 +933,10 @@ static PyMethodDef methods[] = {
     {"crc32c", crc32c_py, METH_VARARGS,
      "crc32c(data, value=0, level=crc32c_hardware) -> int: the CRC32C of data continuing value (as the "
      "crc32c package's), by a method of at most that level (0: a table, 1: crc32, 2: VPCLMULQDQ)."},
+    {"buffer_shuffle", buffer_shuffle_py, METH_VARARGS,
+     "buffer_shuffle(n, buffer, key, pos) -> (order, key, pos): the bounded sample shuffle's permutation "
+     "(fastload.core.shuffle) from a Mersenne Twister state (624 native uint32 words and a position) as "
+     "random.Random draws, and the state it leaves."},
     {NULL, NULL, 0, NULL},
 };
 

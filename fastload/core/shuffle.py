@@ -5,11 +5,14 @@ once the buffer is full, the rest shuffled at the end); :func:`buffer_shuffle_ar
 permutation, leaving ``rng`` in the same state, with O(n) numpy work: the draws are read from ``rng``'s own
 Mersenne Twister stream by numpy's MT19937, and which sample each draw gives out is a stable sort by slot.
 Checked once per process against the loop (a Python whose ``randrange`` draws otherwise gets the loop).
+An accelerator (the C loop of ``fastload._native``, registered by ``fastload.formats.native``) can be given
+with :func:`use_native`; it is used only once it gives the loop's permutation and state on the same checks.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -79,23 +82,61 @@ def _buffer_shuffle_vectorised(n: int, buffer: int, rng: random.Random) -> Ints:
     return np.concatenate([out, np.asarray(rest, dtype=np.int64)])
 
 
+_CASES = [(300, 7, 1), (200, 16, 2), (50, 64, 3), (1000, 1000, 4), (40, 2, 5), (3000, 300, 6), (5, 9, 7)]
+
+
+def _matches_loop(shuffle: Callable[[int, int, random.Random], Ints]) -> bool:
+    """Whether ``shuffle`` gives :func:`_buffer_shuffle_loop`'s permutation and leaves the same state."""
+    for n, b, seed in _CASES:
+        mine, theirs = random.Random(seed), random.Random(seed)
+        if shuffle(n, b, mine).tolist() != _buffer_shuffle_loop(n, b, theirs):
+            return False
+        if mine.getstate() != theirs.getstate():
+            return False
+    return True
+
+
 def _vectorised_matches_loop() -> bool:
     """Whether this Python's ``randrange``/``shuffle`` draw as :func:`_draws` assumes (checked once)."""
-    cases = [(300, 7, 1), (200, 16, 2), (50, 64, 3), (1000, 1000, 4), (40, 2, 5)]
-    return all(
-        _buffer_shuffle_vectorised(n, b, random.Random(s)).tolist()
-        == _buffer_shuffle_loop(n, b, random.Random(s))
-        for n, b, s in cases
-    )
+    return _matches_loop(_buffer_shuffle_vectorised)
 
 
 _VECTORISED: list[bool] = []
+# the accelerator: (n, buffer, key, pos) -> (order as native int64 bytes, key, pos); see use_native
+NativeShuffle = Callable[[int, int, bytes, int], tuple[bytearray, bytes, int]]
+_NATIVE: list[NativeShuffle] = []  # given by use_native
+_NATIVE_OK: list[bool] = []  # whether it passed the checks (done at its first use)
+
+
+def _with_native(native: NativeShuffle, n: int, buffer: int, rng: random.Random) -> Ints:
+    version, words, gauss = rng.getstate()
+    key = np.asarray(words[:624], dtype=np.uint32).tobytes()
+    order, key, pos = native(n, buffer, key, int(words[624]))
+    rng.setstate((version, (*np.frombuffer(key, dtype=np.uint32).tolist(), pos), gauss))
+    return np.frombuffer(order, dtype=np.int64)
+
+
+def use_native(native: NativeShuffle | None) -> None:
+    """Compute :func:`buffer_shuffle` with ``native`` (None: stop), provided it gives the loop's
+    permutations and leaves ``rng`` where the loop does (checked at its first use: :func:`native_in_use`)."""
+    _NATIVE[:] = [native] if native is not None else []
+    _NATIVE_OK.clear()
+
+
+def native_in_use() -> bool:
+    """Whether :func:`buffer_shuffle` runs on the accelerator given to :func:`use_native`."""
+    if _NATIVE and not _NATIVE_OK:
+        native = _NATIVE[0]
+        _NATIVE_OK.append(_matches_loop(lambda n, b, rng: _with_native(native, n, b, rng)))
+    return bool(_NATIVE) and _NATIVE_OK[0]
 
 
 def buffer_shuffle_array(n: int, buffer: int, rng: random.Random) -> Ints:
     """:func:`buffer_shuffle` as a numpy array, in O(n) numpy work (+ O(``buffer``) Python)."""
     if buffer <= 1:
         return np.arange(n, dtype=np.int64)
+    if buffer.bit_length() <= 32 and native_in_use():
+        return _with_native(_NATIVE[0], n, buffer, rng)
     if not _VECTORISED:
         _VECTORISED.append(_vectorised_matches_loop())
     if _VECTORISED[0] and buffer.bit_length() <= 32:

@@ -3,14 +3,17 @@ compiler is available): which ones this process uses.
 
 Each is an accelerator behind its format's one read function (tar:
 :func:`fastload.formats.tar.reader.read_run`), which hands the rest of a run to the Python parser where the
-C reader stops. ``FASTLOAD_NATIVE=0`` in the environment turns them off (the Python readers are then used
-everywhere; both give the same samples and the same errors)."""
+C reader stops. It also gives :mod:`fastload.core.shuffle` the C loop of the sample shuffle (a pure
+function that ``core`` may not import itself). ``FASTLOAD_NATIVE=0`` in the environment turns them off
+(the Python readers are then used everywhere; both give the same samples and the same errors)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from typing import Any
+
+from fastload.core import shuffle
 
 Run = Callable[..., tuple[list[dict[str, Any]], int, bool]]
 
@@ -22,6 +25,7 @@ def _load() -> tuple[Run | None, Run | None]:
         from fastload import _native
     except ImportError:  # not built (no C compiler at install time): the Python reader is used
         return None, None
+    shuffle.use_native(_native.buffer_shuffle)  # the sample shuffle's loop (checked at its first use)
     # (TFRecord records only with a CRC32C instruction here: the crc32c package is faster than a table)
     return _native.layout_run, _native.tfrecord_run if _native.crc32c_hardware else None
 

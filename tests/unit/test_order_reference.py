@@ -7,9 +7,11 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fastload.core import shuffle
 from fastload.core.refs import Refs
 from fastload.core.sharding import (
     buffer_shuffle_array,
@@ -143,20 +145,45 @@ def test_resumed_rank_order_is_the_reference_order(counts, old, new, frac, seed,
     assert (list(got.samples), list(got.dropped), list(got.repeated)) == want
 
 
+def _native_shuffle(n: int, buffer: int, rng: random.Random) -> np.ndarray:
+    from fastload import _native  # the C loop (CI builds it); core.shuffle's wrapper around it
+
+    return np.arange(n) if buffer <= 1 else shuffle._with_native(_native.buffer_shuffle, n, buffer, rng)
+
+
+# buffer_shuffle_array (whichever this process picked), the numpy version and the C loop, each by name
+SHUFFLES = [buffer_shuffle_array, shuffle._buffer_shuffle_vectorised, _native_shuffle]
+
+
+@pytest.mark.parametrize("impl", SHUFFLES, ids=lambda f: f.__name__)
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 400), buffer=st.integers(-1, 120), rng_seed=st.integers(0, 2**64))
-def test_vectorised_buffer_shuffle_is_the_loop_and_leaves_the_rng_where_the_loop_does(n, buffer, rng_seed):
+def test_buffer_shuffles_are_the_loop_and_leave_the_rng_where_the_loop_does(impl, n, buffer, rng_seed):
+    if impl is shuffle._buffer_shuffle_vectorised and buffer <= 1:
+        return  # (buffer_shuffle_array answers these itself)
     a, b = random.Random(rng_seed), random.Random(rng_seed)
-    assert buffer_shuffle_array(n, buffer, a).tolist() == ref_buffer_shuffle(n, buffer, b)
+    assert impl(n, buffer, a).tolist() == ref_buffer_shuffle(n, buffer, b)
     assert a.random() == b.random()
 
 
-def test_vectorised_buffer_shuffle_with_a_large_buffer() -> None:
+@pytest.mark.parametrize("impl", SHUFFLES[1:], ids=lambda f: f.__name__)
+def test_buffer_shuffles_with_a_large_buffer(impl) -> None:
     # 2**16 + 1 slots: past the 16-bit sort, and a buffer whose draws reject almost half the words
     n, buffer = 200_000, (1 << 16) + 1
-    assert buffer_shuffle_array(n, buffer, random.Random(9)).tolist() == ref_buffer_shuffle(
-        n, buffer, random.Random(9)
-    )
+    assert impl(n, buffer, random.Random(9)).tolist() == ref_buffer_shuffle(n, buffer, random.Random(9))
+
+
+def test_the_c_shuffle_is_used_once_it_passes_its_checks() -> None:
+    import fastload.formats  # noqa: F401  (registers the C loop when it is built)
+    from fastload import _native
+
+    assert shuffle.native_in_use()
+    try:
+        shuffle.use_native(lambda n, b, key, pos: (bytearray(np.arange(n).tobytes()), key, pos))
+        assert not shuffle.native_in_use(), "an accelerator that does not shuffle must be refused"
+    finally:
+        shuffle.use_native(_native.buffer_shuffle)
+    assert shuffle.native_in_use()
 
 
 @SETTINGS
