@@ -104,8 +104,8 @@ SWEEPER = textwrap.dedent(
         print("pid visible", pid, os.getpid())
     except ProcessLookupError:
         print("pid not visible")
-    from fastload.train import shmbatch
-    shmbatch.sweep_stale(older_than=0)
+    from fastload.train import shmfiles  # the sweep WorkerSlots runs (shmbatch re-exports it; no torch)
+    shmfiles.sweep_stale(older_than=0)
     print("kept" if os.path.exists(sys.argv[1]) else "removed")
     """
 )
