@@ -1,0 +1,410 @@
+"""``fastload.Mix``: several :class:`~fastload.ShardDataset` sources read as one stream, by weight.
+
+Position ``t`` of a rank's mixture epoch reads the source :class:`fastload.core.mix.Schedule` chooses (the
+same on every rank, so per-source counts are equal across ranks); that source's next sample comes from its
+own rank order (:mod:`fastload.core.sharding`), pass after pass: pass ``p`` of mixture epoch ``E`` is the
+source's epoch ``E * 2**32 + p``. Positions are dealt to DataLoader workers in chunks of ``batch_size`` as a
+``ShardDataset`` deals its own, so the stream reaching the loop is the same for any ``num_workers``. Each
+worker reads each source through its own prefetching pipeline (:func:`~fastload.train.reading.
+read_samples`) and interleaves them by the schedule. See docs/mixtures.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from fastload.core.mix import PASS_STRIDE, STOP_RULES, Ints, Schedule, epoch_end, worker_blocks, worker_mask
+from fastload.core.refs import Refs
+from fastload.core.sharding import EpochLayout, rank_order, resumed_rank_order
+from fastload.errors import ConfigError
+from fastload.train.chunks import chunks_of
+from fastload.train.dataset import ShardDataset
+from fastload.train.position import Iteration, SharedPosition
+from fastload.train.reading import SKIPPED, read_samples
+
+Weights = Mapping[str, float] | Sequence[float]
+BLOCK_DRAWS = 1 << 20  # a source's references made (and read by one pipeline) at a time
+
+
+@dataclass
+class _Plan:
+    """One rank's mixture epoch from ``base`` on: the schedule, draws per source before ``base``, each
+    source's first piece (the rest of its pass at ``base``), which pass that is, and where the epoch ends."""
+
+    schedule: Schedule
+    base: int
+    drawn: Ints
+    firsts: list[Refs]
+    passes: list[int]
+    end: int | None
+    lengths: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
+    """Samples of several ``ShardDataset`` sources, each position drawn from a source by weight.
+
+    ``sources``: ``{name: dataset}`` (or a list: names ``"0"``, ``"1"``, ...); ``weights``: by name or in
+    order (default equal; any non-negative numbers, normalised). ``schedule``: ``[(step, weights), ...]``,
+    the weights from batch ``step`` on (steps of ``batch_size`` samples per rank, increasing, > 0).
+    ``stop``: ``"first_exhausted"`` (the epoch ends when a source's pass runs out), ``"all_exhausted"``
+    (sources that run out start their next pass until every one has finished a pass) or ``"never"`` (an
+    endless stream; each source starts its next pass when one ends). ``seed`` sets where each segment's
+    period starts; the sources' own seeds shuffle them. ``batch_size``: the DataLoader's batch size
+    (``fastload.DataLoader`` gives its own); needed with a schedule or several torch DataLoader workers.
+    Each sample carries ``__source__``, its source's name. Bound on the proportions: docs/mixtures.md.
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, ShardDataset] | Sequence[ShardDataset],
+        weights: Weights | None = None,
+        *,
+        schedule: Sequence[tuple[int, Weights]] | None = None,
+        stop: str = "first_exhausted",
+        seed: int | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        named = dict(sources) if isinstance(sources, Mapping) else {str(i): d for i, d in enumerate(sources)}
+        if not named or not all(isinstance(d, ShardDataset) for d in named.values()):
+            raise ConfigError("Mix needs one or more fastload.ShardDataset sources")
+        if stop not in STOP_RULES:
+            raise ConfigError(f"stop={stop!r}; choose one of {', '.join(STOP_RULES)}")
+        if batch_size is not None and batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size} must be >= 1 (or None)")
+        self.names = tuple(named)
+        self.sources = tuple(named.values())
+        worlds = {d.rank_world() for d in self.sources}
+        if len(worlds) != 1:
+            raise ConfigError(f"the sources disagree on (rank, world_size): {sorted(worlds)}; give them the same")
+        for name, d in named.items():
+            if d.index.samples == 0:
+                raise ConfigError(f"source {name!r} ({d.root}) has no samples")
+        steps = [(0, self._weights(weights))]
+        for step, w in schedule or ():
+            if step <= steps[-1][0]:
+                raise ConfigError(f"schedule steps must be > 0 and increase; got {step} after {steps[-1][0]}")
+            steps.append((int(step), self._weights(w)))
+        self.steps = tuple(steps)
+        self.stop, self.seed, self.batch_size = stop, seed, batch_size
+        self._counts = [np.fromiter((s.samples for s in d.index.shards), np.int64) for d in self.sources]
+        self._shared = SharedPosition()
+        self._chunked = False
+
+    def _weights(self, weights: Weights | None) -> tuple[float, ...]:
+        if weights is None:
+            return (1.0,) * len(self.names)
+        if isinstance(weights, Mapping):
+            unknown = set(weights) - set(self.names)
+            if unknown or len(weights) != len(self.names):
+                raise ConfigError(f"weights name {sorted(weights)}; the sources are {list(self.names)}")
+            values = tuple(float(weights[n]) for n in self.names)
+        else:
+            values = tuple(float(w) for w in weights)
+        if len(values) != len(self.names) or any(not w >= 0 for w in values) or not any(values):
+            raise ConfigError(f"weights {values} need one number >= 0 per source, not all 0")
+        return values
+
+    def __repr__(self) -> str:
+        return f"Mix({dict(zip(self.names, self.steps[0][1]))}, stop={self.stop!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_plan_cache", None)
+        return state
+
+    def in_chunks(self, batch_size: int) -> Mix:
+        """Another handle on this mixture (same epoch and position) that yields one chunk per
+        ``batch_size`` positions, dealt to workers in turns: what ``fastload.DataLoader`` reads."""
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size} must be >= 1")
+        handle = object.__new__(Mix)
+        handle.__dict__.update(self.__getstate__())
+        handle.batch_size, handle._chunked = batch_size, True
+        return handle
+
+    # -- position (shared with DataLoader workers) --------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared.fields.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start mixture epoch ``epoch`` from its beginning (after a restore of it: keep the position)."""
+        self._shared.set_epoch(epoch)
+
+    @property
+    def start(self) -> int:
+        """Positions of this epoch delivered before the current iteration."""
+        return int(self._shared.fields.start)
+
+    def rewind(self) -> None:
+        self._shared.rewind()
+
+    @property
+    def skipped(self) -> int:
+        return int(self._shared.fields.skipped)
+
+    def count_skipped(self, n: int) -> None:
+        self._shared.fields.skipped += n
+
+    def rank_world(self) -> tuple[int, int]:
+        return self.sources[0].rank_world()
+
+    # -- planning -----------------------------------------------------------------------------------------
+
+    def schedule(self, epoch: int | None = None) -> Schedule:
+        """The choices of mixture epoch ``epoch`` (default: the current one)."""
+        if len(self.steps) > 1 and self.batch_size is None:
+            raise ConfigError(
+                "a Mix with a schedule needs batch_size= (steps are batches of it), or fastload.DataLoader"
+            )
+        size = self.batch_size or 1
+        starts = [step * size for step, _ in self.steps]
+        epoch = self.epoch if epoch is None else epoch
+        return Schedule(starts, [w for _, w in self.steps], seed=self.seed, epoch=epoch)
+
+    def _order(self, s: int, epoch: int, rank: int, world: int) -> Refs:
+        d = self.sources[s]
+        kw = {"seed": d.seed, "epoch": epoch, "even": d.even, "shuffle_buffer": d.shuffle_buffer}
+        return rank_order(self._counts[s], rank=rank, world_size=world, **kw).samples
+
+    def _length(self, s: int, epoch: int, rank: int, world: int) -> int:
+        d = self.sources[s]
+        layout = EpochLayout(self._counts[s], world_size=world, seed=d.seed, epoch=epoch, even=d.even)
+        n = layout.length(rank)
+        if n == 0:
+            raise ConfigError(f"source {self.names[s]!r} has no samples for rank {rank} of {world}")
+        return n
+
+    def plan(self, epoch: int | None = None) -> _Plan:
+        """This rank's plan of mixture epoch ``epoch`` (default: the current one, resumed as restored)."""
+        epoch = self.epoch if epoch is None else epoch
+        resumed = self._shared.resumed_from() if epoch == self.epoch else None
+        rank, world = self.rank_world()
+        key = (epoch, resumed, rank, world, self.batch_size)
+        cached = self.__dict__.get("_plan_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]  # type: ignore[no-any-return]
+        schedule = self.schedule(epoch)
+        n = len(self.sources)
+        base, drawn = 0, np.zeros(n, dtype=np.int64)
+        firsts: list[Refs] = []
+        passes = [0] * n
+        if resumed is None:
+            firsts = [self._order(s, epoch * PASS_STRIDE, rank, world) for s in range(n)]
+            others = [[self._length(s, epoch * PASS_STRIDE, r, world) for r in range(world)] for s in range(n)]
+            left = [min(o) if self.stop == "first_exhausted" else max(o) for o in others]
+        else:
+            old_world, base = resumed
+            drawn = schedule.counts(base)
+            for s in range(n):
+                d, at = self.sources[s], int(drawn[s])
+                while at >= (size := self._length(s, epoch * PASS_STRIDE + passes[s], 0, old_world)):
+                    at -= size
+                    passes[s] += 1
+                kw = {"seed": d.seed, "even": d.even, "shuffle_buffer": d.shuffle_buffer}
+                rest = resumed_rank_order(
+                    self._counts[s], rank=rank, world_size=world, old_world_size=old_world, delivered=at,
+                    epoch=epoch * PASS_STRIDE + passes[s], **kw,
+                )  # fmt: skip
+                firsts.append(rest.samples)
+            left = [len(f) if p == 0 or self.stop != "all_exhausted" else 0 for f, p in zip(firsts, passes)]
+        try:
+            end = epoch_end(schedule, left, [int(x) for x in drawn], self.stop)
+        except ValueError as exc:
+            raise ConfigError(f"stop='all_exhausted' can never end: {exc} (its weight becomes 0)") from None
+        plan = _Plan(schedule, base, drawn, firsts, passes, None if end is None else max(end, base))
+        self._plan_cache = (key, plan)
+        return plan
+
+    def epoch_samples(self) -> int | None:
+        """Positions in the current mixture epoch on this rank (None: ``stop="never"``)."""
+        return self.plan().end
+
+    def __len__(self) -> int:
+        end = self.epoch_samples()
+        if end is None:
+            raise TypeError("a Mix with stop='never' is endless: it has no len()")
+        return end - self.start
+
+    def source_counts(self, position: int | None = None) -> dict[str, int]:
+        """Samples drawn from each source in positions ``[0, position)`` of this epoch (default: those
+        delivered before the current iteration)."""
+        at = self.start if position is None else position
+        return dict(zip(self.names, (int(c) for c in self.plan().schedule.counts(at))))
+
+    def epoch_report(self, epoch: int | None = None) -> dict[str, Any]:
+        """The epoch's length (None: endless), per source the samples it gives (to the end, or delivered so
+        far when endless), its passes started and its weights per segment, and samples skipped on error."""
+        plan = self.plan(epoch)
+        upto = self.start if plan.end is None else plan.end
+        counts = self.source_counts(upto)
+        report: dict[str, Any] = {"samples": plan.end, "stop": self.stop, "skipped_on_error": self.skipped}
+        rank, world = self.rank_world()
+        e = self.epoch if epoch is None else epoch
+        sources = {}
+        for s, name in enumerate(self.names):
+            got, passes, size = counts[name] - int(plan.drawn[s]), plan.passes[s], len(plan.firsts[s])
+            while got > size:
+                got -= size
+                passes += 1
+                size = self._length(s, e * PASS_STRIDE + passes, rank, world)
+            weights = [p.quota[s] / p.period for p in plan.schedule.patterns]
+            sources[name] = {"samples": counts[name], "passes": passes + 1, "weights": weights}
+        report["sources"] = sources
+        return report
+
+    # -- the Stateful protocol ----------------------------------------------------------------------------
+
+    def fingerprint(self, world_size: int | None = None) -> str:
+        """A digest of what decides the stream: names, weights and schedule, stop rule, seed, batch size
+        when a schedule needs it, and each source's order at ``world_size`` (default: this run's)."""
+        world = self.rank_world()[1] if world_size is None else world_size
+        orders = [d.order_fingerprint(world) for d in self.sources]
+        size = self.batch_size if len(self.steps) > 1 else None
+        settings = repr((self.names, self.steps, self.stop, self.seed, size, orders))
+        return hashlib.sha256(settings.encode()).hexdigest()[:16]
+
+    def state_dict(self, *, delivered: int | None = None) -> dict[str, Any]:
+        """Epoch, positions delivered (``delivered``: default those before the current iteration), samples
+        drawn from each source, and what must match on restore. Size O(sources)."""
+        at = self.start if delivered is None else delivered
+        rank, world = self.rank_world()
+        state: dict[str, Any] = {
+            "kind": "fastload.Mix",
+            "epoch": self.epoch,
+            "delivered": at,
+            "world_size": world,
+            "rank": rank,
+            "order": self.fingerprint(),
+            "sources": self.source_counts(at),
+        }
+        resumed = self._shared.resumed_from()
+        if resumed is not None:
+            state["resumed_from"] = {"world_size": resumed[0], "delivered": resumed[1]}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (any rank's: ranks in step have delivered the same positions and drawn
+        the same per source); under another world size each source's rest of its pass is dealt to the new
+        ranks (sources with ``even="none"`` cannot, their ranks' passes differ in length)."""
+        if state.get("kind") != "fastload.Mix":
+            raise ConfigError("this state is not a fastload.Mix's; restore it into what saved it")
+        _, world = self.rank_world()
+        old_world = int(state["world_size"])
+        if state.get("order") != self.fingerprint(old_world):
+            raise ConfigError(
+                "cannot resume: the checkpoint's mixture differs from this one (sources, their order "
+                "settings, weights, schedule, stop, seed or batch size); resume with the same settings"
+            )
+        epoch, delivered = int(state["epoch"]), int(state["delivered"])
+        earlier = state.get("resumed_from")
+        if old_world == world:
+            resumed = None if earlier is None else (int(earlier["world_size"]), int(earlier["delivered"]))
+        elif earlier is not None:
+            raise ConfigError(
+                f"cannot resume: this checkpoint already continues an epoch with world_size={old_world} "
+                f"(resumed from world_size={earlier['world_size']}); finish epoch {epoch} with "
+                f"world_size={old_world}, or resume from the checkpoint taken before"
+            )
+        else:
+            uneven = [n for n, d in zip(self.names, self.sources) if d.even == "none"]
+            if uneven:
+                raise ConfigError(
+                    f"cannot resume under world_size={world} (was {old_world}): sources {uneven} use "
+                    "even='none', whose ranks' passes differ in length; use split, drop or pad"
+                )
+            resumed = (old_world, delivered)
+        self._shared.restore(epoch, delivered, resumed)
+        end = self.epoch_samples()
+        if delivered < 0 or (end is not None and delivered > end):
+            self._shared.set_epoch(epoch)
+            raise ConfigError(
+                f"cannot resume: the checkpoint has delivered={delivered} positions of epoch {epoch}, this "
+                f"rank's epoch has {end}; resume with the same sources and settings"
+            )
+
+    # -- iteration ----------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if workers > 1 and self.batch_size is None:
+            raise ConfigError(
+                f"fastload.Mix read by {workers} DataLoader workers needs batch_size= (the DataLoader's), "
+                "so workers take turns by batch; or use fastload.DataLoader"
+            )
+        plan, start = self.plan(), self.start
+        chunk = self.batch_size if workers > 1 and self.batch_size else 1 << 16
+        blocks = worker_blocks(start, plan.end, worker=worker, workers=workers, chunk=chunk)
+        streams = [self._source(plan, s, start, worker, workers, chunk) for s in range(len(self.sources))]
+        samples = self._merge(plan.schedule, blocks, streams)
+        try:
+            if self._chunked:
+                size = self.batch_size or 1
+                count = sys.maxsize if plan.end is None else _dealt(plan.end - start, worker, workers, size)
+                yield from chunks_of(samples, count, size, worker=worker if info is not None else None)
+                return
+            for out in samples:
+                if out is not SKIPPED:
+                    yield out
+                elif info is None:
+                    self.count_skipped(1)
+            if info is None:
+                self._shared.rewind()
+        finally:
+            samples.close()
+            for stream in streams:
+                stream.close()
+
+    @staticmethod
+    def _merge(schedule: Schedule, blocks: Iterator[Ints], streams: list[Iterator[Any]]) -> Iterator[Any]:
+        for block in blocks:
+            for s in schedule.choices(block).tolist():
+                yield next(streams[s])
+
+    def _source(self, plan: _Plan, s: int, start: int, worker: int, workers: int, chunk: int) -> Iterator[Any]:
+        """Source ``s``'s samples at this worker's positions from ``start`` on, in order (SKIPPED marks a
+        sample left out on error), read one piece of its stream (at most BLOCK_DRAWS draws) at a time."""
+        d, name, sched = self.sources[s], self.names[s], plan.schedule
+        rank, world = self.rank_world()
+        k, stop = int(sched.counts(start)[s]), None if plan.end is None else int(sched.counts(plan.end)[s])
+        piece, piece_at, passes = plan.firsts[s], int(plan.drawn[s]), plan.passes[s]  # piece_at: its first draw
+        while stop is None or k < stop:
+            if k >= piece_at + len(piece):
+                piece_at += len(piece)
+                passes += 1
+                piece = self._order(s, self.epoch * PASS_STRIDE + passes, rank, world)
+                continue
+            upto = piece_at + len(piece) if stop is None else min(stop, piece_at + len(piece))
+            ks = np.arange(k, min(upto, k + BLOCK_DRAWS), dtype=np.int64)
+            k = int(ks[-1]) + 1
+            mine = worker_mask(sched.positions(s, ks), start=start, worker=worker, workers=workers, chunk=chunk)
+            refs = piece.pairs(ks[mine] - piece_at)
+            progress = Iteration(self.epoch, start, None, worker, workers, chunk)
+            for out in read_samples(
+                refs, root=d.root, shards=d.index.shards, shard_format=d.index.shard_format,
+                decoding=d.decoding, prefetch=d.prefetch, s3_config=d.s3_config, cache=d.cache(),
+                progress=progress, mark_skipped=True,
+            ):  # fmt: skip
+                if out is not SKIPPED and isinstance(out, dict):
+                    out["__source__"] = name
+                yield out
+
+
+def _dealt(n: int, worker: int, workers: int, chunk: int) -> int:
+    """How many of ``n`` positions, dealt in chunks of ``chunk`` to ``workers`` in turn, ``worker`` gets."""
+    full, rest = divmod(n, workers * chunk)
+    return full * chunk + min(chunk, max(0, rest - worker * chunk))
+
+
+__all__ = ["Mix"]
