@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -95,10 +96,8 @@ class Pattern:
     def drawn(self, x: int) -> Ints:
         """Draws per source in slots ``[0, x)`` of the periodic pattern (``x`` >= 0, any size)."""
         whole, rest = divmod(x, self.period)
-        return np.asarray(
-            [whole * m + int(np.searchsorted(sl, rest)) for m, sl in zip(self.quota, self.slots)],
-            dtype=np.int64,
-        )
+        pairs = zip(self.quota, self.slots, strict=True)
+        return np.asarray([whole * m + int(np.searchsorted(sl, rest)) for m, sl in pairs], dtype=np.int64)
 
 
 def phase_of(seed: int | None, epoch: int, segment: int, period: int) -> int:
@@ -116,7 +115,7 @@ class Schedule:
     def __init__(
         self, starts: Sequence[int], weights: Sequence[Sequence[float]], *, seed: int | None, epoch: int
     ) -> None:
-        if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+        if not starts or starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
             raise ValueError(f"segment starts {list(starts)} must begin at 0 and increase")
         if len(starts) != len(weights) or len({len(w) for w in weights}) != 1:
             raise ValueError("one weight list per segment, each with one weight per source")
@@ -151,7 +150,8 @@ class Schedule:
     def counts(self, t: int) -> Ints:
         """Draws per source in positions ``[0, t)``."""
         j = int(self._segment(np.asarray([t]))[0])
-        return self.bases[j] + self._within(j, t - int(self.starts[j]))
+        out: Ints = self.bases[j] + self._within(j, t - int(self.starts[j]))
+        return out
 
     def positions(self, source: int, k: Ints) -> Ints:
         """The position of draw ``k`` (from 0, an array) of ``source``; -1 where it never comes (the
@@ -191,7 +191,7 @@ def epoch_end(schedule: Schedule, firsts: Sequence[int], drawn: Sequence[int], r
     if rule == "never":
         return None
     ends: list[int] = []
-    for s, (n, k0) in enumerate(zip(firsts, drawn)):
+    for s, (n, k0) in enumerate(zip(firsts, drawn, strict=True)):
         if rule == "first_exhausted":
             at = schedule.position(s, k0 + n)
             if at is not None:
@@ -210,7 +210,8 @@ def worker_mask(t: Ints, *, start: int, worker: int, workers: int, chunk: int) -
     """Which positions ``t`` (>= ``start``) DataLoader worker ``worker`` of ``workers`` reads when chunks of
     ``chunk`` positions from ``start`` go to workers in turn (as :func:`~fastload.core.sharding.
     worker_position_array` deals them)."""
-    return ((t - start) // chunk) % workers == worker  # type: ignore[no-any-return]
+    mask: npt.NDArray[np.bool_] = ((t - start) // chunk) % workers == worker
+    return mask
 
 
 def worker_blocks(

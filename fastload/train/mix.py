@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +84,7 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.sources = tuple(named.values())
         worlds = {d.rank_world() for d in self.sources}
         if len(worlds) != 1:
-            raise ConfigError(f"the sources disagree on (rank, world_size): {sorted(worlds)}; give them the same")
+            raise ConfigError(f"the sources disagree on (rank, world_size): {sorted(worlds)}; align them")
         for name, d in named.items():
             if d.index.samples == 0:
                 raise ConfigError(f"source {name!r} ({d.root}) has no samples")
@@ -114,7 +114,7 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         return values
 
     def __repr__(self) -> str:
-        return f"Mix({dict(zip(self.names, self.steps[0][1]))}, stop={self.stop!r})"
+        return f"Mix({dict(zip(self.names, self.steps[0][1], strict=True))}, stop={self.stop!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -201,8 +201,9 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         passes = [0] * n
         if resumed is None:
             firsts = [self._order(s, epoch * PASS_STRIDE, rank, world) for s in range(n)]
-            others = [[self._length(s, epoch * PASS_STRIDE, r, world) for r in range(world)] for s in range(n)]
-            left = [min(o) if self.stop == "first_exhausted" else max(o) for o in others]
+            pick = min if self.stop == "first_exhausted" else max
+            e = epoch * PASS_STRIDE
+            left = [pick(self._length(s, e, r, world) for r in range(world)) for s in range(n)]
         else:
             old_world, base = resumed
             drawn = schedule.counts(base)
@@ -217,7 +218,8 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
                     epoch=epoch * PASS_STRIDE + passes[s], **kw,
                 )  # fmt: skip
                 firsts.append(rest.samples)
-            left = [len(f) if p == 0 or self.stop != "all_exhausted" else 0 for f, p in zip(firsts, passes)]
+            cycled = self.stop == "all_exhausted"
+            left = [0 if p and cycled else len(f) for f, p in zip(firsts, passes, strict=True)]
         try:
             end = epoch_end(schedule, left, [int(x) for x in drawn], self.stop)
         except ValueError as exc:
@@ -240,7 +242,7 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         """Samples drawn from each source in positions ``[0, position)`` of this epoch (default: those
         delivered before the current iteration)."""
         at = self.start if position is None else position
-        return dict(zip(self.names, (int(c) for c in self.plan().schedule.counts(at))))
+        return dict(zip(self.names, (int(c) for c in self.plan().schedule.counts(at)), strict=True))
 
     def epoch_report(self, epoch: int | None = None) -> dict[str, Any]:
         """The epoch's length (None: endless), per source the samples it gives (to the end, or delivered so
@@ -317,7 +319,7 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
                 f"world_size={old_world}, or resume from the checkpoint taken before"
             )
         else:
-            uneven = [n for n, d in zip(self.names, self.sources) if d.even == "none"]
+            uneven = [n for n, d in zip(self.names, self.sources, strict=True) if d.even == "none"]
             if uneven:
                 raise ConfigError(
                     f"cannot resume under world_size={world} (was {old_world}): sources {uneven} use "
@@ -367,18 +369,22 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
                 stream.close()
 
     @staticmethod
-    def _merge(schedule: Schedule, blocks: Iterator[Ints], streams: list[Iterator[Any]]) -> Iterator[Any]:
+    def _merge(
+        schedule: Schedule, blocks: Iterator[Ints], streams: list[Generator[Any, None, None]]
+    ) -> Generator[Any, None, None]:
         for block in blocks:
             for s in schedule.choices(block).tolist():
                 yield next(streams[s])
 
-    def _source(self, plan: _Plan, s: int, start: int, worker: int, workers: int, chunk: int) -> Iterator[Any]:
+    def _source(
+        self, plan: _Plan, s: int, start: int, worker: int, workers: int, chunk: int
+    ) -> Generator[Any, None, None]:
         """Source ``s``'s samples at this worker's positions from ``start`` on, in order (SKIPPED marks a
         sample left out on error), read one piece of its stream (at most BLOCK_DRAWS draws) at a time."""
         d, name, sched = self.sources[s], self.names[s], plan.schedule
         rank, world = self.rank_world()
         k, stop = int(sched.counts(start)[s]), None if plan.end is None else int(sched.counts(plan.end)[s])
-        piece, piece_at, passes = plan.firsts[s], int(plan.drawn[s]), plan.passes[s]  # piece_at: its first draw
+        piece, piece_at, passes = plan.firsts[s], int(plan.drawn[s]), plan.passes[s]  # piece_at: 1st draw
         while stop is None or k < stop:
             if k >= piece_at + len(piece):
                 piece_at += len(piece)
@@ -388,7 +394,8 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
             upto = piece_at + len(piece) if stop is None else min(stop, piece_at + len(piece))
             ks = np.arange(k, min(upto, k + BLOCK_DRAWS), dtype=np.int64)
             k = int(ks[-1]) + 1
-            mine = worker_mask(sched.positions(s, ks), start=start, worker=worker, workers=workers, chunk=chunk)
+            at = sched.positions(s, ks)
+            mine = worker_mask(at, start=start, worker=worker, workers=workers, chunk=chunk)
             refs = piece.pairs(ks[mine] - piece_at)
             progress = Iteration(self.epoch, start, None, worker, workers, chunk)
             for out in read_samples(
