@@ -132,7 +132,9 @@ def test_workers_deal_the_same_stream_on_every_rank(world: int, workers: int) ->
     start, stop, chunk = 5, 203, 4
     streams = []
     for w in range(workers):
-        got = np.concatenate(list(worker_blocks(start, stop, worker=w, workers=workers, chunk=chunk, block=8)))
+        got = np.concatenate(
+            list(worker_blocks(start, stop, worker=w, workers=workers, chunk=chunk, block=8))
+        )
         want = worker_position_array(stop, worker=w, workers=workers, chunk=chunk, start=start)
         assert got.tolist() == want.tolist()
         assert worker_mask(got, start=start, worker=w, workers=workers, chunk=chunk).all()
