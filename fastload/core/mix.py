@@ -227,3 +227,9 @@ def worker_blocks(
         out = (firsts[:, None] + offsets[None, :]).ravel()
         yield out if stop is None else out[out < stop]
         first += per * workers * chunk
+
+
+def dealt(n: int, worker: int, workers: int, chunk: int) -> int:
+    """How many of ``n`` positions, dealt in chunks of ``chunk`` to ``workers`` in turn, ``worker`` gets."""
+    full, rest = divmod(n, workers * chunk)
+    return full * chunk + min(chunk, max(0, rest - worker * chunk))

@@ -11,41 +11,27 @@ read_samples`) and interleaves them by the schedule. See docs/mixtures.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
 
-from fastload.core.mix import PASS_STRIDE, STOP_RULES, Ints, Schedule, epoch_end, worker_blocks, worker_mask
+from fastload.core.mix import PASS_STRIDE, STOP_RULES, Schedule, dealt, epoch_end, worker_blocks
 from fastload.core.refs import Refs
 from fastload.core.sharding import EpochLayout, rank_order, resumed_rank_order
 from fastload.errors import ConfigError
 from fastload.train.chunks import chunks_of
 from fastload.train.dataset import ShardDataset
-from fastload.train.position import Iteration, SharedPosition
-from fastload.train.reading import SKIPPED, read_samples
+from fastload.train.mixread import MixPlan, interleave, source_samples
+from fastload.train.position import SharedPosition
+from fastload.train.reading import SKIPPED
 
 Weights = Mapping[str, float] | Sequence[float]
-BLOCK_DRAWS = 1 << 20  # a source's references made (and read by one pipeline) at a time
-
-
-@dataclass
-class _Plan:
-    """One rank's mixture epoch from ``base`` on: the schedule, draws per source before ``base``, each
-    source's first piece (the rest of its pass at ``base``), which pass that is, and where the epoch ends."""
-
-    schedule: Schedule
-    base: int
-    drawn: Ints
-    firsts: list[Refs]
-    passes: list[int]
-    end: int | None
-    lengths: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
@@ -177,6 +163,10 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         kw = {"seed": d.seed, "epoch": epoch, "even": d.even, "shuffle_buffer": d.shuffle_buffer}
         return rank_order(self._counts[s], rank=rank, world_size=world, **kw).samples
 
+    def _pass(self, s: int, epoch: int, rank: int, world: int, p: int) -> Refs:
+        """Source ``s``'s pass ``p`` of mixture epoch ``epoch`` on this rank."""
+        return self._order(s, epoch * PASS_STRIDE + p, rank, world)
+
     def _length(self, s: int, epoch: int, rank: int, world: int) -> int:
         d = self.sources[s]
         layout = EpochLayout(self._counts[s], world_size=world, seed=d.seed, epoch=epoch, even=d.even)
@@ -185,7 +175,7 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
             raise ConfigError(f"source {self.names[s]!r} has no samples for rank {rank} of {world}")
         return n
 
-    def plan(self, epoch: int | None = None) -> _Plan:
+    def plan(self, epoch: int | None = None) -> MixPlan:
         """This rank's plan of mixture epoch ``epoch`` (default: the current one, resumed as restored)."""
         epoch = self.epoch if epoch is None else epoch
         resumed = self._shared.resumed_from() if epoch == self.epoch else None
@@ -224,7 +214,7 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
             end = epoch_end(schedule, left, [int(x) for x in drawn], self.stop)
         except ValueError as exc:
             raise ConfigError(f"stop='all_exhausted' can never end: {exc} (its weight becomes 0)") from None
-        plan = _Plan(schedule, base, drawn, firsts, passes, None if end is None else max(end, base))
+        plan = MixPlan(epoch, schedule, base, drawn, firsts, passes, None if end is None else max(end, base))
         self._plan_cache = (key, plan)
         return plan
 
@@ -348,12 +338,17 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         plan, start = self.plan(), self.start
         chunk = self.batch_size if workers > 1 and self.batch_size else 1 << 16
         blocks = worker_blocks(start, plan.end, worker=worker, workers=workers, chunk=chunk)
-        streams = [self._source(plan, s, start, worker, workers, chunk) for s in range(len(self.sources))]
-        samples = self._merge(plan.schedule, blocks, streams)
+        rank, world = self.rank_world()
+        streams = []
+        for s, (name, d) in enumerate(zip(self.names, self.sources, strict=True)):
+            next_pass = functools.partial(self._pass, s, plan.epoch, rank, world)
+            where = {"start": start, "worker": worker, "workers": workers, "chunk": chunk}
+            streams.append(source_samples(d, name, plan, s, next_pass=next_pass, **where))
+        samples = interleave(plan.schedule, blocks, streams)
         try:
             if self._chunked:
                 size = self.batch_size or 1
-                count = sys.maxsize if plan.end is None else _dealt(plan.end - start, worker, workers, size)
+                count = sys.maxsize if plan.end is None else dealt(plan.end - start, worker, workers, size)
                 yield from chunks_of(samples, count, size, worker=worker if info is not None else None)
                 return
             for out in samples:
@@ -367,51 +362,6 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
             samples.close()
             for stream in streams:
                 stream.close()
-
-    @staticmethod
-    def _merge(
-        schedule: Schedule, blocks: Iterator[Ints], streams: list[Generator[Any, None, None]]
-    ) -> Generator[Any, None, None]:
-        for block in blocks:
-            for s in schedule.choices(block).tolist():
-                yield next(streams[s])
-
-    def _source(
-        self, plan: _Plan, s: int, start: int, worker: int, workers: int, chunk: int
-    ) -> Generator[Any, None, None]:
-        """Source ``s``'s samples at this worker's positions from ``start`` on, in order (SKIPPED marks a
-        sample left out on error), read one piece of its stream (at most BLOCK_DRAWS draws) at a time."""
-        d, name, sched = self.sources[s], self.names[s], plan.schedule
-        rank, world = self.rank_world()
-        k, stop = int(sched.counts(start)[s]), None if plan.end is None else int(sched.counts(plan.end)[s])
-        piece, piece_at, passes = plan.firsts[s], int(plan.drawn[s]), plan.passes[s]  # piece_at: 1st draw
-        while stop is None or k < stop:
-            if k >= piece_at + len(piece):
-                piece_at += len(piece)
-                passes += 1
-                piece = self._order(s, self.epoch * PASS_STRIDE + passes, rank, world)
-                continue
-            upto = piece_at + len(piece) if stop is None else min(stop, piece_at + len(piece))
-            ks = np.arange(k, min(upto, k + BLOCK_DRAWS), dtype=np.int64)
-            k = int(ks[-1]) + 1
-            at = sched.positions(s, ks)
-            mine = worker_mask(at, start=start, worker=worker, workers=workers, chunk=chunk)
-            refs = piece.pairs(ks[mine] - piece_at)
-            progress = Iteration(self.epoch, start, None, worker, workers, chunk)
-            for out in read_samples(
-                refs, root=d.root, shards=d.index.shards, shard_format=d.index.shard_format,
-                decoding=d.decoding, prefetch=d.prefetch, s3_config=d.s3_config, cache=d.cache(),
-                progress=progress, mark_skipped=True,
-            ):  # fmt: skip
-                if out is not SKIPPED and isinstance(out, dict):
-                    out["__source__"] = name
-                yield out
-
-
-def _dealt(n: int, worker: int, workers: int, chunk: int) -> int:
-    """How many of ``n`` positions, dealt in chunks of ``chunk`` to ``workers`` in turn, ``worker`` gets."""
-    full, rest = divmod(n, workers * chunk)
-    return full * chunk + min(chunk, max(0, rest - worker * chunk))
 
 
 __all__ = ["Mix"]

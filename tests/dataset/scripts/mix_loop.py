@@ -1,17 +1,16 @@
 """A training loop over a three-source ``fastload.Mix`` (stop="never") that records what it was fed: run
-by the mixture resume test, killed with SIGKILL, then resumed from its last checkpoint.
+by the mixture resume test until it is killed with SIGKILL; the test resumes from its last checkpoint.
 
-    python mix_loop.py A B C OUTDIR [--resume] [--num-workers N] [--steps N]
+    python mix_loop.py A B C OUTDIR [--num-workers N]
 
-After every batch it appends the batch's ``(source, key)`` pairs as one JSON line to ``OUTDIR/keys.jsonl``
-(``resumed.jsonl`` with ``--resume``), then atomically writes the loader's ``state_dict()`` to
-``OUTDIR/checkpoint.json``. The mixture is the one ``tests/dataset/test_mix.py`` builds.
+After every batch it appends the batch's ``(source, key)`` pairs as one JSON line to ``OUTDIR/keys.jsonl``,
+then atomically writes the loader's ``state_dict()`` to ``OUTDIR/checkpoint.json``. The mixture is the one
+``tests/dataset/test_mix.py`` builds.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 from pathlib import Path
@@ -23,9 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("roots", nargs=3)
     parser.add_argument("outdir", type=Path)
-    parser.add_argument("--resume", action="store_true")
     parser.add_argument("--num-workers", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=None)
     args = parser.parse_args()
     a, b, c = args.roots
     sources = {
@@ -38,11 +35,8 @@ def main() -> None:
         mix, batch_size=4, num_workers=args.num_workers, timeout=60 if args.num_workers else 0
     )
     checkpoint = args.outdir / "checkpoint.json"
-    if args.resume:
-        loader.load_state_dict(json.loads(checkpoint.read_bytes()))
-    log = args.outdir / ("resumed.jsonl" if args.resume else "keys.jsonl")
-    with open(log, "a", encoding="utf-8") as out:
-        for batch in itertools.islice(loader, args.steps):
+    with open(args.outdir / "keys.jsonl", "a", encoding="utf-8") as out:
+        for batch in loader:
             out.write(json.dumps(list(zip(batch["__source__"], batch["__key__"], strict=True))) + "\n")
             out.flush()
             tmp = checkpoint.with_suffix(".tmp")
