@@ -1,5 +1,5 @@
-"""``fastload.DataLoader``: ``torch.utils.data.DataLoader`` for a :class:`~fastload.ShardDataset` that can
-save and restore its position by batches delivered to the training loop.
+"""``fastload.DataLoader``: ``torch.utils.data.DataLoader`` for a :class:`~fastload.ShardDataset` (or a
+:class:`~fastload.Mix` of them) that can save and restore its position by batches delivered to the loop.
 
 It reads through :meth:`ShardDataset.in_chunks` (a handle on the same dataset that yields one chunk per
 batch; the dataset given is left as it was), collates in the workers, moves batches through shared memory

@@ -109,6 +109,12 @@ def test_any_worker_count_gives_the_same_stream(
         assert pairs(dl) == reference
 
 
+def test_fastload_loader_takes_a_mix(sources: dict[str, Packed], reference: list[tuple[str, str]]) -> None:
+    ready = fastload.loader(mix(sources), batch_size=4, num_workers=0)
+    assert pairs(ready) == reference
+    assert ready.state_dict()["kind"] == "fastload.Mix"
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_rank_tracks_the_weights_and_takes_equal_steps(sources: dict[str, Packed], world: int) -> None:
     skewed = {"a": 0.99, "b": 0.01, "c": 0.0}
