@@ -214,19 +214,36 @@ def worker_mask(t: Ints, *, start: int, worker: int, workers: int, chunk: int) -
     return mask
 
 
+def worker_position(j: Ints | int, *, start: int, worker: int, workers: int, chunk: int) -> Ints:
+    """The position of worker ``worker``'s ``j``-th position (from 0) when chunks of ``chunk`` positions
+    from ``start`` go to ``workers`` workers in turn."""
+    j = np.asarray(j, dtype=np.int64)
+    out: Ints = start + (j // chunk) * (workers * chunk) + worker * chunk + j % chunk
+    return out
+
+
 def worker_blocks(
-    start: int, stop: int | None, *, worker: int, workers: int, chunk: int, block: int = 1 << 16
+    start: int,
+    stop: int | None,
+    *,
+    worker: int,
+    workers: int,
+    chunk: int,
+    skip: int = 0,
+    block: int = 1 << 16,
 ) -> Iterator[Ints]:
     """The positions of ``[start, stop)`` (``stop`` None: endless) that worker ``worker`` reads, in order,
-    as arrays of about ``block`` positions."""
-    per = max(1, block // chunk)
-    first = start + worker * chunk
-    offsets = np.arange(chunk, dtype=np.int64)
-    while stop is None or first < stop:
-        firsts = first + np.arange(per, dtype=np.int64) * (workers * chunk)
-        out = (firsts[:, None] + offsets[None, :]).ravel()
-        yield out if stop is None else out[out < stop]
-        first += per * workers * chunk
+    after its first ``skip``, as arrays of ``block`` positions (the last one shorter)."""
+    j = skip
+    deal = {"start": start, "worker": worker, "workers": workers, "chunk": chunk}
+    while True:
+        out = worker_position(np.arange(j, j + block, dtype=np.int64), **deal)
+        if stop is not None:
+            out = out[out < stop]
+        if not len(out):
+            return
+        yield out
+        j += block
 
 
 def dealt(n: int, worker: int, workers: int, chunk: int) -> int:

@@ -17,18 +17,22 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.utils.data
 
-from fastload.core.mix import PASS_STRIDE, STOP_RULES, Schedule, dealt, epoch_end, worker_blocks
-from fastload.core.refs import Refs
-from fastload.core.sharding import EpochLayout, rank_order, resumed_rank_order
+from fastload.core.mix import (
+    STOP_RULES,
+    Schedule,
+    dealt,
+    worker_blocks,
+    worker_position,
+)
 from fastload.errors import ConfigError
 from fastload.train.chunks import chunks_of
 from fastload.train.dataset import ShardDataset
-from fastload.train.mixread import MixPlan, interleave, source_samples
-from fastload.train.position import SharedPosition
+from fastload.train.mixplan import MixPlan, Source, plan_epoch
+from fastload.train.mixread import interleave, source_samples
+from fastload.train.position import Iteration, SharedPosition
 from fastload.train.reading import SKIPPED
 
 Weights = Mapping[str, float] | Sequence[float]
@@ -81,8 +85,10 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
             steps.append((int(step), self._weights(w)))
         self.steps = tuple(steps)
         self.stop, self.seed, self.batch_size = stop, seed, batch_size
-        self._counts = [np.fromiter((s.samples for s in d.index.shards), np.int64) for d in self.sources]
+        self._plans = [Source.of(name, d) for name, d in named.items()]
         self._shared = SharedPosition()
+        self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
+        self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
         self._chunked = False
 
     def _weights(self, weights: Weights | None) -> tuple[float, ...]:
@@ -115,6 +121,7 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         handle = object.__new__(Mix)
         handle.__dict__.update(self.__getstate__())
         handle.batch_size, handle._chunked = batch_size, True
+        handle._pending = handle._live = None
         return handle
 
     # -- position (shared with DataLoader workers) --------------------------------------------------------
@@ -158,63 +165,21 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         epoch = self.epoch if epoch is None else epoch
         return Schedule(starts, [w for _, w in self.steps], seed=self.seed, epoch=epoch)
 
-    def _order(self, s: int, epoch: int, rank: int, world: int) -> Refs:
-        d = self.sources[s]
-        kw = {"seed": d.seed, "epoch": epoch, "even": d.even, "shuffle_buffer": d.shuffle_buffer}
-        return rank_order(self._counts[s], rank=rank, world_size=world, **kw).samples
-
-    def _pass(self, s: int, epoch: int, rank: int, world: int, p: int) -> Refs:
-        """Source ``s``'s pass ``p`` of mixture epoch ``epoch`` on this rank."""
-        return self._order(s, epoch * PASS_STRIDE + p, rank, world)
-
-    def _length(self, s: int, epoch: int, rank: int, world: int) -> int:
-        d = self.sources[s]
-        layout = EpochLayout(self._counts[s], world_size=world, seed=d.seed, epoch=epoch, even=d.even)
-        n = layout.length(rank)
-        if n == 0:
-            raise ConfigError(f"source {self.names[s]!r} has no samples for rank {rank} of {world}")
-        return n
-
     def plan(self, epoch: int | None = None) -> MixPlan:
         """This rank's plan of mixture epoch ``epoch`` (default: the current one, resumed as restored)."""
         epoch = self.epoch if epoch is None else epoch
-        resumed = self._shared.resumed_from() if epoch == self.epoch else None
+        return self._plan(epoch, self._shared.resumed_from() if epoch == self.epoch else None)
+
+    def _plan(self, epoch: int, resumed: tuple[int, int] | None) -> MixPlan:
         rank, world = self.rank_world()
         key = (epoch, resumed, rank, world, self.batch_size)
         cached = self.__dict__.get("_plan_cache")
         if cached is not None and cached[0] == key:
             return cached[1]  # type: ignore[no-any-return]
         schedule = self.schedule(epoch)
-        n = len(self.sources)
-        base, drawn = 0, np.zeros(n, dtype=np.int64)
-        firsts: list[Refs] = []
-        passes = [0] * n
-        if resumed is None:
-            firsts = [self._order(s, epoch * PASS_STRIDE, rank, world) for s in range(n)]
-            pick = min if self.stop == "first_exhausted" else max
-            e = epoch * PASS_STRIDE
-            left = [pick(self._length(s, e, r, world) for r in range(world)) for s in range(n)]
-        else:
-            old_world, base = resumed
-            drawn = schedule.counts(base)
-            for s in range(n):
-                d, at = self.sources[s], int(drawn[s])
-                while at >= (size := self._length(s, epoch * PASS_STRIDE + passes[s], 0, old_world)):
-                    at -= size
-                    passes[s] += 1
-                kw = {"seed": d.seed, "even": d.even, "shuffle_buffer": d.shuffle_buffer}
-                rest = resumed_rank_order(
-                    self._counts[s], rank=rank, world_size=world, old_world_size=old_world, delivered=at,
-                    epoch=epoch * PASS_STRIDE + passes[s], **kw,
-                )  # fmt: skip
-                firsts.append(rest.samples)
-            cycled = self.stop == "all_exhausted"
-            left = [0 if p and cycled else len(f) for f, p in zip(firsts, passes, strict=True)]
-        try:
-            end = epoch_end(schedule, left, [int(x) for x in drawn], self.stop)
-        except ValueError as exc:
-            raise ConfigError(f"stop='all_exhausted' can never end: {exc} (its weight becomes 0)") from None
-        plan = MixPlan(epoch, schedule, base, drawn, firsts, passes, None if end is None else max(end, base))
+        plan = plan_epoch(
+            self._plans, schedule, epoch=epoch, rank=rank, world=world, stop=self.stop, resumed=resumed
+        )
         self._plan_cache = (key, plan)
         return plan
 
@@ -249,7 +214,7 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
             while got > size:
                 got -= size
                 passes += 1
-                size = self._length(s, e * PASS_STRIDE + passes, rank, world)
+                size = self._plans[s].length(e, passes, rank, world)
             weights = [p.quota[s] / p.period for p in plan.schedule.patterns]
             sources[name] = {"samples": counts[name], "passes": passes + 1, "weights": weights}
         report["sources"] = sources
@@ -267,22 +232,34 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         return hashlib.sha256(settings.encode()).hexdigest()[:16]
 
     def state_dict(self, *, delivered: int | None = None) -> dict[str, Any]:
-        """Epoch, positions delivered (``delivered``: default those before the current iteration), samples
-        drawn from each source, and what must match on restore. Size O(sources)."""
-        at = self.start if delivered is None else delivered
+        """Epoch, positions delivered (``delivered``: default those before the current iteration, or in
+        this process's iteration), samples drawn from each source, and what must match on restore; in a
+        DataLoader worker also ``worker``: its slot and how many of its own positions it has passed
+        (torchdata's ``StatefulDataLoader`` keeps one such state per worker). Size O(sources)."""
+        live = next((x for x in (self._pending, self._live) if x is not None and x.mine()), None)
+        info = torch.utils.data.get_worker_info()
+        if live is None:
+            epoch, at, resumed, consumed = self.epoch, self.start, self._shared.resumed_from(), 0
+        else:
+            epoch, at, resumed, consumed = live.epoch, live.start, live.resumed, live.consumed
+            at += consumed if info is None else 0
+        at = at if delivered is None else delivered
         rank, world = self.rank_world()
+        counts = self._plan(epoch, resumed).schedule.counts(at)
         state: dict[str, Any] = {
             "kind": "fastload.Mix",
-            "epoch": self.epoch,
+            "epoch": epoch,
             "delivered": at,
             "world_size": world,
             "rank": rank,
             "order": self.fingerprint(),
-            "sources": self.source_counts(at),
+            "sources": dict(zip(self.names, (int(c) for c in counts), strict=True)),
         }
-        resumed = self._shared.resumed_from()
         if resumed is not None:
             state["resumed_from"] = {"world_size": resumed[0], "delivered": resumed[1]}
+        if info is not None:
+            slot = {"id": info.id, "count": info.num_workers, "chunk": self.batch_size}
+            state["worker"] = {**slot, "consumed": consumed}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -316,14 +293,32 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
                     "even='none', whose ranks' passes differ in length; use split, drop or pad"
                 )
             resumed = (old_world, delivered)
-        self._shared.restore(epoch, delivered, resumed)
-        end = self.epoch_samples()
+        end = self._plan(epoch, resumed).end
         if delivered < 0 or (end is not None and delivered > end):
-            self._shared.set_epoch(epoch)
             raise ConfigError(
                 f"cannot resume: the checkpoint has delivered={delivered} positions of epoch {epoch}, this "
                 f"rank's epoch has {end}; resume with the same sources and settings"
             )
+        info = torch.utils.data.get_worker_info()
+        worker = state.get("worker")
+        if info is None:
+            if worker is not None:
+                raise ConfigError(
+                    f"this state describes DataLoader worker {worker.get('id')} of {worker.get('count')}; "
+                    "restore it through the same DataLoader (StatefulDataLoader) with as many workers"
+                )
+            self._shared.restore(epoch, delivered, resumed)
+            return
+        # in a worker: this copy's next pass only (the shared position belongs to the training process)
+        slot = (info.id, info.num_workers, self.batch_size)
+        if worker is not None and (worker.get("id"), worker.get("count"), worker.get("chunk")) != slot:
+            raise ConfigError(
+                f"cannot resume: the checkpoint's worker {worker.get('id')} of {worker.get('count')} read "
+                f"chunks of {worker.get('chunk')}; this is worker {slot[0]} of {slot[1]} with "
+                f"batch_size={slot[2]}; resume with the same num_workers and batch_size"
+            )
+        consumed = int(worker.get("consumed", 0)) if worker is not None else 0
+        self._pending = Iteration(epoch, delivered, resumed, *slot, consumed)
 
     # -- iteration ----------------------------------------------------------------------------------------
 
@@ -335,29 +330,40 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
                 f"fastload.Mix read by {workers} DataLoader workers needs batch_size= (the DataLoader's), "
                 "so workers take turns by batch; or use fastload.DataLoader"
             )
-        plan, start = self.plan(), self.start
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.mine() and (pending.worker, pending.workers) == (worker, workers):
+            live = pending
+        else:
+            resumed = self._shared.resumed_from()
+            live = Iteration(self.epoch, self.start, resumed, worker, workers, self.batch_size)
+        self._live = live
+        plan, start = self._plan(live.epoch, live.resumed), live.start
         chunk = self.batch_size if workers > 1 and self.batch_size else 1 << 16
-        blocks = worker_blocks(start, plan.end, worker=worker, workers=workers, chunk=chunk)
+        deal = {"start": start, "worker": worker, "workers": workers, "chunk": chunk}
+        first = int(worker_position(live.consumed, **deal))
+        if plan.end is not None:
+            first = min(first, plan.end)
         rank, world = self.rank_world()
         streams = []
         for s, (name, d) in enumerate(zip(self.names, self.sources, strict=True)):
-            next_pass = functools.partial(self._pass, s, plan.epoch, rank, world)
-            where = {"start": start, "worker": worker, "workers": workers, "chunk": chunk}
-            streams.append(source_samples(d, name, plan, s, next_pass=next_pass, **where))
-        samples = interleave(plan.schedule, blocks, streams)
+            next_pass = functools.partial(self._plans[s].order, plan.epoch, rank=rank, world=world)
+            streams.append(source_samples(d, name, plan, s, first=first, next_pass=next_pass, **deal))
+        blocks = worker_blocks(stop=plan.end, skip=live.consumed, **deal)
+        samples = interleave(plan.schedule, blocks, streams, live)
         try:
-            if self._chunked:
+            if self._chunked:  # fastload.DataLoader counts what it delivers and rewinds at the end
                 size = self.batch_size or 1
                 count = sys.maxsize if plan.end is None else dealt(plan.end - start, worker, workers, size)
-                yield from chunks_of(samples, count, size, worker=worker if info is not None else None)
+                yield from chunks_of(samples, count - live.consumed, size, worker=worker if info else None)
                 return
             for out in samples:
                 if out is not SKIPPED:
                     yield out
                 elif info is None:
                     self.count_skipped(1)
-            if info is None:
+            if info is None:  # a complete pass in this process: the next one starts the epoch afresh
                 self._shared.rewind()
+                self._live = None
         finally:
             samples.close()
             for stream in streams:

@@ -5,7 +5,6 @@ in position order by the schedule. Per sample this adds one ``next()`` on the ch
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -13,33 +12,24 @@ from fastload.core.mix import Ints, Schedule, worker_mask
 from fastload.core.refs import Refs
 from fastload.errors import ConfigError
 from fastload.train.dataset import ShardDataset
+from fastload.train.mixplan import MixPlan
 from fastload.train.position import Iteration
 from fastload.train.reading import SKIPPED, read_samples
 
 BLOCK_DRAWS = 1 << 20  # a source's references made (and read by one pipeline) at a time
 
 
-@dataclass
-class MixPlan:
-    """One rank's mixture epoch from position ``base`` on: the schedule, draws per source before ``base``,
-    each source's first piece (the rest of the pass it is in at ``base``), which pass that is, and where
-    the epoch ends (None: endless)."""
-
-    epoch: int
-    schedule: Schedule
-    base: int
-    drawn: Ints
-    firsts: list[Refs]
-    passes: list[int]
-    end: int | None
-
-
 def interleave(
-    schedule: Schedule, blocks: Iterator[Ints], streams: list[Generator[object, None, None]]
+    schedule: Schedule,
+    blocks: Iterator[Ints],
+    streams: list[Generator[object, None, None]],
+    progress: Iteration,
 ) -> Generator[object, None, None]:
-    """The samples at the positions of ``blocks``, each from the stream of the source chosen there."""
+    """The samples at the positions of ``blocks``, each from the stream of the source chosen there;
+    ``progress.consumed`` counts the positions passed."""
     for block in blocks:
         for s in schedule.choices(block).tolist():
+            progress.consumed += 1
             yield next(streams[s])
 
 
@@ -50,16 +40,17 @@ def source_samples(
     s: int,
     *,
     start: int,
+    first: int,
     worker: int,
     workers: int,
     chunk: int,
     next_pass: Callable[[int], Refs],
 ) -> Generator[object, None, None]:
-    """Source ``s``'s samples (named ``__source__``) at the positions from ``start`` that worker
-    ``worker`` of ``workers`` reads (chunks of ``chunk`` in turn), in order; SKIPPED marks a sample left out
-    on error. ``next_pass(p)``: the rank's order of the source's pass ``p``."""
+    """Source ``s``'s samples (named ``__source__``) at the positions from ``first`` on that worker
+    ``worker`` of ``workers`` reads (chunks of ``chunk`` from ``start`` in turn), in order; SKIPPED marks a
+    sample left out on error. ``next_pass(p)``: the rank's order of the source's pass ``p``."""
     sched = plan.schedule
-    k = int(sched.counts(start)[s])
+    k = int(sched.counts(first)[s])
     stop = None if plan.end is None else int(sched.counts(plan.end)[s])
     piece, piece_at, passes = plan.firsts[s], int(plan.drawn[s]), plan.passes[s]  # piece_at: its 1st draw
     while stop is None or k < stop:
@@ -92,4 +83,4 @@ def source_samples(
             yield out
 
 
-__all__ = ["MixPlan", "interleave", "source_samples"]
+__all__ = ["interleave", "source_samples"]

@@ -177,6 +177,29 @@ def test_resume_with_other_workers_is_exact(sources: dict[str, Packed], stop: st
     assert before + after == full
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")  # torchdata 0.11 on torch 2.13
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_each_worker(sources: dict[str, Packed], workers: int) -> None:
+    """torchdata's StatefulDataLoader keeps each worker's state (its own positions passed) and restores it
+    in that worker: the resumed run continues exactly."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make() -> Any:
+        options = {"timeout": WORKER_TIMEOUT_S} if workers else {}
+        m = mix(sources, batch_size=4, stop="never")
+        return stateful.StatefulDataLoader(m, batch_size=4, num_workers=workers, **options)
+
+    full = pairs(itertools.islice(iter(make()), 12))
+    dl = make()
+    it = iter(dl)
+    before = pairs(take(it, 5))
+    state = dl.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert before + pairs(itertools.islice(iter(resumed), 7)) == full
+
+
 def test_resume_under_another_world_size(sources: dict[str, Packed]) -> None:
     """Two ranks in step stop after 3 batches; three ranks continue: within each source's pass no sample
     is read twice, the new ranks take equal steps, and the epoch ends when a source runs out."""

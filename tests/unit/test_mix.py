@@ -143,6 +143,8 @@ def test_workers_deal_the_same_stream_on_every_rank(world: int, workers: int) ->
     assert merged == list(range(start, stop))
     endless = worker_blocks(start, None, worker=0, workers=workers, chunk=chunk, block=8)
     assert next(iter(endless)).tolist() == streams[0][:8].tolist()
+    later = worker_blocks(start, stop, worker=0, workers=workers, chunk=chunk, skip=5, block=8)
+    assert np.concatenate(list(later)).tolist() == streams[0][5:].tolist()
     assert (sched.choices(np.asarray(merged)) == sched.choices(np.arange(start, stop))).all()
 
 
