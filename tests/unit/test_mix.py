@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastload.core.mix import MAX_PERIOD, Pattern, Schedule, epoch_end, quotas, worker_blocks, worker_mask
+from fastload.core.mix import (
+    MAX_PERIOD,
+    Pattern,
+    Schedule,
+    dealt,
+    epoch_end,
+    quotas,
+    worker_blocks,
+    worker_mask,
+)
 from fastload.core.sharding import worker_position_array
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -139,6 +148,8 @@ def test_workers_deal_the_same_stream_on_every_rank(world: int, workers: int) ->
         assert got.tolist() == want.tolist()
         assert worker_mask(got, start=start, worker=w, workers=workers, chunk=chunk).all()
         streams.append(got)
+    for w in range(workers):
+        assert dealt(stop - start, w, workers, chunk) == len(streams[w])
     merged = sorted(np.concatenate(streams).tolist())
     assert merged == list(range(start, stop))
     endless = worker_blocks(start, None, worker=0, workers=workers, chunk=chunk, block=8)
