@@ -14,7 +14,7 @@ from fastload.errors import ConfigError
 from fastload.train.dataset import ShardDataset
 from fastload.train.mixplan import MixPlan
 from fastload.train.position import Iteration
-from fastload.train.reading import SKIPPED, read_samples
+from fastload.train.reading import read_samples
 
 BLOCK_DRAWS = 1 << 20  # a source's references made (and read by one pipeline) at a time
 
@@ -27,10 +27,11 @@ def interleave(
 ) -> Generator[object, None, None]:
     """The samples at the positions of ``blocks``, each from the stream of the source chosen there;
     ``progress.consumed`` counts the positions passed."""
+    pulls = [stream.__next__ for stream in streams]
     for block in blocks:
         for s in schedule.choices(block).tolist():
             progress.consumed += 1
-            yield next(streams[s])
+            yield pulls[s]()
 
 
 def source_samples(
@@ -78,7 +79,7 @@ def source_samples(
             progress=progress,
             mark_skipped=True,
         ):
-            if out is not SKIPPED and isinstance(out, dict):
+            if type(out) is dict:  # (not SKIPPED; a map= may return other types)
                 out["__source__"] = name
             yield out
 
