@@ -97,16 +97,53 @@ def test_first_exhausted_stream_and_report(
     check_bound([s for s, _ in reference], WEIGHTS)
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize(("world", "rank", "workers"), [(1, 0, 2), (1, 0, 3), (3, 1, 2)])
 def test_any_worker_count_gives_the_same_stream(
-    sources: dict[str, Packed], reference: list[tuple[str, str]], workers: int
+    sources: dict[str, Packed], reference: list[tuple[str, str]], world: int, rank: int, workers: int
 ) -> None:
-    assert pairs(loader(mix(sources), workers)) == reference
+    alone = reference if world == 1 else [(s["__source__"], s["__key__"]) for s in mix(sources, rank, world)]
+    assert pairs(loader(mix(sources, rank, world), workers)) == alone
     if workers == 2:  # torch's own DataLoader, told the batch size
         dl = torch.utils.data.DataLoader(
-            mix(sources, batch_size=4), batch_size=4, num_workers=2, timeout=WORKER_TIMEOUT_S
+            mix(sources, rank, world, batch_size=4), batch_size=4, num_workers=2, timeout=WORKER_TIMEOUT_S
         )
-        assert pairs(dl) == reference
+        assert pairs(dl) == alone
+
+
+def test_skipped_samples_still_make_steps(sources: dict[str, Packed]) -> None:
+    def fail_on_b(sample: dict[str, Any]) -> dict[str, Any]:
+        if sample["__key__"].startswith("b/00"):
+            raise ValueError("undecodable")
+        return sample
+
+    order = {"rank": 0, "world_size": 1}
+    datasets = {
+        "a": fastload.ShardDataset(sources["a"].root, seed=1, **order),
+        "b": fastload.ShardDataset(sources["b"].root, map=fail_on_b, on_error="skip", **order),
+    }
+    plain = {"a": datasets["a"], "b": fastload.ShardDataset(sources["b"].root, **order)}
+    full = [(s["__source__"], s["__key__"]) for s in fastload.Mix(plain, seed=7)]
+    dl = loader(fastload.Mix(datasets, seed=7), workers=2)
+    batches = [list(zip(b["__source__"], b["__key__"], strict=True)) for b in dl]
+    assert [p for b in batches for p in b] == [p for p in full if not p[1].startswith("b/00")]
+    assert dl.skipped == 10 and len(batches) == len(dl) == -(-len(full) // 4)  # every step taken
+
+
+def test_bad_mixtures_are_refused(sources: dict[str, Packed]) -> None:
+    a = fastload.ShardDataset(sources["a"].root, rank=0, world_size=1)
+    with pytest.raises(ConfigError, match="disagree on"):
+        fastload.Mix([a, fastload.ShardDataset(sources["b"].root, rank=1, world_size=2)])
+    with pytest.raises(ConfigError, match="the sources are"):
+        fastload.Mix({"a": a}, weights={"x": 1})
+    with pytest.raises(ConfigError, match="not all 0"):
+        fastload.Mix({"a": a}, weights=[0])
+    with pytest.raises(ConfigError, match="stop="):
+        fastload.Mix({"a": a}, stop="sometimes")
+    with pytest.raises(ConfigError, match="increase"):
+        fastload.Mix({"a": a}, schedule=[(3, [1]), (2, [1])])
+    with pytest.raises(ConfigError, match="can never end"):
+        stopping = fastload.Mix([a, a], schedule=[(1, [1, 0])], stop="all_exhausted", batch_size=4)
+        len(stopping)
 
 
 def test_fastload_loader_takes_a_mix(sources: dict[str, Packed], reference: list[tuple[str, str]]) -> None:
