@@ -84,7 +84,7 @@ def mix_run(dataset_root: str, outdir: Path, rank: int, world: int) -> None:
         "y": fastload.ShardDataset(dataset_root, seed=2),
     }
     mix = fastload.Mix(sources, {"x": 0.7, "y": 0.3}, seed=3)
-    loader = fastload.DataLoader(mix, batch_size=BATCH, num_workers=1, timeout=60)
+    loader = fastload.DataLoader(mix, batch_size=BATCH)  # in-process: the ranks are the point here
     batches = [list(zip(batch["__source__"], batch["__key__"], strict=True)) for batch in loader]
     steps = [0] * world
     dist.all_gather_object(steps, len(batches))
