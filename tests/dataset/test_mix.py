@@ -252,6 +252,8 @@ def test_resume_under_another_world_size(sources: dict[str, Packed]) -> None:
         m.load_state_dict(state)
         rest = [(s["__source__"], s["__key__"]) for s in m]
         steps.add(len(rest))
+        chosen = m.schedule().choices(np.arange(12, 12 + len(rest)))  # the schedule goes on at position 12
+        assert [s for s, _ in rest] == [m.names[c] for c in chosen]
         for s, key in rest:
             read[s].append(key)
     assert len(steps) == 1
