@@ -146,6 +146,18 @@ def test_bad_mixtures_are_refused(sources: dict[str, Packed]) -> None:
         len(stopping)
 
 
+def test_persistent_workers_read_the_next_epoch(sources: dict[str, Packed]) -> None:
+    m = mix(sources)
+    dl = fastload.DataLoader(
+        m, batch_size=4, num_workers=2, persistent_workers=True, timeout=WORKER_TIMEOUT_S
+    )
+    first, second = pairs(dl), pairs(dl)
+    again = mix(sources)
+    assert first == [(s["__source__"], s["__key__"]) for s in again]
+    again.set_epoch(1)
+    assert second == [(s["__source__"], s["__key__"]) for s in again] != first
+
+
 def test_fastload_loader_takes_a_mix(sources: dict[str, Packed], reference: list[tuple[str, str]]) -> None:
     ready = fastload.loader(mix(sources), batch_size=4, num_workers=0)
     assert pairs(ready) == reference
