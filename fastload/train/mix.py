@@ -3,10 +3,11 @@
 Position ``t`` of a rank's mixture epoch reads the source :class:`fastload.core.mix.Schedule` chooses (the
 same on every rank, so per-source counts are equal across ranks); that source's next sample comes from its
 own rank order (:mod:`fastload.core.sharding`), pass after pass: pass ``p`` of mixture epoch ``E`` is the
-source's epoch ``E * 2**32 + p``. Positions are dealt to DataLoader workers in chunks of ``batch_size`` as a
-``ShardDataset`` deals its own, so the stream reaching the loop is the same for any ``num_workers``. Each
-worker reads each source through its own prefetching pipeline (:func:`~fastload.train.reading.
-read_samples`) and interleaves them by the schedule. See docs/mixtures.md.
+source's epoch ``E * 2**32 + p`` (:mod:`.mixplan`). Positions are dealt to DataLoader workers in chunks of
+``batch_size`` as a ``ShardDataset`` deals its own, so the stream reaching the loop is the same for any
+``num_workers``. Each worker reads each source through its own prefetching pipeline and interleaves them by
+the schedule (:mod:`.mixread`). This module is the public face: options, position, state. See
+docs/mixtures.md.
 """
 
 from __future__ import annotations
