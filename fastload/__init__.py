@@ -22,6 +22,7 @@ __all__ = [
     "DevicePrefetcher",
     "Loader",
     "LoaderStats",
+    "Mix",
     "PackConfig",
     "PackReport",
     "PackedSequences",
@@ -54,6 +55,10 @@ def __getattr__(name: str) -> object:
         from fastload.train import loader
 
         return loader.DataLoader
+    if name == "Mix":
+        from fastload.train import mix
+
+        return mix.Mix
     if name == "PackedSequences":
         from fastload.train import packed
 

@@ -263,7 +263,8 @@ def loader(
     **dataset_kwargs: Any,
 ) -> Loader:
     """A ready-to-train :class:`Loader` over ``source``: a dataset folder or ``s3://`` prefix (opened as a
-    :class:`~fastload.ShardDataset` with ``dataset_kwargs``), a ``ShardDataset``, or any torch Dataset.
+    :class:`~fastload.ShardDataset` with ``dataset_kwargs``), a ``ShardDataset`` or ``fastload.Mix``, or any
+    torch Dataset.
 
     Defaults: ``num_workers`` from the cores (:func:`default_workers`), ``pin_memory`` when CUDA is
     available, ``prefetch_factor=4`` and ``persistent_workers=True`` with workers. ``device`` (e.g.
@@ -271,6 +272,7 @@ def loader(
     """
     from fastload.train.dataset import ShardDataset
     from fastload.train.loader import DataLoader
+    from fastload.train.mix import Mix
 
     if batch_size < 1:
         raise ConfigError(f"batch_size={batch_size} must be >= 1")
@@ -298,7 +300,7 @@ def loader(
     if workers > 0:
         kwargs["prefetch_factor"] = 4 if prefetch_factor is None else prefetch_factor
         kwargs["persistent_workers"] = True if persistent_workers is None else persistent_workers
-    if isinstance(dataset, ShardDataset):
+    if isinstance(dataset, (ShardDataset, Mix)):
         dl: Iterable[Any] = DataLoader(
             dataset, batch_size, collate_fn=collate_fn, drop_last=drop_last, **kwargs
         )

@@ -1,5 +1,5 @@
-"""``fastload.DataLoader``: ``torch.utils.data.DataLoader`` for a :class:`~fastload.ShardDataset` that can
-save and restore its position by batches delivered to the training loop.
+"""``fastload.DataLoader``: ``torch.utils.data.DataLoader`` for a :class:`~fastload.ShardDataset` (or a
+:class:`~fastload.Mix` of them) that can save and restore its position by batches delivered to the loop.
 
 It reads through :meth:`ShardDataset.in_chunks` (a handle on the same dataset that yields one chunk per
 batch; the dataset given is left as it was), collates in the workers, moves batches through shared memory
@@ -10,6 +10,7 @@ the dataset's own ``state_dict()``/``load_state_dict()``.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ import torch.utils.data
 from fastload.errors import ConfigError, WorkerDiedError
 from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
+from fastload.train.mix import Mix
 from fastload.train.shmbatch import MainSlots
 
 WORKER_DIED = (
@@ -92,15 +94,15 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     def __init__(
         self,
-        dataset: ShardDataset,
+        dataset: ShardDataset | Mix,
         batch_size: int = 1,
         *,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(dataset, ShardDataset):
-            raise ConfigError("fastload.DataLoader needs a fastload.ShardDataset")
+        if not isinstance(dataset, (ShardDataset, Mix)):
+            raise ConfigError("fastload.DataLoader needs a fastload.ShardDataset or fastload.Mix")
         if kwargs.get("in_order") is False:
             raise ConfigError("fastload.DataLoader needs in_order=True (the default) for exact resume")
         if batch_size < 1:
@@ -139,13 +141,15 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._epoch_chosen = True
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        dataset: ShardDataset | Mix = self.dataset  # type: ignore[assignment]
         if self._completed is not None and not self._epoch_chosen and dataset.epoch == self._completed:
             dataset.set_epoch(self._completed + 1)  # a new pass after a complete one: the next epoch
             # (unless the epoch was chosen since: here, or on the dataset as with DistributedSampler)
         self._epoch_chosen = False
-        total = len(dataset.plan().samples)
+        total = dataset.epoch_samples() if isinstance(dataset, Mix) else len(dataset.plan().samples)
         start = dataset.start
+        if total is None:  # an endless Mix
+            total = sys.maxsize
         self._delivered = 0
         slots = self._slots
         last: Any = None
@@ -202,7 +206,11 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state (epoch, what must match on restore), with ``delivered`` the samples of the
         epoch delivered to the training loop so far."""
-        dataset: ShardDataset = self.dataset  # type: ignore[assignment]
+        dataset: ShardDataset | Mix = self.dataset  # type: ignore[assignment]
+        if isinstance(dataset, Mix):
+            state = dataset.state_dict(delivered=dataset.start + self._delivered)
+            state["batch_size"] = self.fastload_batch_size
+            return state
         state = dataset.state_dict()
         state["delivered"] = dataset.start + self._delivered
         state["batch_size"] = self.fastload_batch_size

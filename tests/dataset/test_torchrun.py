@@ -84,3 +84,18 @@ def test_torchrun_ranks_take_equal_steps_when_a_batch_is_all_skipped(torchrun_ou
     assert ranks[0]["repeated"] == 1 and ranks[1]["repeated"] == 0
     assert ranks[0]["batches"][1] == ranks[0]["batches"][0], "the batch before the skipped one is repeated"
     assert "every sample of a batch was skipped" in output
+
+
+def test_torchrun_mixture_ranks_draw_alike_and_take_equal_steps(torchrun_out: tuple[Path, str]) -> None:
+    """A fastload.Mix on two torchrun ranks: the same sources at the same steps on both ranks (equal
+    per-source counts), equal steps, each source's samples split between the ranks without repeats."""
+    out, _ = torchrun_out
+    ranks = [json.loads((out / f"rank{r}-mix.json").read_text(encoding="utf-8")) for r in range(2)]
+    assert ranks[0]["steps"] == ranks[1]["steps"] and ranks[0]["steps"][0] == ranks[0]["steps"][1]
+    pairs = [[tuple(p) for b in r["batches"] for p in b] for r in ranks]
+    assert [s for s, _ in pairs[0]] == [s for s, _ in pairs[1]]
+    for source in ("x", "y"):
+        keys = [k for p in pairs for s, k in p if s == source]
+        assert len(keys) == len(set(keys))
+    counts = ranks[0]["report"]["sources"]
+    assert abs(counts["x"]["samples"] - 0.7 * len(pairs[0])) < 2

@@ -1,7 +1,8 @@
 """One rank of a torchrun job: join the gloo group, read this rank's share with one DataLoader worker, and
 write the keys plus the epoch report to ``OUTDIR/rank{RANK}.json``. Then read it again where rank 0 meets a
 whole batch of undecodable samples (on_error="skip"): every rank must still take the same number of steps
-(else DDP hangs); written to ``OUTDIR/rank{RANK}-skip.json``.
+(else DDP hangs); written to ``OUTDIR/rank{RANK}-skip.json``. Last, a ``fastload.Mix`` of two sources:
+``OUTDIR/rank{RANK}-mix.json``.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 torchrun_keys.py DATASET OUTDIR
 """
@@ -45,6 +46,7 @@ def main() -> None:
         }
         (outdir / f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
         skip_run(dataset_root, outdir, rank, world)
+        mix_run(dataset_root, outdir, rank, world)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -72,6 +74,22 @@ def skip_run(dataset_root: str, outdir: Path, rank: int, world: int) -> None:
         "skipped": dataset.skipped,
     }
     (outdir / f"rank{rank}-skip.json").write_text(json.dumps(out), encoding="utf-8")
+
+
+def mix_run(dataset_root: str, outdir: Path, rank: int, world: int) -> None:
+    """A fastload.Mix of the dataset with itself (two seeds, weights 0.7/0.3), rank and world size from
+    torch.distributed: written to ``OUTDIR/rank{RANK}-mix.json``."""
+    sources = {
+        "x": fastload.ShardDataset(dataset_root, seed=1),
+        "y": fastload.ShardDataset(dataset_root, seed=2),
+    }
+    mix = fastload.Mix(sources, {"x": 0.7, "y": 0.3}, seed=3)
+    loader = fastload.DataLoader(mix, batch_size=BATCH)  # in-process: the ranks are the point here
+    batches = [list(zip(batch["__source__"], batch["__key__"], strict=True)) for batch in loader]
+    steps = [0] * world
+    dist.all_gather_object(steps, len(batches))
+    out = {"steps": steps, "batches": batches, "report": mix.epoch_report()}
+    (outdir / f"rank{rank}-mix.json").write_text(json.dumps(out), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,374 @@
+"""``fastload.Mix``: several :class:`~fastload.ShardDataset` sources read as one stream, by weight.
+
+Position ``t`` of a rank's mixture epoch reads the source :class:`fastload.core.mix.Schedule` chooses (the
+same on every rank, so per-source counts are equal across ranks); that source's next sample comes from its
+own rank order (:mod:`fastload.core.sharding`), pass after pass: pass ``p`` of mixture epoch ``E`` is the
+source's epoch ``E * 2**32 + p`` (:mod:`.mixplan`). Positions are dealt to DataLoader workers in chunks of
+``batch_size`` as a ``ShardDataset`` deals its own, so the stream reaching the loop is the same for any
+``num_workers``. Each worker reads each source through its own prefetching pipeline and interleaves them by
+the schedule (:mod:`.mixread`). This module is the public face: options, position, state. See
+docs/mixtures.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from fastload.core.mix import (
+    STOP_RULES,
+    Schedule,
+    dealt,
+    worker_blocks,
+    worker_position,
+)
+from fastload.errors import ConfigError
+from fastload.train.chunks import chunks_of
+from fastload.train.dataset import ShardDataset
+from fastload.train.mixplan import MixPlan, Source, plan_epoch
+from fastload.train.mixread import interleave, source_samples
+from fastload.train.position import Iteration, SharedPosition
+from fastload.train.reading import SKIPPED
+
+Weights = Mapping[str, float] | Sequence[float]
+
+
+class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
+    """Samples of several ``ShardDataset`` sources, each position drawn from a source by weight.
+
+    ``sources``: ``{name: dataset}`` (or a list: names ``"0"``, ``"1"``, ...); ``weights``: by name or in
+    order (default equal; any non-negative numbers, normalised). ``schedule``: ``[(step, weights), ...]``,
+    the weights from batch ``step`` on (steps of ``batch_size`` samples per rank, increasing, > 0).
+    ``stop``: ``"first_exhausted"`` (the epoch ends when a source's pass runs out), ``"all_exhausted"``
+    (sources that run out start their next pass until every one has finished a pass) or ``"never"`` (an
+    endless stream; each source starts its next pass when one ends). ``seed`` sets where each segment's
+    period starts; the sources' own seeds shuffle them. ``batch_size``: the DataLoader's batch size
+    (``fastload.DataLoader`` gives its own); needed with a schedule or several torch DataLoader workers.
+    Each sample carries ``__source__``, its source's name. Bound on the proportions: docs/mixtures.md.
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, ShardDataset] | Sequence[ShardDataset],
+        weights: Weights | None = None,
+        *,
+        schedule: Sequence[tuple[int, Weights]] | None = None,
+        stop: str = "first_exhausted",
+        seed: int | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        named = dict(sources) if isinstance(sources, Mapping) else {str(i): d for i, d in enumerate(sources)}
+        if not named or not all(isinstance(d, ShardDataset) for d in named.values()):
+            raise ConfigError("Mix needs one or more fastload.ShardDataset sources")
+        if stop not in STOP_RULES:
+            raise ConfigError(f"stop={stop!r}; choose one of {', '.join(STOP_RULES)}")
+        if batch_size is not None and batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size} must be >= 1 (or None)")
+        self.names = tuple(named)
+        self.sources = tuple(named.values())
+        worlds = {d.rank_world() for d in self.sources}
+        if len(worlds) != 1:
+            raise ConfigError(f"the sources disagree on (rank, world_size): {sorted(worlds)}; align them")
+        for name, d in named.items():
+            if d.index.samples == 0:
+                raise ConfigError(f"source {name!r} ({d.root}) has no samples")
+        steps = [(0, self._weights(weights))]
+        for step, w in schedule or ():
+            if step <= steps[-1][0]:
+                raise ConfigError(f"schedule steps must be > 0 and increase; got {step} after {steps[-1][0]}")
+            steps.append((int(step), self._weights(w)))
+        self.steps = tuple(steps)
+        self.stop, self.seed, self.batch_size = stop, seed, batch_size
+        self._plans = [Source.of(name, d) for name, d in named.items()]
+        self._shared = SharedPosition()
+        self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
+        self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
+        self._chunked = False
+
+    def _weights(self, weights: Weights | None) -> tuple[float, ...]:
+        if weights is None:
+            return (1.0,) * len(self.names)
+        if isinstance(weights, Mapping):
+            unknown = set(weights) - set(self.names)
+            if unknown or len(weights) != len(self.names):
+                raise ConfigError(f"weights name {sorted(weights)}; the sources are {list(self.names)}")
+            values = tuple(float(weights[n]) for n in self.names)
+        else:
+            values = tuple(float(w) for w in weights)
+        if len(values) != len(self.names) or any(not w >= 0 for w in values) or not any(values):
+            raise ConfigError(f"weights {values} need one number >= 0 per source, not all 0")
+        return values
+
+    def __repr__(self) -> str:
+        return f"Mix({dict(zip(self.names, self.steps[0][1], strict=True))}, stop={self.stop!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_plan_cache", None)
+        return state
+
+    def in_chunks(self, batch_size: int) -> Mix:
+        """Another handle on this mixture (same epoch and position) that yields one chunk per
+        ``batch_size`` positions, dealt to workers in turns: what ``fastload.DataLoader`` reads."""
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size} must be >= 1")
+        handle = object.__new__(Mix)
+        handle.__dict__.update(self.__getstate__())
+        handle.batch_size, handle._chunked = batch_size, True
+        handle._pending = handle._live = None
+        return handle
+
+    # -- position (shared with DataLoader workers) --------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared.fields.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start mixture epoch ``epoch`` from its beginning (after a restore of it: keep the position)."""
+        self._shared.set_epoch(epoch)
+
+    @property
+    def start(self) -> int:
+        """Positions of this epoch delivered before the current iteration."""
+        return int(self._shared.fields.start)
+
+    def rewind(self) -> None:
+        self._shared.rewind()
+
+    @property
+    def skipped(self) -> int:
+        return int(self._shared.fields.skipped)
+
+    def count_skipped(self, n: int) -> None:
+        self._shared.fields.skipped += n
+
+    def rank_world(self) -> tuple[int, int]:
+        return self.sources[0].rank_world()
+
+    # -- planning -----------------------------------------------------------------------------------------
+
+    def schedule(self, epoch: int | None = None) -> Schedule:
+        """The choices of mixture epoch ``epoch`` (default: the current one)."""
+        if len(self.steps) > 1 and self.batch_size is None:
+            raise ConfigError(
+                "a Mix with a schedule needs batch_size= (steps are batches of it), or fastload.DataLoader"
+            )
+        size = self.batch_size or 1
+        starts = [step * size for step, _ in self.steps]
+        epoch = self.epoch if epoch is None else epoch
+        return Schedule(starts, [w for _, w in self.steps], seed=self.seed, epoch=epoch)
+
+    def plan(self, epoch: int | None = None) -> MixPlan:
+        """This rank's plan of mixture epoch ``epoch`` (default: the current one, resumed as restored)."""
+        epoch = self.epoch if epoch is None else epoch
+        return self._plan(epoch, self._shared.resumed_from() if epoch == self.epoch else None)
+
+    def _plan(self, epoch: int, resumed: tuple[int, int] | None) -> MixPlan:
+        rank, world = self.rank_world()
+        key = (epoch, resumed, rank, world, self.batch_size)
+        cached = self.__dict__.get("_plan_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]  # type: ignore[no-any-return]
+        schedule = self.schedule(epoch)
+        plan = plan_epoch(
+            self._plans, schedule, epoch=epoch, rank=rank, world=world, stop=self.stop, resumed=resumed
+        )
+        self._plan_cache = (key, plan)
+        return plan
+
+    def epoch_samples(self) -> int | None:
+        """Positions in the current mixture epoch on this rank (None: ``stop="never"``)."""
+        return self.plan().end
+
+    def __len__(self) -> int:
+        end = self.epoch_samples()
+        if end is None:
+            raise TypeError("a Mix with stop='never' is endless: it has no len()")
+        return end - self.start
+
+    def source_counts(self, position: int | None = None) -> dict[str, int]:
+        """Samples drawn from each source in positions ``[0, position)`` of this epoch (default: those
+        delivered before the current iteration)."""
+        at = self.start if position is None else position
+        return dict(zip(self.names, (int(c) for c in self.plan().schedule.counts(at)), strict=True))
+
+    def epoch_report(self, epoch: int | None = None) -> dict[str, Any]:
+        """The epoch's length (None: endless), per source the samples it gives (to the end, or delivered so
+        far when endless), its passes started and its weights per segment, and samples skipped on error."""
+        plan = self.plan(epoch)
+        upto = self.start if plan.end is None else plan.end
+        counts = self.source_counts(upto)
+        report: dict[str, Any] = {"samples": plan.end, "stop": self.stop, "skipped_on_error": self.skipped}
+        rank, world = self.rank_world()
+        e = self.epoch if epoch is None else epoch
+        sources = {}
+        for s, name in enumerate(self.names):
+            got, passes, size = counts[name] - int(plan.drawn[s]), plan.passes[s], len(plan.firsts[s])
+            while got > size:
+                got -= size
+                passes += 1
+                size = self._plans[s].length(e, passes, rank, world)
+            weights = [p.quota[s] / p.period for p in plan.schedule.patterns]
+            sources[name] = {"samples": counts[name], "passes": passes + 1, "weights": weights}
+        report["sources"] = sources
+        return report
+
+    # -- the Stateful protocol ----------------------------------------------------------------------------
+
+    def fingerprint(self, world_size: int | None = None) -> str:
+        """A digest of what decides the stream: names, weights and schedule, stop rule, seed, batch size
+        when a schedule needs it, and each source's order at ``world_size`` (default: this run's)."""
+        world = self.rank_world()[1] if world_size is None else world_size
+        orders = [d.order_fingerprint(world) for d in self.sources]
+        size = self.batch_size if len(self.steps) > 1 else None
+        settings = repr((self.names, self.steps, self.stop, self.seed, size, orders))
+        return hashlib.sha256(settings.encode()).hexdigest()[:16]
+
+    def state_dict(self, *, delivered: int | None = None) -> dict[str, Any]:
+        """Epoch, positions delivered (``delivered``: default those before the current iteration, or in
+        this process's iteration), samples drawn from each source, and what must match on restore; in a
+        DataLoader worker also ``worker``: its slot and how many of its own positions it has passed
+        (torchdata's ``StatefulDataLoader`` keeps one such state per worker). Size O(sources)."""
+        live = next((x for x in (self._pending, self._live) if x is not None and x.mine()), None)
+        info = torch.utils.data.get_worker_info()
+        if live is None:
+            epoch, at, resumed, consumed = self.epoch, self.start, self._shared.resumed_from(), 0
+        else:
+            epoch, at, resumed, consumed = live.epoch, live.start, live.resumed, live.consumed
+            at += consumed if info is None else 0
+        at = at if delivered is None else delivered
+        rank, world = self.rank_world()
+        counts = self._plan(epoch, resumed).schedule.counts(at)
+        state: dict[str, Any] = {
+            "kind": "fastload.Mix",
+            "epoch": epoch,
+            "delivered": at,
+            "world_size": world,
+            "rank": rank,
+            "order": self.fingerprint(),
+            "sources": dict(zip(self.names, (int(c) for c in counts), strict=True)),
+        }
+        if resumed is not None:
+            state["resumed_from"] = {"world_size": resumed[0], "delivered": resumed[1]}
+        if info is not None:
+            slot = {"id": info.id, "count": info.num_workers, "chunk": self.batch_size}
+            state["worker"] = {**slot, "consumed": consumed}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (any rank's: ranks in step have delivered the same positions and drawn
+        the same per source); under another world size each source's rest of its pass is dealt to the new
+        ranks (sources with ``even="none"`` cannot, their ranks' passes differ in length)."""
+        if state.get("kind") != "fastload.Mix":
+            raise ConfigError("this state is not a fastload.Mix's; restore it into what saved it")
+        _, world = self.rank_world()
+        old_world = int(state["world_size"])
+        if state.get("order") != self.fingerprint(old_world):
+            raise ConfigError(
+                "cannot resume: the checkpoint's mixture differs from this one (sources, their order "
+                "settings, weights, schedule, stop, seed or batch size); resume with the same settings"
+            )
+        epoch, delivered = int(state["epoch"]), int(state["delivered"])
+        earlier = state.get("resumed_from")
+        if old_world == world:
+            resumed = None if earlier is None else (int(earlier["world_size"]), int(earlier["delivered"]))
+        elif earlier is not None:
+            raise ConfigError(
+                f"cannot resume: this checkpoint already continues an epoch with world_size={old_world} "
+                f"(resumed from world_size={earlier['world_size']}); finish epoch {epoch} with "
+                f"world_size={old_world}, or resume from the checkpoint taken before"
+            )
+        else:
+            uneven = [n for n, d in zip(self.names, self.sources, strict=True) if d.even == "none"]
+            if uneven:
+                raise ConfigError(
+                    f"cannot resume under world_size={world} (was {old_world}): sources {uneven} use "
+                    "even='none', whose ranks' passes differ in length; use split, drop or pad"
+                )
+            resumed = (old_world, delivered)
+        end = self._plan(epoch, resumed).end
+        if delivered < 0 or (end is not None and delivered > end):
+            raise ConfigError(
+                f"cannot resume: the checkpoint has delivered={delivered} positions of epoch {epoch}, this "
+                f"rank's epoch has {end}; resume with the same sources and settings"
+            )
+        info = torch.utils.data.get_worker_info()
+        worker = state.get("worker")
+        if info is None:
+            if worker is not None:
+                raise ConfigError(
+                    f"this state describes DataLoader worker {worker.get('id')} of {worker.get('count')}; "
+                    "restore it through the same DataLoader (StatefulDataLoader) with as many workers"
+                )
+            self._shared.restore(epoch, delivered, resumed)
+            return
+        # in a worker: this copy's next pass only (the shared position belongs to the training process)
+        slot = (info.id, info.num_workers, self.batch_size)
+        if worker is not None and (worker.get("id"), worker.get("count"), worker.get("chunk")) != slot:
+            raise ConfigError(
+                f"cannot resume: the checkpoint's worker {worker.get('id')} of {worker.get('count')} read "
+                f"chunks of {worker.get('chunk')}; this is worker {slot[0]} of {slot[1]} with "
+                f"batch_size={slot[2]}; resume with the same num_workers and batch_size"
+            )
+        consumed = int(worker.get("consumed", 0)) if worker is not None else 0
+        self._pending = Iteration(epoch, delivered, resumed, *slot, consumed)
+
+    # -- iteration ----------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if workers > 1 and self.batch_size is None:
+            raise ConfigError(
+                f"fastload.Mix read by {workers} DataLoader workers needs batch_size= (the DataLoader's), "
+                "so workers take turns by batch; or use fastload.DataLoader"
+            )
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.mine() and (pending.worker, pending.workers) == (worker, workers):
+            live = pending
+        else:
+            resumed = self._shared.resumed_from()
+            live = Iteration(self.epoch, self.start, resumed, worker, workers, self.batch_size)
+        self._live = live
+        plan, start = self._plan(live.epoch, live.resumed), live.start
+        chunk = self.batch_size if workers > 1 and self.batch_size else 1 << 16
+        deal = {"start": start, "worker": worker, "workers": workers, "chunk": chunk}
+        first = int(worker_position(live.consumed, **deal))
+        if plan.end is not None:
+            first = min(first, plan.end)
+        rank, world = self.rank_world()
+        streams = []
+        for s, (name, d) in enumerate(zip(self.names, self.sources, strict=True)):
+            next_pass = functools.partial(self._plans[s].order, plan.epoch, rank=rank, world=world)
+            streams.append(source_samples(d, name, plan, s, first=first, next_pass=next_pass, **deal))
+        blocks = worker_blocks(stop=plan.end, skip=live.consumed, **deal)
+        samples = interleave(plan.schedule, blocks, streams, live)
+        try:
+            if self._chunked:  # fastload.DataLoader counts what it delivers and rewinds at the end
+                size = self.batch_size or 1
+                count = sys.maxsize if plan.end is None else dealt(plan.end - start, worker, workers, size)
+                yield from chunks_of(samples, count - live.consumed, size, worker=worker if info else None)
+                return
+            for out in samples:
+                if out is not SKIPPED:
+                    yield out
+                elif info is None:
+                    self.count_skipped(1)
+            if info is None:  # a complete pass in this process: the next one starts the epoch afresh
+                self._shared.rewind()
+                self._live = None
+        finally:
+            samples.close()
+            for stream in streams:
+                stream.close()
+
+
+__all__ = ["Mix"]
