@@ -78,7 +78,7 @@ def _index(args: argparse.Namespace) -> int:
 
         print(upgrade_index(args.target, threads=args.workers or 8).summary())
         return 0
-    report = build_index(args.target, workers=args.workers, force=args.force)
+    report = build_index(args.target, workers=args.workers, force=args.force, key_column=args.key_column)
     print(report.summary())
     return 0 if report.ok else 1
 

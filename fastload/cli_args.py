@@ -131,15 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser(
         "index",
         parents=[s3_options],
-        help="write index.json for a folder or s3:// prefix of existing TFRecord (or tar) files, or "
-        "upgrade a dataset's index to v2",
+        help="write index.json for a folder or s3:// prefix of existing TFRecord, Parquet (or tar) files, "
+        "or upgrade a dataset's index to v2",
     )
     x.add_argument(
         "target",
         metavar="DST",
-        help="folder or s3:// prefix holding *.tfrecord[.gz] or .tar files (with --upgrade: a dataset)",
+        help="folder or s3:// prefix holding *.tfrecord[.gz], *.parquet or .tar files (with --upgrade: a "
+        "dataset)",
     )
     x.add_argument("--workers", type=int, default=None, help="files read at once (default: up to 8)")
+    x.add_argument(
+        "--key-column",
+        default=None,
+        metavar="COLUMN",
+        help="Parquet: the column whose values name samples (default: a __key__ column, else <file>/<row>)",
+    )
     mode = x.add_mutually_exclusive_group()
     mode.add_argument("--force", action="store_true", help="replace an existing index.json")
     mode.add_argument(

@@ -18,10 +18,12 @@ KEY_COLUMN = "__key__"
 
 def verify_parquet(file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
     """Check a whole Parquet shard (read from its start) against its attached index entry."""
-    reader = ChecksumReader(file)
-    reader.drain()
-    problems = crc_problem(reader, shard)
-    file.seek(0)
+    problems: list[VerifyError] = []
+    if shard.checksum:  # (an index of foreign files built from their footers has no whole-file CRC32C)
+        reader = ChecksumReader(file)
+        reader.drain()
+        problems = crc_problem(reader, shard)
+        file.seek(0)
     return problems + check_parquet(file, shard)
 
 
@@ -75,7 +77,11 @@ def check_parquet(file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
             problems.append(_damage(parquet, g, len(keys), n, shard, exc))
             keys += [None] * n
             continue
-        keys += table.column(KEY_COLUMN).to_pylist()
+        keys += (
+            table.column(KEY_COLUMN).to_pylist()
+            if KEY_COLUMN in table.column_names
+            else list(shard.keys[len(keys) : len(keys) + n])
+        )  # (a foreign file's keys are a column's or <file>/<row>: the index holds them)
     bad = next(
         (i for i, (a, b) in enumerate(zip(keys, shard.keys, strict=False)) if a is not None and a != b),
         None if len(keys) == shard.samples else min(len(keys), shard.samples),
