@@ -31,6 +31,7 @@ from fastload.formats.parquet.values import KEY_COLUMN, column_values
 from fastload.storage import access as storage
 
 TAIL_BYTES = 64 << 10  # the first read of a footer (pyarrow also reads 64 KiB first)
+GAP_BYTES = 64 << 10  # key column chunks closer than this are fetched with one read
 SUFFIX = ".parquet"
 
 
@@ -101,9 +102,20 @@ class SparseFile(io.RawIOBase):
     def add(self, offset: int, data: bytes) -> None:
         self._pieces.append((offset, data))
 
-    def prefetch(self, offset: int, size: int) -> None:
-        """Fetch ``[offset, offset + size)`` now, for reads to come."""
-        self.add(offset, self._fetch(offset, size))
+    def holds(self, offset: int, size: int) -> bool:
+        return any(o <= offset and offset + size <= o + len(d) for o, d in self._pieces)
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]], *, gap_bytes: int = GAP_BYTES) -> None:
+        """Fetch the ``(offset, size)`` ranges not held yet now, for reads to come: ranges closer than
+        ``gap_bytes`` are fetched as one."""
+        merged: list[list[int]] = []
+        for offset, size in sorted(r for r in ranges if not self.holds(*r)):
+            if merged and offset - merged[-1][1] <= gap_bytes:
+                merged[-1][1] = max(merged[-1][1], offset + size)
+            else:
+                merged.append([offset, offset + size])
+        for start, stop in merged:
+            self.add(start, self._fetch(start, stop - start))
 
     def readable(self) -> bool:
         return True
@@ -236,8 +248,7 @@ def _column_keys(footer: Footer, column: str) -> list[str]:
         raise ConfigError(
             f"{footer.url}: no column {column!r} to take keys from (key_column=); it has {names}"
         )
-    for offset, size in footer.column_ranges(column):
-        footer.file.prefetch(offset, size)
+    footer.file.prefetch(footer.column_ranges(column))
     parquet = open_parquet(cast(BinaryIO, footer.file))
     values = column_values(parquet.read(columns=[column], use_threads=False).column(0))
     for row, value in enumerate(values):
