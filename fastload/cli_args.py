@@ -94,6 +94,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LEVEL[:NAME]",
         help="put shards in hive-style folders NAME=VALUE by the key's folder at LEVEL (0 = top)",
     )
+    p.add_argument(
+        "--rows",
+        action="store_true",
+        help="the sources are tables (Parquet/CSV/JSONL files, or folders of them): each row is a sample "
+        "(implied by a source named *.parquet, *.csv, *.jsonl)",
+    )
+    p.add_argument(
+        "--file-column",
+        action="append",
+        default=[],
+        metavar="COLUMN[=FIELD]",
+        help="tables: a column of file paths (relative to the table's folder) whose bytes are packed in the "
+        "row, in COLUMN or in a new column FIELD (e.g. image=jpg); repeatable",
+    )
+    p.add_argument(
+        "--sort-by",
+        default=None,
+        metavar="COLUMN",
+        help="tables: write rows sorted by COLUMN, so shards and row groups hold tight ranges of it (filters "
+        "on it then skip most of the data)",
+    )
+    p.add_argument(
+        "--key-column",
+        default=None,
+        metavar="COLUMN",
+        help="tables: the column whose values are the sample keys (default <table name>/<row>)",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted pack into DST")
     p.add_argument(
         "--allow-skip",
