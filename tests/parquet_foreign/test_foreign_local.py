@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import pytest
 from conftest import Hive, hive_table
 
 import fastload
+from fastload.cli import main
 from fastload.errors import ConfigError, VerifyError
 from fastload.formats.parquet.foreign import RowKeys, partition_of
 from fastload.packing.indexing import build_index
@@ -74,13 +73,13 @@ def test_key_column_projection_and_shuffle(hive: Hive) -> None:
         opened(hive.root, key_column="nope")
 
 
-def test_fastload_index_then_no_warning_verify_and_inspect(hive: Hive, tmp_path: Path) -> None:
+def test_fastload_index_then_no_warning_verify_and_inspect(
+    hive: Hive, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "events"
     shutil.copytree(hive.root, root)
-    argv = [sys.executable, "-m", "fastload", "index", str(root), "--key-column", "id"]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    assert "indexed 15 samples in 3 Parquet file(s)" in done.stdout
+    assert main(["index", str(root), "--key-column", "id"]) == 0
+    assert "indexed 15 samples in 3 Parquet file(s)" in capsys.readouterr().out
     index = json.loads((root / "index.json").read_text())
     assert index["version"] == 2 and index["options"]["key_column"] == "id"
     assert [s["partition"] for s in index["shards"]] == list(hive.partitions.values())
