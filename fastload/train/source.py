@@ -75,7 +75,7 @@ def open_index(
     seconds = time.monotonic() - started
     read = (
         f"the footers of {len(index.shards)} Parquet file(s) ({index.bytes:,} bytes) were read"
-        if index.shard_format == "parquet"
+        if index.options.get("read") == "footers"
         else f"{len(index.shards)} {index.shard_format} shard(s) ({index.bytes:,} bytes) were read once"
     )
     warnings.warn(

@@ -355,7 +355,7 @@ def scan_parquet_files(
             )
     _check_unique(entries, key_column)
     fields = sorted(n for n in footers[0].schema.names if n != KEY_COLUMN) if footers else []
-    options: dict[str, Any] = {"shard_format": "parquet", "indexed_by": "parquet footers"}
+    options: dict[str, Any] = {"shard_format": "parquet", "indexed_by": "fastload index", "read": "footers"}
     if key_column is not None:
         options["key_column"] = key_column
     index = DatasetIndex(shard_format="parquet", fields=fields, shards=entries, options=options)
@@ -376,37 +376,3 @@ def _check_unique(entries: Sequence[ShardEntry], key_column: str | None) -> None
                     "leave it out for keys <file>/<row>"
                 )
             seen[k] = e.name
-
-
-def lint_parquet(url: str, *, s3_config: S3Config | None) -> tuple[list[VerifyError], int, int]:
-    """Check a Parquet file without an index: its footer, then every row group read (page checksums
-    checked where written). Returns its problems, rows and bytes."""
-    from fastload.formats.parquet.arrowfile import open_parquet
-
-    name = url.rsplit("/", 1)[-1]
-    try:
-        f = storage.open_read(url, config=s3_config)
-    except (OSError, FastloadError) as exc:
-        return [VerifyError(f"cannot read the file ({exc})", shard=name)], 0, 0
-    with f:
-        size = f.seek(0, io.SEEK_END)
-        f.seek(0)
-        try:
-            parquet = open_parquet(f, page_checksum_verification=True)
-            meta = parquet.metadata
-        except Exception as exc:  # pyarrow raises several types for a corrupt file
-            return [VerifyError(f"not a readable Parquet file: {exc}", shard=name)], 0, size
-        problems: list[VerifyError] = []
-        first = 0
-        for g in range(meta.num_row_groups):
-            rows = meta.row_group(g).num_rows
-            try:
-                parquet.read_row_group(g, use_threads=False)
-            except Exception as exc:  # a damaged page: several types
-                problems.append(
-                    VerifyError(
-                        f"row group {g} (rows {first}..{first + rows - 1}) cannot be read: {exc}", shard=name
-                    )
-                )
-            first += rows
-        return problems, meta.num_rows, size

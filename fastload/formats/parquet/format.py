@@ -165,7 +165,7 @@ class ParquetFormat:
         return verify_parquet(file, shard)
 
     def lint(self, url: str, *, s3_config: S3Config | None) -> tuple[list[VerifyError], int, int]:
-        from fastload.formats.parquet.foreign import lint_parquet
+        from fastload.formats.parquet.check import lint_parquet
 
         return lint_parquet(url, s3_config=s3_config)
 
