@@ -252,11 +252,17 @@ def full_entry(
 
 
 def index_files(
-    urls: Sequence[str], *, s3_config: S3Config | None = None, threads: int = 8, key_column: str | None = None
+    urls: Sequence[str],
+    *,
+    s3_config: S3Config | None = None,
+    threads: int = 8,
+    key_column: str | None = None,
+    root: str | None = None,
 ) -> tuple[str, DatasetIndex]:
     """``(root, index)`` for shards without an ``index.json``, given by URL (all local or all on S3, all of
     one format that can be read so: :func:`foreign_format`), read once; names are relative to ``root``.
-    ``key_column``: the column whose values are the keys (Parquet only).
+    ``key_column``: the column whose values are the keys (Parquet only). ``root``: the folder the URLs were
+    listed under (names relative to it, as ``fastload index`` names them), else their common folder.
     Raises :class:`ConfigError` for other files or a mix of formats, :class:`VerifyError` for the first
     bad shard."""
     from fastload.formats.tar.index import split_root
@@ -279,7 +285,11 @@ def index_files(
         labels = " and ".join(f.label for f in kinds.values())
         raise ConfigError(f"the shards given are {labels} files; one dataset reads one format")
     (fmt,) = kinds.values()
-    root, names = split_root(urls)
+    if root is None:
+        root, names = split_root(urls)
+    else:
+        root = storage.normalise(root)
+        names = [u[len(root) :].lstrip("/").replace(os.sep, "/") for u in urls]
     named = list(zip(urls, names, strict=True))
     if key_column is None:
         index, problems = fmt.table(named, threads=threads, s3_config=s3_config)

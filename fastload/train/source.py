@@ -31,6 +31,7 @@ def open_index(
     folder or prefix of them, one file, or a list of URLs), an index built by reading the shards once, with
     a warning that says how to avoid that cost. ``key_column``: the Parquet column that names samples (an
     index.json must have been written with the same one)."""
+    folder = None  # the folder given, which shard names are relative to (hive partitions are under it)
     if isinstance(source, (str, os.PathLike)):
         root = storage.normalise(source)
         if not _is_shard_file(root):
@@ -48,6 +49,7 @@ def open_index(
                     ) from None
                 if not urls:
                     raise missing from None
+                folder = root
                 kinds = {formats.foreign_format(u) for u in urls}
                 if len(kinds) > 1:
                     labels = " and ".join(f.label for f in formats.all_formats() if f in kinds)
@@ -71,7 +73,7 @@ def open_index(
         if not urls:
             raise ConfigError("the list of shards is empty")
     started = time.monotonic()
-    root, index = formats.index_files(urls, s3_config=s3_config, key_column=key_column)
+    root, index = formats.index_files(urls, s3_config=s3_config, key_column=key_column, root=folder)
     seconds = time.monotonic() - started
     read = (
         f"the footers of {len(index.shards)} Parquet file(s) ({index.bytes:,} bytes) were read"

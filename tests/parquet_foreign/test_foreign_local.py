@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import Hive, hive_table
+from pqf_helpers import Hive, hive_table
 
 import fastload
 from fastload.cli import main
@@ -163,6 +163,23 @@ def test_duckdb_copy_with_partition_by(tmp_path: Path) -> None:
     assert {e.partition for e in opened(out, key_column="id")[0].index.shards} == {"part=0", "part=1"}
 
 
+def test_hugging_face_style_export_with_an_image_struct(tmp_path: Path) -> None:
+    """``datasets`` ``to_parquet``/``push_to_hub`` layout: ``data/<split>-0000i-of-0000n.parquet``, an
+    ``Image`` feature stored as a struct of bytes and path, a ClassLabel as int64, its own schema metadata."""
+    for i in range(2):
+        image = pa.array([{"bytes": bytes([i, j]) * 3, "path": f"{i}-{j}.png"} for j in range(3)])
+        table = pa.table({"image": image, "label": pa.array([j % 2 for j in range(3)], pa.int64())})
+        table = table.replace_schema_metadata({b"huggingface": b'{"info": {"features": {}}}'})
+        (tmp_path / "data").mkdir(exist_ok=True)
+        pq.write_table(table, tmp_path / "data" / f"train-0000{i}-of-00002.parquet")
+    samples, caught = read_all(tmp_path)
+    assert len(caught) == 1 and [s["__key__"] for s in samples][:2] == [
+        "data/train-00000-of-00002/000000",
+        "data/train-00000-of-00002/000001",
+    ]
+    assert samples[4]["image"] == {"bytes": bytes([1, 1]) * 3, "path": "1-1.png"} and samples[4]["label"] == 1
+
+
 @pytest.mark.filterwarnings("ignore:.*no index.json:UserWarning")
 def test_dataloader_workers_read_each_row_exactly_once(hive: Hive) -> None:
     ds = fastload.ShardDataset(hive.root, decode=False, seed=1)
@@ -181,3 +198,14 @@ def test_keys_and_partitions_are_pure() -> None:
         keys[3]
     assert partition_of("year=2024/month=01/x.parquet") == "year=2024/month=01"
     assert partition_of("raw/year=2024/x.parquet") == "year=2024" and partition_of("x.parquet") is None
+
+
+def test_names_are_relative_to_the_folder_given(tmp_path: Path) -> None:
+    """One partition only: its folders still name the partition (names are relative to the dataset's
+    folder, as `fastload index` writes them, not to the files' common folder)."""
+    (tmp_path / "ds" / "year=2024" / "month=03").mkdir(parents=True)
+    pq.write_table(hive_table(2024, 3), tmp_path / "ds" / "year=2024" / "month=03" / "p.parquet")
+    ds, _ = opened(tmp_path / "ds")
+    assert [(s.name, s.partition) for s in ds.index.shards] == [
+        ("year=2024/month=03/p.parquet", "year=2024/month=03")
+    ]

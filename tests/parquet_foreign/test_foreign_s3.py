@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import boto3
 import pytest
 from botocore.config import Config
-from conftest import Hive
 from dataset.test_s3 import ACCESS_KEY, REGION, SECRET_KEY, s3_env  # noqa: F401 (s3_env is a fixture)
+from pqf_helpers import Hive
 
 import fastload
 from fastload.packing.indexing import build_index
@@ -22,7 +23,7 @@ BUCKET = "fastload-parquet-foreign"
 
 
 @pytest.mark.usefixtures("s3_env")
-def test_an_s3_prefix_of_foreign_parquet(hive: Hive, moto_url: str) -> None:
+def test_an_s3_prefix_of_foreign_parquet(hive: Hive, moto_url: str, tmp_path: Path) -> None:
     client = boto3.client(
         "s3",
         endpoint_url=moto_url,
@@ -50,8 +51,8 @@ def test_an_s3_prefix_of_foreign_parquet(hive: Hive, moto_url: str) -> None:
     )  # LIST (x2: the index.json probe's), a GET per footer, one per key chunk
     assert stats["bytes"] <= sizes  # never more than the files (each file here is < 64 KiB: its tail is it)
 
-    with pytest.warns(UserWarning, match="no index.json"):
-        ds = fastload.ShardDataset(url, decode=False, s3_config=config, seed=3)
+    with pytest.warns(UserWarning, match="no index.json"):  # (no CRC32C: the cache checks sizes)
+        ds = fastload.ShardDataset(url, decode=False, s3_config=config, seed=3, cache_dir=tmp_path / "cache")
     got = {s["__key__"]: s for s in ds}
     assert sorted(got) == sorted(hive.rows)
     assert all(got[k]["jpg"] == row["jpg"] and got[k]["id"] == row["id"] for k, row in hive.rows.items())
@@ -66,3 +67,36 @@ def test_an_s3_prefix_of_foreign_parquet(hive: Hive, moto_url: str) -> None:
         samples = list(fastload.ShardDataset(url, decode=False, s3_config=config, columns=["label"]))
     assert [s["__key__"] for s in samples] == [r["id"] for r in hive.rows.values()]
     assert fastload.verify(url, s3_config=config).ok
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_pack_a_manifest_on_s3(moto_url: str, tmp_path: Path) -> None:
+    """A CSV manifest and the images it names under an S3 prefix, packed to a local folder."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_url,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    client.create_bucket(Bucket=BUCKET + "-m")
+    lines = ["path,label"] + [f"img/{i}.png,{i % 3}" for i in range(5)]
+    client.put_object(Bucket=BUCKET + "-m", Key="m/manifest.csv", Body="\n".join(lines).encode())
+    for i in range(5):
+        client.put_object(Bucket=BUCKET + "-m", Key=f"m/img/{i}.png", Body=bytes([i]) * (10 + i))
+    client.close()
+    config = fastload.S3Config(endpoint_url=moto_url, addressing_style="path")
+    report = fastload.pack(
+        f"s3://{BUCKET}-m/m/manifest.csv",
+        tmp_path / "out",
+        s3_config=config,
+        shard_format="parquet",
+        file_columns=["path=png"],
+        sort_by="label",
+        progress=False,
+    )
+    assert report.index.samples == 5 and report.files == 5
+    samples = list(fastload.ShardDataset(tmp_path / "out", decode=False))
+    assert [s["label"] for s in samples] == [0, 0, 1, 1, 2]
+    assert all(s["png"] == bytes([int(s["path"][4])]) * (10 + int(s["path"][4])) for s in samples)
