@@ -106,16 +106,23 @@ class SparseFile(io.RawIOBase):
         return any(o <= offset and offset + size <= o + len(d) for o, d in self._pieces)
 
     def prefetch(self, ranges: Sequence[tuple[int, int]], *, gap_bytes: int = GAP_BYTES) -> None:
-        """Fetch the ``(offset, size)`` ranges not held yet now, for reads to come: ranges closer than
-        ``gap_bytes`` are fetched as one."""
+        """Fetch the ``(offset, size)`` ranges not held yet now (up to 8 at once), for reads to come:
+        ranges closer than ``gap_bytes`` are fetched as one."""
         merged: list[list[int]] = []
         for offset, size in sorted(r for r in ranges if not self.holds(*r)):
             if merged and offset - merged[-1][1] <= gap_bytes:
                 merged[-1][1] = max(merged[-1][1], offset + size)
             else:
                 merged.append([offset, offset + size])
-        for start, stop in merged:
-            self.add(start, self._fetch(start, stop - start))
+        if len(merged) <= 1:
+            for start, stop in merged:
+                self.add(start, self._fetch(start, stop - start))
+            return
+        with ThreadPoolExecutor(max_workers=min(8, len(merged))) as pool:  # (the store's gate bounds them)
+            for (start, _), data in zip(
+                merged, pool.map(lambda r: self._fetch(r[0], r[1] - r[0]), merged), strict=True
+            ):
+                self.add(start, data)
 
     def readable(self) -> bool:
         return True
