@@ -101,12 +101,13 @@ def read_table(url: str, data: bytes) -> pa.Table:
     """One table file's rows (pyarrow's readers: types inferred for CSV and JSONL)."""
     import pyarrow.csv as pacsv
     import pyarrow.json as pajson
-    import pyarrow.parquet as pq
+
+    from fastload.formats.parquet.arrowfile import open_parquet
 
     lower = url.lower()
     try:
         if lower.endswith(".parquet"):
-            return pq.read_table(io.BytesIO(data))
+            return open_parquet(pa.BufferReader(data)).read(use_threads=False)
         if lower.endswith(".csv"):
             return pacsv.read_csv(io.BytesIO(data))
         return pajson.read_json(io.BytesIO(data))

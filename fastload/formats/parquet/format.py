@@ -61,7 +61,11 @@ class ParquetSamples:
             names = parquet.schema_arrow.names
             cols = read_columns(names, columns)
             rows: dict[int, RawSample] = {}
-            for g in sorted({bisect.bisect_right(starts, p) - 1 for p in wanted}):
+            ordered = sorted(wanted)
+            for g in range(len(entry.row_groups)):  # the row groups holding a wanted row
+                i = bisect.bisect_left(ordered, starts[g])
+                if i == len(ordered) or ordered[i] >= starts[g + 1]:
+                    continue
                 table = self._row_group(parquet, g, cols, starts)
                 rows.update(
                     sample_rows(

@@ -72,24 +72,29 @@ def sample_rows(
 ) -> dict[int, RawSample]:
     """The rows of ``table`` (a row group whose first row is sample ``first`` of its shard) whose sample
     position is in ``wanted``, as samples ``{"__key__": keys[pos], "__index__": pos, column: value}``.
-    ``__key__`` comes from the index (``keys``), never from a column. ``keep_nulls``: a null is ``None``
+    ``__key__`` is the row's ``__key__`` column when it was read (fastload's shards; the same as the index
+    says), else from the index (``keys``). ``keep_nulls``: a null is ``None``
     (foreign files); else the sample lacks that field (fastload's shards, where a null is a missing member).
     """
-    names = [n for n in table.column_names if n != KEY_COLUMN]
     picked = [r for r in range(table.num_rows) if first + r in wanted]
     if not picked:
         return {}
     if len(picked) < table.num_rows:
         table = table.take(pa.array(picked, pa.int64()))
-    columns = [column_values(table.column(n)) for n in names]
+    names = [KEY_COLUMN, *(n for n in table.column_names if n != KEY_COLUMN)]
+    key_values = (
+        table.column(KEY_COLUMN).to_pylist()  # (read anyway: decoded in one go, cheaper than the index's)
+        if KEY_COLUMN in table.column_names
+        else [keys[first + r] for r in picked]
+    )
+    columns = [key_values, *(column_values(table.column(n)) for n in names[1:])]
     rows: dict[int, RawSample] = {}
-    for i, r in enumerate(picked):
+    for r, values in zip(picked, zip(*columns, strict=True), strict=True):
         pos = first + r
-        sample: RawSample = {"__key__": keys[pos]}
-        for n, values in zip(names, columns, strict=True):
-            v = values[i]
-            if v is not None or keep_nulls:
-                sample[n] = v
+        if keep_nulls:
+            sample = dict(zip(names, values))  # noqa: B905 (a name per column)
+        else:
+            sample = {n: v for n, v in zip(names, values) if v is not None}  # noqa: B905
         sample["__index__"] = pos
         rows[pos] = sample
     return rows
