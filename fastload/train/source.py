@@ -21,6 +21,16 @@ def _is_shard_file(url: str) -> bool:
     return formats.foreign_format(url) is not None
 
 
+def _is_one_file(url: str, s3_config: S3Config | None) -> bool:
+    """Whether ``url``, named like a shard, is one file rather than a folder named so (Spark writes
+    ``events.parquet/part-*.parquet``): a local folder, or an S3 prefix holding objects, is a folder."""
+    if not _is_shard_file(url):
+        return False
+    if storage.is_remote(url):
+        return not storage.list_files(url, "", config=s3_config)
+    return not os.path.isdir(url)
+
+
 def open_index(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
@@ -34,7 +44,7 @@ def open_index(
     folder = None  # the folder given, which shard names are relative to (hive partitions are under it)
     if isinstance(source, (str, os.PathLike)):
         root = storage.normalise(source)
-        if not _is_shard_file(root):
+        if not _is_one_file(root, s3_config):
             try:
                 index = formats.load_index(root, s3_config=s3_config)
             except NotFoundError as missing:

@@ -209,3 +209,10 @@ def test_names_are_relative_to_the_folder_given(tmp_path: Path) -> None:
     assert [(s.name, s.partition) for s in ds.index.shards] == [
         ("year=2024/month=03/p.parquet", "year=2024/month=03")
     ]
+
+
+def test_a_folder_named_like_a_parquet_file(hive: Hive, tmp_path: Path) -> None:
+    """Spark writes ``df.write.parquet("events.parquet")`` as a folder of part files."""
+    shutil.copytree(hive.root, tmp_path / "events.parquet")
+    ds, caught = opened(tmp_path / "events.parquet")
+    assert len(caught) == 1 and [s.partition for s in ds.index.shards] == list(hive.partitions.values())

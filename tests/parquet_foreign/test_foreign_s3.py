@@ -34,9 +34,12 @@ def test_an_s3_prefix_of_foreign_parquet(hive: Hive, moto_url: str, tmp_path: Pa
     )
     client.create_bucket(Bucket=BUCKET)
     for path in sorted(p for p in hive.root.rglob("*") if p.is_file()):
-        client.put_object(
-            Bucket=BUCKET, Key=f"ev/{path.relative_to(hive.root).as_posix()}", Body=path.read_bytes()
-        )
+        for prefix in ("ev", "spark.parquet"):  # (Spark names a dataset's folder like a file)
+            client.put_object(
+                Bucket=BUCKET,
+                Key=f"{prefix}/{path.relative_to(hive.root).as_posix()}",
+                Body=path.read_bytes(),
+            )
     config = fastload.S3Config(endpoint_url=moto_url, addressing_style="path", part_size_bytes=64 << 10)
     url = f"s3://{BUCKET}/ev"
 
@@ -51,6 +54,8 @@ def test_an_s3_prefix_of_foreign_parquet(hive: Hive, moto_url: str, tmp_path: Pa
     )  # LIST (x2: the index.json probe's), a GET per footer, one per key chunk
     assert stats["bytes"] <= sizes  # never more than the files (each file here is < 64 KiB: its tail is it)
 
+    with pytest.warns(UserWarning, match="footers of 3 Parquet file"):
+        assert open_index(f"s3://{BUCKET}/spark.parquet", s3_config=config)[1].samples == 15
     with pytest.warns(UserWarning, match="no index.json"):  # (no CRC32C: the cache checks sizes)
         ds = fastload.ShardDataset(url, decode=False, s3_config=config, seed=3, cache_dir=tmp_path / "cache")
     got = {s["__key__"]: s for s in ds}
