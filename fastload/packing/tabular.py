@@ -83,7 +83,10 @@ def table_files(sources: Sequence[str], s3_config: S3Config | None) -> list[str]
     out: list[str] = []
     for src in sources:
         url = storage.normalise(src)
-        if is_table(url) and (storage.is_remote(url) or not os.path.isdir(url)):
+        folder = (
+            storage.list_files(url, "", config=s3_config) if storage.is_remote(url) else os.path.isdir(url)
+        )
+        if is_table(url) and not folder:  # (Spark writes a table as a folder named events.parquet/)
             out.append(url)
             continue
         found = [
