@@ -42,7 +42,17 @@ def _pack(args: argparse.Namespace) -> int:
         progress=False if args.quiet else None,
     )
     try:
-        report = pack(args.src, args.dst, config, engine=args.engine, ray_address=args.ray_address)
+        report = pack(
+            args.src,
+            args.dst,
+            config,
+            engine=args.engine,
+            ray_address=args.ray_address,
+            rows=args.rows,
+            file_columns=args.file_column,
+            sort_by=args.sort_by,
+            key_column=args.key_column,
+        )
     except SkippedInputError as exc:
         print(f"fastload pack: {exc}", file=sys.stderr)
         return 1
@@ -78,7 +88,7 @@ def _index(args: argparse.Namespace) -> int:
 
         print(upgrade_index(args.target, threads=args.workers or 8).summary())
         return 0
-    report = build_index(args.target, workers=args.workers, force=args.force)
+    report = build_index(args.target, workers=args.workers, force=args.force, key_column=args.key_column)
     print(report.summary())
     return 0 if report.ok else 1
 

@@ -94,6 +94,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LEVEL[:NAME]",
         help="put shards in hive-style folders NAME=VALUE by the key's folder at LEVEL (0 = top)",
     )
+    p.add_argument(
+        "--rows",
+        action="store_true",
+        help="the sources are tables (Parquet/CSV/JSONL files, or folders of them): each row is a sample "
+        "(implied by a source named *.parquet, *.csv, *.jsonl)",
+    )
+    p.add_argument(
+        "--file-column",
+        action="append",
+        default=[],
+        metavar="COLUMN[=FIELD]",
+        help="tables: a column of file paths (relative to the table's folder) whose bytes are packed in the "
+        "row, in COLUMN or in a new column FIELD (e.g. image=jpg); repeatable",
+    )
+    p.add_argument(
+        "--sort-by",
+        default=None,
+        metavar="COLUMN",
+        help="tables: write rows sorted by COLUMN, so shards and row groups hold tight ranges of it (filters "
+        "on it then skip most of the data)",
+    )
+    p.add_argument(
+        "--key-column",
+        default=None,
+        metavar="COLUMN",
+        help="tables: the column whose values are the sample keys (default <table name>/<row>)",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted pack into DST")
     p.add_argument(
         "--allow-skip",
@@ -131,15 +158,22 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser(
         "index",
         parents=[s3_options],
-        help="write index.json for a folder or s3:// prefix of existing TFRecord (or tar) files, or "
-        "upgrade a dataset's index to v2",
+        help="write index.json for a folder or s3:// prefix of existing TFRecord, Parquet (or tar) files, "
+        "or upgrade a dataset's index to v2",
     )
     x.add_argument(
         "target",
         metavar="DST",
-        help="folder or s3:// prefix holding *.tfrecord[.gz] or .tar files (with --upgrade: a dataset)",
+        help="folder or s3:// prefix holding *.tfrecord[.gz], *.parquet or .tar files (with --upgrade: a "
+        "dataset)",
     )
     x.add_argument("--workers", type=int, default=None, help="files read at once (default: up to 8)")
+    x.add_argument(
+        "--key-column",
+        default=None,
+        metavar="COLUMN",
+        help="Parquet: the column whose values name samples (default: a __key__ column, else <file>/<row>)",
+    )
     mode = x.add_mutually_exclusive_group()
     mode.add_argument("--force", action="store_true", help="replace an existing index.json")
     mode.add_argument(

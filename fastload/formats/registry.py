@@ -252,10 +252,17 @@ def full_entry(
 
 
 def index_files(
-    urls: Sequence[str], *, s3_config: S3Config | None = None, threads: int = 8
+    urls: Sequence[str],
+    *,
+    s3_config: S3Config | None = None,
+    threads: int = 8,
+    key_column: str | None = None,
+    root: str | None = None,
 ) -> tuple[str, DatasetIndex]:
     """``(root, index)`` for shards without an ``index.json``, given by URL (all local or all on S3, all of
     one format that can be read so: :func:`foreign_format`), read once; names are relative to ``root``.
+    ``key_column``: the column whose values are the keys (Parquet only). ``root``: the folder the URLs were
+    listed under (names relative to it, as ``fastload index`` names them), else their common folder.
     Raises :class:`ConfigError` for other files or a mix of formats, :class:`VerifyError` for the first
     bad shard."""
     from fastload.formats.tar.index import split_root
@@ -271,15 +278,25 @@ def index_files(
             readable = ", ".join(f"*{s}" for f in all_formats() if f.foreign for s in f.suffixes)
             raise ConfigError(
                 f"{u}: only shards named {readable} (TFRecord also with .gz) can be read without an "
-                "index.json; Parquet needs an index written by `fastload pack`"
+                "index.json"
             )
         kinds.setdefault(fmt.name, fmt)
     if len(kinds) > 1:
         labels = " and ".join(f.label for f in kinds.values())
         raise ConfigError(f"the shards given are {labels} files; one dataset reads one format")
     (fmt,) = kinds.values()
-    root, names = split_root(urls)
-    index, problems = fmt.table(list(zip(urls, names, strict=True)), threads=threads, s3_config=s3_config)
+    if root is None:
+        root, names = split_root(urls)
+    else:
+        root = storage.normalise(root)
+        names = [u[len(root) :].lstrip("/").replace(os.sep, "/") for u in urls]
+    named = list(zip(urls, names, strict=True))
+    if key_column is None:
+        index, problems = fmt.table(named, threads=threads, s3_config=s3_config)
+    elif fmt.name == "parquet":
+        index, problems = fmt.table(named, threads=threads, s3_config=s3_config, key_column=key_column)  # type: ignore[call-arg]
+    else:
+        raise ConfigError(f"key_column={key_column!r} names a Parquet column; these are {fmt.label} files")
     if problems:
         raise problems[0]
     return root, index

@@ -3,7 +3,9 @@
 - files: ``plan`` (list, group, order, cut: :class:`~fastload.packing.plan.PackPlan`) -> ``write``
   (:class:`~fastload.packing.write.FileShard` jobs) -> ``pack`` (``fastload.pack``) -> ``report``;
 - token documents: ``token_inputs`` -> ``token_docs`` -> ``token_shards`` -> ``tokens`` (``pack_tokens``);
-- both run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
+- rows of tables (Parquet/CSV/JSONL): ``tabular`` (plan and ``pack_table``) -> ``table_shards``
+  (:class:`~fastload.packing.table_shards.TableShard` jobs);
+- all run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
   into a ``dest`` (local folder or ``s3dest``) and keep a ``journal`` for resume;
 - ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.
 """

@@ -1,6 +1,7 @@
-"""``fastload index``: write ``index.json`` for a folder or ``s3://`` prefix of existing TFRecord files (or
-WebDataset tar files), so ``ShardDataset`` can split, shuffle and resume them by sample as it does packed
-shards, without reading them first in every process.
+"""``fastload index``: write ``index.json`` for a folder or ``s3://`` prefix of existing TFRecord files,
+Parquet files (read from their footers: :mod:`fastload.formats.parquet.foreign`) or WebDataset tar files, so
+``ShardDataset`` can split, shuffle and resume them by sample as it does packed shards, without reading them
+first in every process.
 
 Every file named ``*.tfrecord``, ``*.tfrecords`` or ``*.tfrec`` (or one of those plus ``.gz``) under the
 target is read once, front to back: both CRCs of every record, each record's byte range and key (its
@@ -79,13 +80,16 @@ def build_index(
     workers: int | None = None,
     force: bool = False,
     s3_config: S3Config | None = None,
+    key_column: str | None = None,
 ) -> IndexReport:
     """Write ``index.json`` for the TFRecord files (or, if it holds none, the WebDataset tar files) under
     ``target``, a folder or ``s3://`` prefix.
 
     Refuses (:class:`ConfigError`) to replace an existing ``index.json`` unless ``force``. Files in hidden
-    folders (a name starting with ``.``) are left out. Returns a report; when any file is corrupt its
-    problems are listed and no index is written.
+    folders (a name starting with ``.``) are left out. Parquet files (from other tools: pandas, Spark, DuckDB,
+    hive folders) are indexed from their footers (:mod:`fastload.formats.parquet.foreign`), ``key_column``
+    naming the column of their keys. Returns a report; when any file is corrupt its problems are listed and
+    no index is written.
     """
     began = time.monotonic()
     root = storage.normalise(target)
@@ -116,12 +120,21 @@ def build_index(
         tfrecord = formats.by_name("tfrecord")
         kinds = ", ".join(f"*{s}" for s in tfrecord.suffixes)
         raise NotFoundError(
-            f"no TFRecord files ({kinds}, or those with .gz) or .tar files under {root}", path=root
+            f"no TFRecord files ({kinds}, or those with .gz), .parquet or .tar files under {root}", path=root
         )
     ((name, files),) = by_format.items()
     report = IndexReport(root)
     threads = workers or min(8, os.cpu_count() or 1)
-    index, report.problems = formats.by_name(name).table(files, threads=threads, s3_config=s3_config)
+    if key_column is not None and name != "parquet":
+        raise ConfigError(
+            f"--key-column names a Parquet column; {root} holds {formats.by_name(name).label} files"
+        )
+    if key_column is not None:
+        index, report.problems = formats.by_name(name).table(  # type: ignore[call-arg]
+            files, threads=threads, s3_config=s3_config, key_column=key_column
+        )
+    else:
+        index, report.problems = formats.by_name(name).table(files, threads=threads, s3_config=s3_config)
     report.seconds = time.monotonic() - began
     if report.problems:
         return report

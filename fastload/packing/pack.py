@@ -79,6 +79,10 @@ def pack(
     s3_config: S3Config | None = None,
     engine: str = "local",
     ray_address: str | None = None,
+    rows: bool = False,
+    file_columns: Sequence[str] = (),
+    sort_by: str | None = None,
+    key_column: str | None = None,
     **options: Any,
 ) -> PackReport:
     """Pack the files under ``sources`` (local folders or ``s3://`` prefixes) into shards plus
@@ -92,6 +96,10 @@ def pack(
     ``engine="local"`` writes the shards with ``workers`` threads here; ``engine="ray"`` as Ray tasks
     (:class:`~fastload.packing.ray_engine.RayEngine`) on the cluster at ``ray_address`` (default:
     ``RAY_ADDRESS``, a running local cluster, else a new local one); the output is the same, byte for byte.
+
+    Tabular sources (``rows``, or a source named ``*.parquet``/``*.csv``/``*.jsonl``, or any of
+    ``file_columns``, ``sort_by``, ``key_column``): each row of the tables is a sample, packed into Parquet
+    shards with statistics (:mod:`fastload.packing.tabular`).
     """
     if engine not in ("local", "ray"):
         raise ConfigError(f"engine={engine!r}; choose 'local' or 'ray'")
@@ -109,6 +117,13 @@ def pack(
     srcs, target = source_and_target(sources, dst, missing="pass the folder holding the files to pack")
     if any(u.startswith("s3://") for u in [*srcs, target]):
         s3_config = s3_config or S3Config.from_env()
+    from fastload.packing.tabular import TableOptions, is_table, pack_table
+
+    if rows or file_columns or sort_by is not None or key_column is not None or any(map(is_table, srcs)):
+        if engine != "local":
+            raise ConfigError("tabular sources are packed by the local engine; leave out --engine ray")
+        table_options = TableOptions(file_columns=tuple(file_columns), sort_by=sort_by, key_column=key_column)
+        return pack_table(srcs, target, config, table_options, s3_config=s3_config)
     began = time.monotonic()
     with gc_paused():  # planning makes many small objects and no cycles; collections here only cost time
         plan = plan_pack(srcs, config, s3_config)

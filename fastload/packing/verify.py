@@ -98,7 +98,11 @@ def verify(
     if not storage.is_remote(root) and not os.path.exists(root):
         raise NotFoundError(f"{root} does not exist", path=root)
     tars = (
-        [t for t in storage.list_files(root, "", config=s3_config) if formats.foreign_format(t) is not None]
+        [
+            t
+            for t in storage.list_files(root, "", config=s3_config)
+            if formats.foreign_format(t) is not None and not _left_out(root, t)
+        ]
         if storage.is_folder(root)
         else [root]
     )
@@ -117,6 +121,13 @@ def verify(
     if not tars:
         report.problems.append(VerifyError("no index.json and no .tar or TFRecord files here", shard=root))
     return report
+
+
+def _left_out(root: str, url: str) -> bool:
+    """A Parquet file under a ``_``/``.`` folder (Spark's ``_temporary/``), which datasets leave out too."""
+    from fastload.formats.parquet.foreign import ignored
+
+    return formats.foreign_format(url) is formats.by_name("parquet") and ignored(url[len(root) :].lstrip("/"))
 
 
 def _lint_format(path: str) -> ShardFormat:

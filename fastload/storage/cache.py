@@ -8,7 +8,8 @@
 - A cached file is checked against the index (size, and CRC32C the first time each process uses it);
   one that does not match is deleted and fetched again, never used. A reader that later finds a sample of
   it that does not match its CRC32C (damage after the check) drops it (:meth:`ShardCache.discard`) and
-  reads a fresh copy.
+  reads a fresh copy. An entry without a CRC32C (Parquet files of other tools indexed from their footers)
+  is checked by size only (Parquet page checksums, where written, still check the bytes read).
 - ``limit_bytes`` bounds the folder: least recently used shards (by the mtime each use refreshes) are
   evicted after a fill. A shard larger than the limit is not cached. Files are opened under the shard's
   lock (:meth:`ShardCache.open`) and readers that have an evicted file open keep reading it (POSIX unlink
@@ -147,7 +148,7 @@ class ShardCache:
             st = os.fstat(f.fileno())
             stamp = (st.st_dev, st.st_ino)  # a re-filled file is a new inode
             good = st.st_size == entry.bytes
-            if good and self.verify and self._checked.get(path) != stamp:
+            if good and self.verify and entry.checksum and self._checked.get(path) != stamp:
                 good = _crc_of(f) == (entry.checksum, entry.bytes)
         except BaseException:
             f.close()
@@ -193,7 +194,7 @@ class ShardCache:
                     crc = crc32c(buf[:n], crc)
                     out.write(buf[:n])
                     size += n
-            if (f"{crc:08x}", size) != (entry.checksum, entry.bytes):
+            if size != entry.bytes or (entry.checksum and f"{crc:08x}" != entry.checksum):
                 raise VerifyError(
                     f"the shard's bytes do not match index.json (crc32c {crc:08x}, {size} bytes; the index "
                     f"says {entry.checksum}, {entry.bytes} bytes): the object was changed or the index is "

@@ -90,7 +90,9 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     ``batch_size``; decoding ``decode``, ``images``, ``allow_pickle``, ``map``, ``columns``, ``on_error``,
     ``verify_samples`` (each sample's CRC32C checked on read; default on);
     prefetch ``prefetch_bytes``, ``prefetch_threads``, ``prefetch_runs``; cache ``cache_dir``,
-    ``cache_limit_bytes``, ``cache_verify``. :meth:`epoch_report` says which samples ``even`` dropped or
+    ``cache_limit_bytes``, ``cache_verify``. ``key_column``: for Parquet files without an index, the column
+    whose values are ``__key__`` (default ``<file>/<row>``; ``docs/parquet-foreign.md``).
+    :meth:`epoch_report` says which samples ``even`` dropped or
     repeated.
     """
 
@@ -118,6 +120,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         cache_limit_bytes: int | None = None,
         cache_verify: bool = True,
         s3_config: S3Config | None = None,
+        key_column: str | None = None,
         order: OrderConfig | None = None,
         decoding: DecodeConfig | None = None,
         prefetch: PrefetchConfig | None = None,
@@ -131,7 +134,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.caching = merge(caching, CacheConfig, flat, CACHE_KEYWORDS)
         self.s3_config = s3_config
         with gc_paused():  # a big index is many small objects
-            self.root, self.index = open_index(source, s3_config=s3_config)
+            self.root, self.index = open_index(source, s3_config=s3_config, key_column=key_column)
         projects = formats.by_name(self.index.shard_format).projects_columns
         if self.decoding.columns is not None and not projects:
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")

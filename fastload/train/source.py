@@ -1,5 +1,6 @@
-"""Where a ``ShardDataset``'s index comes from: the dataset's ``index.json``, or tar or TFRecord shards
-without one, indexed in memory by reading them once (with a warning that says how to avoid that cost)."""
+"""Where a ``ShardDataset``'s index comes from: the dataset's ``index.json``, or tar, TFRecord or Parquet
+files without one, indexed in memory by reading them once (Parquet: their footers), with a warning that
+says how to avoid that cost."""
 
 from __future__ import annotations
 
@@ -20,29 +21,45 @@ def _is_shard_file(url: str) -> bool:
     return formats.foreign_format(url) is not None
 
 
+def _is_one_file(url: str, s3_config: S3Config | None) -> bool:
+    """Whether ``url``, named like a shard, is one file rather than a folder named so (Spark writes
+    ``events.parquet/part-*.parquet``): a local folder, or an S3 prefix holding objects, is a folder."""
+    if not _is_shard_file(url):
+        return False
+    if storage.is_remote(url):
+        return not storage.list_files(url, "", config=s3_config)
+    return not os.path.isdir(url)
+
+
 def open_index(
-    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, s3_config: S3Config | None = None
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    s3_config: S3Config | None = None,
+    key_column: str | None = None,
 ) -> tuple[str, DatasetIndex]:
     """``(root, index)`` of a dataset: its ``index.json``; or, for tar or TFRecord shards without one (a
     folder or prefix of them, one file, or a list of URLs), an index built by reading the shards once, with
-    a warning that says how to avoid that cost."""
+    a warning that says how to avoid that cost. ``key_column``: the Parquet column that names samples (an
+    index.json must have been written with the same one)."""
+    folder = None  # the folder given, which shard names are relative to (hive partitions are under it)
     if isinstance(source, (str, os.PathLike)):
         root = storage.normalise(source)
-        if not _is_shard_file(root):
+        if not _is_one_file(root, s3_config):
             try:
-                return root, formats.load_index(root, s3_config=s3_config)
+                index = formats.load_index(root, s3_config=s3_config)
             except NotFoundError as missing:
                 found = storage.list_files(root, "", config=s3_config) if storage.is_folder(root) else []
                 urls = [u for u in found if _is_shard_file(u) and "/." not in u[len(root) :]]
                 if not urls and storage.is_folder(root):
                     what = f"holds {len(found)} file(s) but" if found else "is empty or missing:"
                     raise NotFoundError(
-                        f"{root} {what} no index.json and no tar or TFRecord shards; check the URL, or "
-                        "write a dataset there with `fastload pack` (or `fastload index` for shards)",
+                        f"{root} {what} no index.json and no tar, TFRecord or Parquet files; check the URL, "
+                        "or write a dataset there with `fastload pack` (or `fastload index` for shards)",
                         path=root,
                     ) from None
                 if not urls:
                     raise missing from None
+                folder = root
                 kinds = {formats.foreign_format(u) for u in urls}
                 if len(kinds) > 1:
                     labels = " and ".join(f.label for f in formats.all_formats() if f in kinds)
@@ -50,6 +67,15 @@ def open_index(
                         f"{root} has no index.json and holds both {labels} files; give a list of "
                         "the shards to read, or run `fastload index` on a folder of one kind"
                     ) from None
+            else:
+                recorded = index.options.get("key_column")
+                if key_column is not None and key_column != recorded:
+                    raise ConfigError(
+                        f"key_column={key_column!r}, but {root}'s index.json took keys from "
+                        f"{recorded or 'none of the columns'}; leave key_column out, or re-run "
+                        f"`fastload index --force --key-column {key_column}`"
+                    )
+                return root, index
         else:
             urls = [root]
     else:
@@ -57,13 +83,17 @@ def open_index(
         if not urls:
             raise ConfigError("the list of shards is empty")
     started = time.monotonic()
-    root, index = formats.index_files(urls, s3_config=s3_config)
+    root, index = formats.index_files(urls, s3_config=s3_config, key_column=key_column, root=folder)
     seconds = time.monotonic() - started
+    read = (
+        f"the footers of {len(index.shards)} Parquet file(s) ({index.bytes:,} bytes) were read"
+        if index.options.get("read") == "footers"
+        else f"{len(index.shards)} {index.shard_format} shard(s) ({index.bytes:,} bytes) were read once"
+    )
     warnings.warn(
-        f"{root}: no index.json, so {len(index.shards)} {index.shard_format} shard(s) ({index.bytes:,} "
-        f"bytes) were read once to index {index.samples:,} samples in memory ({seconds:.1f}s, in every "
-        "process that opens the dataset). Write the index once with `fastload index` (or pack with "
-        "`fastload pack`) to skip this.",
+        f"{root}: no index.json, so {read} to index {index.samples:,} samples in memory ({seconds:.1f}s, "
+        "in every process that opens the dataset). Write the index once with `fastload index` (or pack "
+        "with `fastload pack`) to skip this.",
         UserWarning,
         stacklevel=3,
     )

@@ -52,7 +52,8 @@ def test_for_path(path: str, expected: str | None) -> None:
 def test_foreign_formats_are_those_readable_without_an_index() -> None:
     assert formats.foreign_format("a.tar") is formats.by_name("tar")
     assert formats.foreign_format("a.tfrecord.gz") is formats.by_name("tfrecord")
-    assert formats.foreign_format("a.parquet") is None  # Parquet needs the index `fastload pack` writes
+    assert formats.foreign_format("a.parquet") is formats.by_name("parquet")  # indexed from its footer
+    assert formats.foreign_format("a.csv") is None
 
 
 def test_by_name_unknown_names_the_choices() -> None:
@@ -119,6 +120,7 @@ ALLOWED_CHECKS: dict[str, str] = {
     "bench/stages.py": "the stage breakdown times the tar parser itself; other formats have no such stages",
     "bench/variants.py": "webdataset, a peer measured by the bench, reads tar shards only",
     "packing/token_inputs.py": "pack-tokens' inputs are JSONL and Parquet documents, not shards",
+    "packing/tabular.py": "a tabular pack's inputs are Parquet/CSV/JSONL tables, not shards",
 }
 _SUFFIXES = (".tar", ".parquet", ".tfrecord", ".tfrecords", ".tfrec", ".gz")
 _HELPERS = {"is_tfrecord_name", "is_gzip_name", "shard_stem"}
@@ -249,12 +251,14 @@ def test_index_files_by_format(tmp_path: Path) -> None:
     assert index.shard_format == "tfrecord" and index.shards[0].keys == ["r0", "r1"]
 
 
-def test_index_files_refuses_mixes_and_parquet(tmp_path: Path) -> None:
+def test_index_files_refuses_mixes_and_other_files(tmp_path: Path) -> None:
     _tar(tmp_path / "a.tar", ["s0"])
     _tfrecord(tmp_path / "c.tfrecord", ["r0"])
     with pytest.raises(ConfigError, match="tar and TFRecord files; one dataset reads one format"):
         formats.index_files([str(tmp_path / "a.tar"), str(tmp_path / "c.tfrecord")])
-    with pytest.raises(ConfigError, match=r"x\.parquet: only shards named \*\.tar, .*Parquet needs an index"):
-        formats.index_files([str(tmp_path / "x.parquet")])
+    with pytest.raises(ConfigError, match="Parquet and tar files; one dataset reads one format"):
+        formats.index_files([str(tmp_path / "x.parquet"), str(tmp_path / "a.tar")])
+    with pytest.raises(ConfigError, match=r"x\.csv: only shards named \*\.tar, .*\*\.parquet"):
+        formats.index_files([str(tmp_path / "x.csv")])
     with pytest.raises(ConfigError, match="no shards given"):
         formats.index_files([])

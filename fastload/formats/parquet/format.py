@@ -1,11 +1,13 @@
 """The Parquet shard format: planning sizes, the writer, the read path (rows by row group) and verify.
 
-Parquet shards are only written by ``fastload pack`` (there is no foreign-file index or lint): a shard's
-samples are rows, its index entry lists the row groups ``(offset, size, rows)``.
+A shard's samples are rows, its index entry lists the row groups ``(offset, size, rows)``. Files written by
+other tools are indexed from their footers (:mod:`.foreign`) and read the same way; column values become
+sample values as :mod:`.values` says.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -46,6 +48,7 @@ class ParquetSamples:
     def read_rows(self, positions: Sequence[int], columns: Sequence[str] | None) -> list[RawSample]:
         """The rows at index ``positions``, in that order; ``columns`` projects fields (the key stays)."""
         from fastload.formats.parquet.arrowfile import open_parquet
+        from fastload.formats.parquet.values import read_columns, sample_rows
 
         with self._lock:
             entry = self.entry
@@ -54,33 +57,31 @@ class ParquetSamples:
             starts = [0]
             for rg in entry.row_groups:
                 starts.append(starts[-1] + rg[2])
-            wanted_set = set(positions)
-            wanted = sorted(wanted_set)
-            cols = None if columns is None else [KEY_COLUMN, *[c for c in columns if c != KEY_COLUMN]]
+            wanted = set(positions)
+            names = parquet.schema_arrow.names
+            cols = read_columns(names, columns)
             rows: dict[int, RawSample] = {}
-            g = 0
-            for p in wanted:
-                while starts[g + 1] <= p:
-                    g += 1
-                if p in rows:
+            ordered = sorted(wanted)
+            for g in range(len(entry.row_groups)):  # the row groups holding a wanted row
+                i = bisect.bisect_left(ordered, starts[g])
+                if i == len(ordered) or ordered[i] >= starts[g + 1]:
                     continue
                 table = self._row_group(parquet, g, cols, starts)
-                names = list(table)
-                for r in range(len(table[KEY_COLUMN])):
-                    pos = starts[g] + r
-                    if pos in wanted_set:
-                        sample: RawSample = {n: table[n][r] for n in names if table[n][r] is not None}
-                        sample["__index__"] = pos
-                        rows[pos] = sample
+                rows.update(
+                    sample_rows(
+                        table,
+                        first=starts[g],
+                        wanted=wanted,
+                        keys=entry.keys,
+                        keep_nulls=KEY_COLUMN not in names,
+                    )
+                )
             return [rows[p] for p in positions]
 
-    def _row_group(
-        self, parquet: Any, g: int, cols: list[str] | None, starts: list[int]
-    ) -> dict[str, list[Any]]:
+    def _row_group(self, parquet: Any, g: int, cols: list[str] | None, starts: list[int]) -> Any:
         """Row group ``g`` as columns; a page that fails its checksum raises :class:`VerifyError`."""
         try:
-            table = parquet.read_row_group(g, columns=cols, use_threads=False)  # (see arrowfile)
-            return table.to_pydict()  # type: ignore[no-any-return]
+            return parquet.read_row_group(g, columns=cols, use_threads=False)  # (see arrowfile)
         except OSError as exc:
             if "checksum" not in str(exc).lower():
                 raise
@@ -103,7 +104,7 @@ class ParquetFormat:
     label = "Parquet"
     suffixes: tuple[str, ...] = (".parquet",)
     pack_options: tuple[str, ...] = ("row_group_bytes", "compression")
-    foreign = False
+    foreign = True
     projects_columns = True
 
     def matches(self, name: str) -> bool:
@@ -146,9 +147,16 @@ class ParquetFormat:
         return None
 
     def table(
-        self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+        self,
+        named: Sequence[tuple[str, str]],
+        *,
+        threads: int,
+        s3_config: S3Config | None,
+        key_column: str | None = None,
     ) -> tuple[DatasetIndex, list[VerifyError]]:
-        raise NotImplementedError("Parquet shards need an index written by `fastload pack`")
+        from fastload.formats.parquet.foreign import scan_parquet_files
+
+        return scan_parquet_files(named, threads=threads, s3_config=s3_config, key_column=key_column)
 
     def samples(
         self, entry: ShardEntry, *, read: Callable[[int, int], bytes], file: BinaryIO, fd: int | None
@@ -161,7 +169,9 @@ class ParquetFormat:
         return verify_parquet(file, shard)
 
     def lint(self, url: str, *, s3_config: S3Config | None) -> tuple[list[VerifyError], int, int]:
-        raise NotImplementedError("Parquet files are only verified against an index")
+        from fastload.formats.parquet.check import lint_parquet
+
+        return lint_parquet(url, s3_config=s3_config)
 
     def describe(self, index: DatasetIndex) -> list[str]:
         return []
