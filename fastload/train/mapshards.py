@@ -16,6 +16,7 @@ import functools
 import io
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
@@ -100,34 +101,45 @@ def _fetch(fetch_range: Callable[[int, int], bytes], name: str, offset: int, siz
 
 
 class ShardHandle:
-    """One shard open for random access: its full entry, its file and its format's sample source.
-    ``users`` counts callers between :meth:`ShardHandles.get` and :meth:`ShardHandles.put`; an evicted
-    handle is closed when its last user is done."""
+    """One shard open for random access: its full entry, its file (a local descriptor, or the S3 object's
+    ranged reader) and its format's sample source. ``users`` counts callers between
+    :meth:`ShardHandles.get` and :meth:`ShardHandles.put`; an evicted handle is closed when its last user
+    is done, and a handle dropped unclosed closes its descriptor when collected."""
 
-    def __init__(self, url: str, entry: ShardEntry, file: BinaryIO, *, cached: bool, remote: bool) -> None:
+    def __init__(
+        self,
+        url: str,
+        entry: ShardEntry,
+        *,
+        fd: int | None = None,
+        reader: BinaryIO | None = None,
+        cached: bool,
+    ) -> None:
         self.url, self.entry, self.name, self.cached = url, entry, entry.name, cached
-        fmt = formats.for_path(entry.name)
-        if fmt is None:
-            raise ConfigError(
-                f"{entry.name}: no shard format reads files named so ({', '.join(formats.names())})"
-            )
-        self._file = file
         self.lock = threading.Lock()  # Parquet: a row group held, then decoded, by one thread at a time
         self.range_file: RangeFile | None = None
-        fd: int | None = None
-        if remote:
-            fetch_range = file.fetch_range  # type: ignore[attr-defined]
+        self._reader = reader
+        self._closing = weakref.finalize(self, os.close, fd) if fd is not None else None
+        fmt = formats.for_path(entry.name)
+        if fmt is None:
+            self.close()
+            known = ", ".join(formats.names())
+            raise ConfigError(f"{entry.name}: no shard format reads files named so (registered: {known})")
+        if reader is not None:
+            fetch_range = reader.fetch_range  # type: ignore[attr-defined]
             read: Callable[[int, int], bytes] = functools.partial(_fetch, fetch_range, entry.name)
             if entry.row_groups:
                 self.range_file = RangeFile(read, entry.bytes, entry.name)
+            file = cast(BinaryIO, self.range_file) if self.range_file is not None else reader
         else:
-            fd = file.fileno()
+            assert fd is not None
             read = functools.partial(_pread, fd, entry.name)
-        shard_file = cast(BinaryIO, self.range_file) if self.range_file is not None else file
+            file = open(fd, "rb", closefd=False)  # noqa: SIM115 (the descriptor is closed by close())
+        self._file = file
         try:
-            self.source = fmt.samples(entry, read=read, file=shard_file, fd=fd)
+            self.source = fmt.samples(entry, read=read, file=file, fd=fd)
         except BaseException:
-            file.close()
+            self.close()
             raise
         self.users = 0
         self.evicted = False
@@ -138,11 +150,15 @@ class ShardHandle:
 
     def close(self) -> None:
         try:
-            self.source.close()
+            if hasattr(self, "source"):
+                self.source.close()
         finally:
-            self._file.close()
-            if self.range_file is not None:
-                self.range_file.close()
+            if hasattr(self, "_file"):
+                self._file.close()
+            if self._reader is not None:
+                self._reader.close()
+            if self._closing is not None:
+                self._closing()
 
 
 class ShardHandles:
@@ -239,17 +255,18 @@ class ShardHandles:
             entry = dataclasses.replace(entry, crcs=[])
         url = storage.join(self.root, entry.name)
         remote = storage.is_remote(url)
-        cached = self.cache is not None and remote and self.cache.cacheable(entry)
         try:
-            if cached:
-                assert self.cache is not None
-                file = self.cache.open(url, entry)
-            else:
-                file = storage.open_read(url, config=self.config)
+            if self.cache is not None and remote and self.cache.cacheable(entry):
+                with self.cache.open(url, entry) as f:
+                    return ShardHandle(url, entry, fd=os.dup(f.fileno()), cached=True)
+            if remote:
+                return ShardHandle(
+                    url, entry, reader=storage.open_read(url, config=self.config), cached=False
+                )
+            return ShardHandle(url, entry, fd=os.open(url, os.O_RDONLY), cached=False)
         except FileNotFoundError:  # (NotFoundError and S3's included)
             raise NotFoundError(
                 f"{url}: shard {entry.name}, listed in the dataset's index, is missing (deleted or moved "
                 "since the dataset was opened?); restore it, or re-pack the dataset",
                 path=url,
             ) from None
-        return ShardHandle(url, entry, file, cached=cached, remote=remote and not cached)
