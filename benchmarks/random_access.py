@@ -6,6 +6,8 @@ random bytes, ``cls``: an int), each format's shards/chunks of ``--shard-mib`` (
 
 - ``fastload``: ``fastload.MapDataset(url, decode=False)[i]``: one ranged GET of the sample (its shard's
   table fetched on first use of the shard);
+- ``fastload-cache``: the same with ``cache_dir=`` (a local folder): the whole shard downloaded on its
+  first use (parallel ranged GETs, CRC32C checked), later samples read from disk, as MosaicML's reader does;
 - ``litdata``: ``litdata.StreamingDataset(url)[i]`` (its default on-demand path: two ranged GETs per item,
   the item's offsets then its bytes). ``bin`` is written as a numpy uint8 array: written as ``bytes``,
   litdata 0.2.76's ``optimize`` stores Arrow IPC chunks whose on-demand path returns empty bytes (seen here);
@@ -47,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-READERS = ("fastload", "litdata", "mosaic")
+READERS = ("fastload", "fastload-cache", "litdata", "mosaic")
+FORMAT_OF = {"fastload": "fastload", "fastload-cache": "fastload", "litdata": "litdata", "mosaic": "mosaic"}
 BUCKET = "bench"
 REGION = "us-east-1"
 MIB = 1 << 20
@@ -95,7 +98,7 @@ def make_data(args: argparse.Namespace, work: Path) -> dict[str, Path]:
     """The same samples in the three formats, under ``work``."""
     import fastload
 
-    src, out = work / "src", {r: work / r for r in READERS}
+    src, out = work / "src", {r: work / r for r in set(FORMAT_OF.values())}
     lo, hi = args.min_kib, args.max_kib
     for i in range(args.samples):
         folder = src / f"{i // 1000:03d}"
@@ -133,11 +136,11 @@ def make_data(args: argparse.Namespace, work: Path) -> dict[str, Path]:
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """Open the reader's dataset and read the indices with the threads; the bytes are checked after."""
     reader, url, cache = spec["reader"], spec["url"], spec["cache"]
-    if reader == "fastload":  # (imports before the clock: torch and the SDKs take seconds here)
-        import fastload
+    if reader.startswith("fastload"):  # (imports before the clock: torch and the SDKs take seconds here)
+        from fastload.train.mapview import MapDataset
 
         began = time.perf_counter()
-        ds: Any = fastload.MapDataset(url, decode=False)
+        ds: Any = MapDataset(url, decode=False, cache_dir=cache if reader == "fastload-cache" else None)
 
         def get(i: int) -> bytes:
             return ds[i]["bin"]  # type: ignore[no-any-return]
@@ -291,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         with origin(args, data_bytes) as (rgw, endpoint):
             client = rgw.client()
             client.create_bucket(Bucket=BUCKET)
-            for r in READERS:
-                upload(client, folders[r], r)
+            for name, folder in folders.items():
+                upload(client, folder, name)
             env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
             env.update(
                 AWS_ACCESS_KEY_ID=rgw.access_key,
@@ -319,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                     cache.mkdir()
                     spec = {
                         "reader": reader,
-                        "url": f"s3://{BUCKET}/{reader}",
+                        "url": f"s3://{BUCKET}/{FORMAT_OF[reader]}",
                         "cache": str(cache),
                         "threads": args.threads,
                         "indices": chosen,
@@ -390,19 +393,22 @@ def summarise(
         f"{load_after[0]:.1f} after.",
         "",
         "| reader | samples/s | reads only, samples/s | open s | p50 ms | p99 ms | local cache MiB | CPU s "
-        "| fastload / reader |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| fastload / reader | fastload-cache / reader |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    base = med.get("fastload", {}).get("samples_s")
+
+    def ratio(base: str, m: dict[str, float]) -> str:
+        return f"{med[base]['samples_s'] / m['samples_s']:.2f}x" if base in med else "n/a"
+
     for r, m in med.items():
-        ratio = f"{base / m['samples_s']:.2f}x" if base else "n/a"
         lines.append(
             f"| {r} | {m['samples_s']:,.1f} | {m['read_samples_s']:,.1f} | {m['open_s']:.2f} | "
             f"{m['p50_ms']:.1f} | {m['p99_ms']:.1f} | "
-            f"{m['cache_bytes'] / MIB:,.0f} | {m['cpu_s']:.1f} | {ratio} |"
+            f"{m['cache_bytes'] / MIB:,.0f} | {m['cpu_s']:.1f} | {ratio('fastload', m)} | "
+            f"{ratio('fastload-cache', m)} |"
         )
     for r, why in failures.items():
-        lines.append(f"| {r} | not measured: {why} | | | | | | | |")
+        lines.append(f"| {r} | not measured: {why} | | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
