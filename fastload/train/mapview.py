@@ -14,6 +14,7 @@ manifest and the options only.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import threading
@@ -127,7 +128,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self.starts = sample_starts([s.samples for s in self.index.shards])
         self.skipped = 0
         self._proc: _Process | None = None
-        self._proc_lock = threading.Lock()
+        self._proc_lock: tuple[int, threading.Lock] | None = None
         if self.caching.path is not None:
             self._local()  # a bad cache folder fails here, not in a worker
 
@@ -143,10 +144,6 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         state["_proc_lock"] = None
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._proc_lock = threading.Lock()
-
     def locate(self, index: int) -> tuple[str, int]:
         """``(shard name, position in the shard)`` of sample ``index``."""
         shards, positions = locate(self.starts, resolve([index], len(self)))
@@ -160,6 +157,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
             out = self._read(resolve([int(index)], len(self)), single=True)
             return out[0]
+        if isinstance(index, (np.ndarray, torch.Tensor)) and index.ndim == 0:
+            return self[int(index)]
         if isinstance(index, (Sequence, np.ndarray, torch.Tensor)):
             return self.__getitems__(index)
         raise TypeError(
@@ -190,9 +189,11 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     # -- reading ------------------------------------------------------------------------------------------
 
     def _guard(self) -> threading.Lock:
-        if self._proc_lock is None:
-            self._proc_lock = threading.Lock()
-        return self._proc_lock
+        """This process's lock over ``_proc`` (a forked child never inherits one a parent thread held)."""
+        held = self._proc_lock
+        if held is None or held[0] != os.getpid():
+            held = self._proc_lock = (os.getpid(), threading.Lock())
+        return held[1]
 
     def _local(self) -> _Process:
         """This process's state, built in a new process (a forked worker drops its parent's)."""
@@ -227,6 +228,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         for s, p in zip(shards.tolist(), positions.tolist(), strict=True):
             wanted.setdefault(s, []).append(p)
         jobs = [(s, sorted(set(ps))) for s, ps in wanted.items()]
+        if not jobs:
+            return []
         if len(jobs) == 1:
             found = [self._shard_samples(proc, *jobs[0])]
         else:
@@ -245,7 +248,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             if sample is SKIPPED:
                 if single:  # nothing to return: the error itself
                     finish(raw, dataclasses.replace(self.decoding, on_error="raise"))
-                self.skipped += 1
+                with proc.lock:
+                    self.skipped += 1
                 continue
             out.append(sample)
         return out
@@ -280,26 +284,37 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self, proc: _Process, shard: int, handle: ShardHandle, positions: list[int]
     ) -> dict[int, RawSample]:
         """Parquet: each row group that holds a position read once (one ranged read over S3), then kept."""
-        entry = handle.entry
-        starts = group_starts([rg[2] for rg in entry.row_groups])
-        out: dict[int, RawSample] = {}
+        starts = group_starts([rg[2] for rg in handle.entry.row_groups])
         groups: dict[int, list[int]] = {}
         for p in positions:
-            groups.setdefault(int(np.searchsorted(starts, p, side="right")) - 1, []).append(p)
+            groups.setdefault(bisect.bisect_right(starts, p) - 1, []).append(p)
+        out: dict[int, RawSample] = {}
         for g, ps in groups.items():
-            with proc.lock:
-                rows = proc.groups.get((shard, g))
-            if rows is None:
-                with handle.lock:
-                    offset, size, _ = entry.row_groups[g]
-                    if handle.range_file is not None and self.decoding.columns is None:
-                        handle.range_file.hold(offset, size)  # the whole group, one ranged read
-                    rows = handle.load(range(starts[g], starts[g + 1]), self.decoding.columns)
-                with proc.lock:
-                    proc.groups.put((shard, g), rows, size)
+            rows = self._group(proc, shard, handle, g, starts)
             for p in ps:
                 out[p] = dict(rows[p - starts[g]])
         return out
+
+    def _group(
+        self, proc: _Process, shard: int, handle: ShardHandle, g: int, starts: list[int]
+    ) -> list[RawSample]:
+        """Row group ``g`` of ``shard``'s rows, from the kept ones or read (by one thread at a time)."""
+        with proc.lock:
+            rows = proc.groups.get((shard, g))
+        if rows is not None:
+            return rows
+        with handle.lock:
+            with proc.lock:  # (another thread may have read it meanwhile)
+                rows = proc.groups.get((shard, g))
+            if rows is not None:
+                return rows
+            offset, size, _ = handle.entry.row_groups[g]
+            if handle.range_file is not None and self.decoding.columns is None:
+                handle.range_file.hold(offset, size)  # the whole group, one ranged read
+            rows = handle.load(range(starts[g], starts[g + 1]), self.decoding.columns)
+            with proc.lock:
+                proc.groups.put((shard, g), rows, size)
+        return rows
 
 
 __all__ = ["MapDataset"]

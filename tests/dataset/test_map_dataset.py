@@ -8,6 +8,7 @@ import contextlib
 import pickle
 import random
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,9 @@ def test_s3_random_access_reads_what_iteration_gives(
     order = list(range(len(expected)))
     random.Random(1).shuffle(order)
     with fastload.MapDataset(on_s3[fmt], decode=False, s3_config=s3_config(moto_url)) as ds:
-        got = {i: ds[i] for i in order[: len(order) // 2]}
+        half = order[: len(order) // 2]
+        with ThreadPoolExecutor(8) as pool:  # ds[i] from many threads at once
+            got = dict(zip(half, pool.map(ds.__getitem__, half), strict=True))
         got.update(zip(order[len(order) // 2 :], ds.__getitems__(order[len(order) // 2 :]), strict=True))
     assert [got[i] for i in range(len(expected))] == expected
 
@@ -202,7 +205,9 @@ def test_index_errors(packed: dict[str, Packed]) -> None:
         ds.__getitems__([0, -96])
     with pytest.raises(TypeError):
         ds[1.5]  # type: ignore[index]
-    assert ds[95:200] == [] and list(iter(ds))[-1]["__key__"] == packed["tar"].keys[-1]
+    assert ds[95:200] == [] and ds.__getitems__([]) == []
+    assert ds[torch.tensor(94)] == ds[94] and ds[torch.tensor([94, 0])] == [ds[94], ds[0]]
+    assert list(iter(ds))[-1]["__key__"] == packed["tar"].keys[-1]  # (the old sequence protocol too)
 
 
 def test_a_damaged_sample_is_named(packed: dict[str, Packed], tmp_path: Path) -> None:

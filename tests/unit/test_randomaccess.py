@@ -6,13 +6,16 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastload.core.lru import LRU
 from fastload.core.randomaccess import locate, resolve, sample_starts, spans
 
+SETTINGS = settings(max_examples=60, deadline=None)
 
+
+@SETTINGS
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=12))
 def test_locate_numbers_samples_shard_after_shard(counts: list[int]) -> None:
     expected = [(s, p) for s, n in enumerate(counts) for p in range(n)]
@@ -34,6 +37,7 @@ def test_resolve_negative_and_out_of_range() -> None:
     assert resolve(np.array([], dtype=np.int64), 0).tolist() == []
 
 
+@SETTINGS
 @given(
     st.lists(st.integers(1, 50), min_size=1, max_size=30),
     st.data(),
