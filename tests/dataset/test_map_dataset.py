@@ -43,9 +43,8 @@ def iterated(packed: dict[str, Packed]) -> dict[str, list[dict[str, Any]]]:
     return {fmt: list(fastload.ShardDataset(p.root, decode=False)) for fmt, p in packed.items()}
 
 
-@pytest.fixture(scope="module")
-def on_s3(moto_url: str, packed: dict[str, Packed]) -> dict[str, str]:
-    """The three datasets uploaded under s3://BUCKET/map-<format>."""
+def upload(moto_url: str, root: Path, prefix: str) -> str:
+    """The dataset at ``root`` uploaded under s3://BUCKET/``prefix``; its URL."""
     client = boto3.client(
         "s3",
         endpoint_url=moto_url,
@@ -56,13 +55,17 @@ def on_s3(moto_url: str, packed: dict[str, Packed]) -> dict[str, str]:
     )
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
         client.create_bucket(Bucket=BUCKET)
-    for fmt, p in packed.items():
-        for path in sorted(q for q in p.root.rglob("*") if q.is_file() and not q.name.startswith(".")):
-            client.put_object(
-                Bucket=BUCKET, Key=f"map-{fmt}/{path.relative_to(p.root).as_posix()}", Body=path.read_bytes()
-            )
+    for path in sorted(q for q in root.rglob("*") if q.is_file() and not q.name.startswith(".")):
+        key = f"{prefix}/{path.relative_to(root).as_posix()}"
+        client.put_object(Bucket=BUCKET, Key=key, Body=path.read_bytes())
     client.close()
-    return {fmt: f"s3://{BUCKET}/map-{fmt}" for fmt in packed}
+    return f"s3://{BUCKET}/{prefix}"
+
+
+@pytest.fixture(scope="module")
+def on_s3(moto_url: str, packed: dict[str, Packed]) -> dict[str, str]:
+    """The three datasets uploaded under s3://BUCKET/map-<format>."""
+    return {fmt: upload(moto_url, p.root, f"map-{fmt}") for fmt, p in packed.items()}
 
 
 def s3_config(moto_url: str) -> fastload.S3Config:
@@ -210,14 +213,13 @@ def test_index_errors(packed: dict[str, Packed]) -> None:
     assert list(iter(ds))[-1]["__key__"] == packed["tar"].keys[-1]  # (the old sequence protocol too)
 
 
-def test_a_damaged_sample_is_named(packed: dict[str, Packed], tmp_path: Path) -> None:
-    tar = packed["tar"]
-    root = tmp_path / "ds"
-    shutil.copytree(tar.root, root)
+def damage(root: Path, index: int) -> tuple[str, int]:
+    """Flip a byte in the middle of sample ``index``'s ``bin`` data; ``(shard, the sample's offset)``."""
     ds = fastload.MapDataset(root, decode=False)
-    shard, position = ds.locate(43)
-    entry = formats.full_entry(str(root), ds.index.shards[2], shard_format="tar")
-    assert entry.name == shard
+    shard, position = ds.locate(index)
+    (entry,) = [
+        formats.full_entry(str(root), e, shard_format="tar") for e in ds.index.shards if e.name == shard
+    ]
     at = entry.offsets[position] + 512  # the first member's data
     for field, size in zip(entry.member_fields, entry.member_sizes[position], strict=True):
         if field == "bin":
@@ -229,15 +231,46 @@ def test_a_damaged_sample_is_named(packed: dict[str, Packed], tmp_path: Path) ->
         byte = f.read(1)
         f.seek(at)
         f.write(bytes([byte[0] ^ 0xFF]))
+    return shard, entry.offsets[position]
+
+
+@pytest.fixture(scope="module")
+def damaged(packed: dict[str, Packed], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int]:
+    """A copy of the tar dataset whose sample 43 has a flipped data byte: ``(root, shard, offset)``."""
+    root = tmp_path_factory.mktemp("damaged") / "ds"
+    shutil.copytree(packed["tar"].root, root)
+    return (root, *damage(root, 43))
+
+
+def test_a_damaged_sample_is_named(packed: dict[str, Packed], damaged: tuple[Path, str, int]) -> None:
+    tar = packed["tar"]
+    root, shard, offset = damaged
+    ds = fastload.MapDataset(root, decode=False)
     with pytest.raises(VerifyError) as caught:
         ds[43]
     err = caught.value
-    assert (err.shard, err.key, err.offset) == (shard, tar.keys[43], entry.offsets[position])
+    assert (err.shard, err.key, err.offset) == (shard, tar.keys[43], offset)
     with pytest.raises(VerifyError):
         ds.__getitems__([42, 43, 44])
     assert ds[42]["__key__"] == tar.keys[42]  # its neighbours are fine
     unchecked = fastload.MapDataset(root, decode=False, verify_samples=False)
     assert unchecked[43]["bin"] != tar.samples[tar.keys[43]]["bin"]
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_a_damaged_sample_on_s3_is_named(
+    packed: dict[str, Packed], damaged: tuple[Path, str, int], moto_url: str
+) -> None:
+    url = upload(moto_url, damaged[0], "map-damaged")
+    ds = fastload.MapDataset(url, decode=False, s3_config=s3_config(moto_url))
+    with pytest.raises(VerifyError) as caught:
+        ds.__getitems__([44, 43])
+    assert (caught.value.shard, caught.value.key, caught.value.offset) == (
+        damaged[1],
+        packed["tar"].keys[43],
+        damaged[2],
+    )
+    assert ds[44]["__key__"] == packed["tar"].keys[44]
 
 
 @pytest.mark.usefixtures("s3_env")
