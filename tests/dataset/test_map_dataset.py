@@ -117,6 +117,20 @@ def test_decoding_and_map_as_shard_dataset(packed: dict[str, Packed]) -> None:
         fastload.MapDataset(packed["tar"].root, columns=["cls"])
 
 
+def test_on_error_skip_leaves_a_sample_out_of_a_batch(packed: dict[str, Packed]) -> None:
+    keys = packed["tar"].keys
+
+    def picky(s: dict[str, Any]) -> str:
+        if s["__key__"] == keys[7]:
+            raise ValueError("not this one")
+        return str(s["__key__"])
+
+    ds = fastload.MapDataset(packed["tar"].root, map=picky, on_error="skip")
+    assert ds.__getitems__([6, 7, 8]) == [keys[6], keys[8]] and ds.skipped == 1
+    with pytest.raises(fastload.errors.FastloadError, match="not this one"):
+        ds[7]
+
+
 @pytest.mark.usefixtures("s3_env")
 def test_a_batch_reads_each_shards_neighbours_with_one_request(
     packed: dict[str, Packed], on_s3: dict[str, str], moto_url: str
