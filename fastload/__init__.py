@@ -22,6 +22,7 @@ __all__ = [
     "DevicePrefetcher",
     "Loader",
     "LoaderStats",
+    "MapDataset",
     "Mix",
     "PackConfig",
     "PackReport",
@@ -51,6 +52,10 @@ def __getattr__(name: str) -> object:
         from fastload.train import dataset
 
         return dataset.ShardDataset
+    if name == "MapDataset":
+        from fastload.train import mapview
+
+        return mapview.MapDataset
     if name == "DataLoader":
         from fastload.train import loader
 

@@ -6,5 +6,5 @@ ranges and the 206 contract (``ranges``), fault classes and backoff (``retry``),
 (``throttle``), the S3 latency model, deadlines and hedge budget (``hedge``), who reads which sample per
 epoch, rank and worker (``sharding``; a rank's order as spans: ``refs``; the bounded sample shuffle:
 ``shuffle``), read tasks (``readplan``), sequence packing (``seqpack``), bench advice (``advice``), sizes
-with units (``units``).
+with units (``units``), random access arithmetic (``randomaccess``) and a bounded LRU (``lru``).
 """

@@ -5,5 +5,6 @@ Owns: ``ShardDataset`` (``dataset``; its options in ``options``, its source in `
 state in ``position``, shard runs in ``reading`` and ``shardread``), ``fastload.DataLoader`` (``loader``,
 with ``chunks``: batches made in workers), shared-memory batch slots (``shmbatch``), ordered prefetch of read
 tasks (``prefetch``), decoders (``decode``), collate functions (``collate``), ``PackedSequences``
-(``packed``), ``fastload.loader`` and the device prefetcher (``feed``).
+(``packed``), ``fastload.loader`` and the device prefetcher (``feed``), ``MapDataset``
+(``mapview``, its open shards in ``mapshards``).
 """

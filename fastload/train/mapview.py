@@ -1,0 +1,320 @@
+"""``fastload.MapDataset``: a packed dataset as a map-style torch dataset: ``len(ds)``, ``ds[i]`` for a
+global sample number (shards in manifest order), slices and lists of numbers, and ``__getitems__``, which
+``torch.utils.data.DataLoader`` calls with each batch's indices, so any ``Sampler`` works
+(``RandomSampler`` through ``shuffle=True``, ``WeightedRandomSampler``, ``DistributedSampler``).
+
+One sample is one ranged read of its bytes through its shard's sample table (fetched on first use, kept in
+a bounded LRU with the shard's open file: :mod:`.mapshards`); a batch's samples are grouped by shard, the
+neighbours within a shard read together (:func:`fastload.core.randomaccess.spans`), different shards at the
+same time on a small thread pool. Parquet is read a row group at a time (the smallest unit pyarrow decodes
+with its page checksums), and the last row groups decoded are kept (bounded in bytes) for the neighbours.
+Everything per process is rebuilt in a DataLoader worker (fork or spawn); the pickled dataset is the
+manifest and the options only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from fastload.config import S3Config
+from fastload.core.lru import LRU
+from fastload.core.randomaccess import group_starts, locate, resolve, sample_starts, spans
+from fastload.errors import ConfigError, VerifyError
+from fastload.formats import by_name
+from fastload.gcpause import gc_paused
+from fastload.storage.cache import ShardCache
+from fastload.train.mapshards import RawSample, ShardHandle, ShardHandles
+from fastload.train.options import CacheConfig, DecodeConfig
+from fastload.train.reading import SKIPPED, finish
+from fastload.train.source import open_index
+
+DEFAULT_GAP_BYTES = 256 << 10
+
+
+class _Process:
+    """What one process holds: open shards, decoded row groups, the thread pool for batches."""
+
+    def __init__(self, handles: ShardHandles, row_group_bytes: int, threads: int) -> None:
+        self.pid = os.getpid()
+        self.handles = handles
+        self.groups: LRU[tuple[int, int], list[RawSample]] = LRU(max_weight=row_group_bytes)
+        self.lock = threading.Lock()
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self.lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fastload-map")
+            return self._pool
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.handles.close()
+        with self.lock:
+            self.groups.clear()
+
+
+class MapDataset(torch.utils.data.Dataset[Any]):
+    """Random access to the samples of a packed dataset (a folder or ``s3://`` prefix with ``index.json``;
+    tar or TFRecord shards without one), numbered ``0 .. len - 1`` shard after shard in manifest order.
+    ``ds[i]`` is the dict iteration gives (``__key__``, ``__shard__``, ``__index__``, fields), decoded and
+    mapped the same way.
+
+    Decoding as :class:`~fastload.ShardDataset`: ``decode``, ``images``, ``allow_pickle``, ``map``,
+    ``columns`` (Parquet), ``on_error`` (``"skip"``: a sample that fails to decode is left out of a batch,
+    counted in :attr:`skipped`; ``ds[i]`` alone raises, having nothing to return), ``verify_samples`` (each
+    tar sample's CRC32C checked; a mismatch raises ``VerifyError`` naming shard, key and byte offset).
+    Remote shards: ``cache_dir`` (whole shards and tables kept on disk, ``cache_limit_bytes``,
+    ``cache_verify``), ``s3_config``. Bounds, per process: ``max_open_shards`` shards with their tables
+    and open files; ``row_group_cache_bytes`` of Parquet row groups (by stored size; the last one is always
+    kept); ``threads`` reads of different shards at once in a batch; ``max_gap_bytes``: samples of a batch
+    in one shard whose byte ranges are at most this far apart are read with one ranged read.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        decode: bool = True,
+        images: bool = True,
+        allow_pickle: bool = False,
+        map: Callable[[dict[str, Any]], Any] | None = None,
+        columns: Sequence[str] | None = None,
+        on_error: str = "raise",
+        verify_samples: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit_bytes: int | None = None,
+        cache_verify: bool = True,
+        s3_config: S3Config | None = None,
+        threads: int = 8,
+        max_open_shards: int = 64,
+        row_group_cache_bytes: int = 64 << 20,
+        max_gap_bytes: int = DEFAULT_GAP_BYTES,
+    ) -> None:
+        for name, value, least in (("threads", threads, 1), ("max_open_shards", max_open_shards, 1)):
+            if value < least:
+                raise ConfigError(f"{name}={value} must be >= {least}")
+        if row_group_cache_bytes < 0 or max_gap_bytes < 0:
+            raise ConfigError(f"{row_group_cache_bytes=} and {max_gap_bytes=} must be >= 0")
+        self.decoding = DecodeConfig(
+            decode=decode,
+            images=images,
+            allow_pickle=allow_pickle,
+            map=map,
+            columns=columns,
+            on_error=on_error,
+            verify_samples=verify_samples,
+        )
+        self.caching = CacheConfig(path=cache_dir, limit_bytes=cache_limit_bytes, verify=cache_verify)
+        self.s3_config = s3_config
+        self.threads, self.max_open_shards = threads, max_open_shards
+        self.row_group_cache_bytes, self.max_gap_bytes = row_group_cache_bytes, max_gap_bytes
+        with gc_paused():
+            self.root, self.index = open_index(source, s3_config=s3_config)
+        if columns is not None and not by_name(self.index.shard_format).projects_columns:
+            raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
+        self.starts = sample_starts([s.samples for s in self.index.shards])
+        self.skipped = 0
+        self._proc: _Process | None = None
+        self._proc_lock: tuple[int, threading.Lock] | None = None
+        if self.caching.path is not None:
+            self._local()  # a bad cache folder fails here, not in a worker
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __repr__(self) -> str:
+        return f"MapDataset({self.root!r}, {len(self.index.shards)} shards, {len(self)} samples)"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_proc"] = None  # files, threads and caches stay in their process
+        state["_proc_lock"] = None
+        return state
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """``(shard name, position in the shard)`` of sample ``index``."""
+        shards, positions = locate(self.starts, resolve([index], len(self)))
+        return self.index.shards[int(shards[0])].name, int(positions[0])
+
+    def __getitem__(self, index: int | slice | Sequence[int]) -> Any:
+        """Sample ``index`` (negative counts from the end); a list of samples for a slice or a list of
+        numbers (read as :meth:`__getitems__` reads a batch)."""
+        if isinstance(index, slice):
+            return self.__getitems__(list(range(*index.indices(len(self)))))
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+            out = self._read(resolve([int(index)], len(self)), single=True)
+            return out[0]
+        if isinstance(index, (np.ndarray, torch.Tensor)) and index.ndim == 0:
+            return self[int(index)]
+        if isinstance(index, (Sequence, np.ndarray, torch.Tensor)):
+            return self.__getitems__(index)
+        raise TypeError(
+            f"MapDataset indices are integers, slices or lists of integers, not {type(index).__name__}"
+        )
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples ``indices``, in that order (what ``DataLoader`` calls with a batch's indices): one
+        ranged read per span of neighbouring samples of a shard, different shards' reads at once. With
+        ``on_error="skip"`` a sample that fails to decode is left out (the list is shorter)."""
+        if isinstance(indices, torch.Tensor):
+            indices = indices.tolist()
+        return self._read(resolve(indices, len(self)), single=False)
+
+    def close(self) -> None:
+        """Close this process's open shards and threads (they are opened again when needed)."""
+        with self._guard():
+            proc, self._proc = self._proc, None
+        if proc is not None and proc.pid == os.getpid():
+            proc.close()
+
+    def __enter__(self) -> MapDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading ------------------------------------------------------------------------------------------
+
+    def _guard(self) -> threading.Lock:
+        """This process's lock over ``_proc`` (a forked child never inherits one a parent thread held)."""
+        held = self._proc_lock
+        if held is None or held[0] != os.getpid():
+            held = self._proc_lock = (os.getpid(), threading.Lock())
+        return held[1]
+
+    def _local(self) -> _Process:
+        """This process's state, built in a new process (a forked worker drops its parent's)."""
+        proc = self._proc
+        if proc is not None and proc.pid == os.getpid():
+            return proc
+        with self._guard():
+            proc = self._proc
+            if proc is None or proc.pid != os.getpid():
+                c = self.caching
+                cache = None
+                if c.path is not None:
+                    cache = ShardCache(
+                        c.path, limit_bytes=c.limit_bytes, verify=c.verify, config=self.s3_config
+                    )
+                handles = ShardHandles(
+                    self.root,
+                    self.index.shards,
+                    shard_format=self.index.shard_format,
+                    config=self.s3_config,
+                    cache=cache,
+                    verify=self.decoding.verify_samples,
+                    max_open=self.max_open_shards,
+                )
+                proc = self._proc = _Process(handles, self.row_group_cache_bytes, self.threads)
+        return proc
+
+    def _read(self, indices: np.ndarray[Any, np.dtype[np.int64]], *, single: bool) -> list[Any]:
+        proc = self._local()
+        shards, positions = locate(self.starts, indices)
+        wanted: dict[int, list[int]] = {}
+        for s, p in zip(shards.tolist(), positions.tolist(), strict=True):
+            wanted.setdefault(s, []).append(p)
+        jobs = [(s, sorted(set(ps))) for s, ps in wanted.items()]
+        if not jobs:
+            return []
+        if len(jobs) == 1:
+            found = [self._shard_samples(proc, *jobs[0])]
+        else:
+            found = list(proc.pool().map(lambda job: self._shard_samples(proc, *job), jobs))
+        by_ref = {(s, p): raw for (s, _), raws in zip(jobs, found, strict=True) for p, raw in raws.items()}
+        out: list[Any] = []
+        seen: set[tuple[int, int]] = set()
+        name_of = self.index.shards
+        for s, p in zip(shards.tolist(), positions.tolist(), strict=True):
+            raw = by_ref[(s, p)]
+            if (s, p) in seen:  # the same sample twice: its own dict each time
+                raw = dict(raw)
+            seen.add((s, p))
+            raw["__shard__"] = name_of[s].name
+            sample = raw if self.decoding.plain else finish(raw, self.decoding)
+            if sample is SKIPPED:
+                if single:  # nothing to return: the error itself
+                    finish(raw, dataclasses.replace(self.decoding, on_error="raise"))
+                with proc.lock:
+                    self.skipped += 1
+                continue
+            out.append(sample)
+        return out
+
+    def _shard_samples(self, proc: _Process, shard: int, positions: list[int]) -> dict[int, RawSample]:
+        """``position -> raw sample`` for ``positions`` (ascending) of ``shard``; a cached copy that fails
+        its check is dropped and the shard read again, once."""
+        for attempt in (0, 1):
+            handle = proc.handles.get(shard)
+            try:
+                if handle.entry.row_groups:
+                    return self._rows(proc, shard, handle, positions)
+                return self._runs(handle, positions)
+            except VerifyError:
+                if attempt or not proc.handles.drop(shard, handle):
+                    raise
+            finally:
+                proc.handles.put(handle)
+        raise AssertionError("unreachable")
+
+    def _runs(self, handle: ShardHandle, positions: list[int]) -> dict[int, RawSample]:
+        entry = handle.entry
+        out: dict[int, RawSample] = {}
+        want = set(positions)
+        for first, stop in spans(positions, entry.offsets, entry.sizes, max_gap_bytes=self.max_gap_bytes):
+            for raw in handle.load(range(first, stop), self.decoding.columns):
+                if raw["__index__"] in want:
+                    out[raw["__index__"]] = raw
+        return out
+
+    def _rows(
+        self, proc: _Process, shard: int, handle: ShardHandle, positions: list[int]
+    ) -> dict[int, RawSample]:
+        """Parquet: each row group that holds a position read once (one ranged read over S3), then kept."""
+        starts = group_starts([rg[2] for rg in handle.entry.row_groups])
+        groups: dict[int, list[int]] = {}
+        for p in positions:
+            groups.setdefault(bisect.bisect_right(starts, p) - 1, []).append(p)
+        out: dict[int, RawSample] = {}
+        for g, ps in groups.items():
+            rows = self._group(proc, shard, handle, g, starts)
+            for p in ps:
+                out[p] = dict(rows[p - starts[g]])
+        return out
+
+    def _group(
+        self, proc: _Process, shard: int, handle: ShardHandle, g: int, starts: list[int]
+    ) -> list[RawSample]:
+        """Row group ``g`` of ``shard``'s rows, from the kept ones or read (by one thread at a time)."""
+        with proc.lock:
+            rows = proc.groups.get((shard, g))
+        if rows is not None:
+            return rows
+        with handle.lock:
+            with proc.lock:  # (another thread may have read it meanwhile)
+                rows = proc.groups.get((shard, g))
+            if rows is not None:
+                return rows
+            offset, size, _ = handle.entry.row_groups[g]
+            if handle.range_file is not None and self.decoding.columns is None:
+                handle.range_file.hold(offset, size)  # the whole group, one ranged read
+            rows = handle.load(range(starts[g], starts[g + 1]), self.decoding.columns)
+            with proc.lock:
+                proc.groups.put((shard, g), rows, size)
+        return rows
+
+
+__all__ = ["MapDataset"]
