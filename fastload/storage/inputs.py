@@ -4,6 +4,7 @@ writer by a bounded pool, so per-object latency overlaps with writing."""
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from fastload.core.keys import Sample
-from fastload.errors import Skip
+from fastload.errors import PackError, Skip
 from fastload.storage.listing import FileEntry, display
 
 
@@ -95,6 +96,14 @@ def open_sample(sample: Sample[Input]) -> tuple[list[Member], Skip | None]:
             f, size = item.open()
         except OSError as exc:
             close_all(members)
+            if exc.errno in (
+                errno.EMFILE,
+                errno.ENFILE,
+            ):  # this process, not the file: skipping would hide it
+                raise PackError(
+                    f"too many open files while opening {item.shown} ({exc.strerror}); raise the limit "
+                    "(`ulimit -n`) or pack with fewer --workers"
+                ) from exc
             return [], Skip(item.shown, read_problem(exc))
         members.append(Member(field_name, f, size, item))
         if size != item.entry.size:

@@ -214,3 +214,52 @@ def test_fsync_covers_shards_and_their_sample_tables(tmp_path: Path, monkeypatch
     parts = [os.path.basename(p) for p in synced]
     assert sum(p.endswith(".table.part") for p in parts) == 2, parts
     assert sum(p.endswith(".part") and not p.endswith(".table.part") for p in parts) == 2, parts
+
+
+def test_a_parquet_row_group_of_many_small_files_holds_few_descriptors(tmp_path: Path) -> None:
+    """Each sample's files are closed before the next sample is opened: 1,500 samples of two files in one
+    row group pack under a 256-descriptor limit (they once held every file of a row group open at once)."""
+    import resource
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(1500):
+        (src / f"{i:05d}.txt").write_bytes(b"x" * (i % 7))
+        (src / f"{i:05d}.cls").write_bytes(str(i % 10).encode())
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    dst = tmp_path / "dst"
+    cmd = [sys.executable, "-m", "fastload", "pack", str(src), str(dst), "--format", "parquet", "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=low_limit, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    table = pq.read_table(next(dst.glob("*.parquet")))
+    assert table.num_rows == 1500
+    assert sorted(table.column("cls").to_pylist())[:3] == [b"0", b"0", b"0"]
+    assert pq.ParquetFile(next(dst.glob("*.parquet"))).metadata.num_row_groups == 1
+
+
+def test_running_out_of_file_descriptors_stops_the_pack_instead_of_skipping(tmp_path: Path) -> None:
+    """EMFILE is this process's limit, not a bad input: opening a sample raises PackError saying how to fix
+    it (a skip would leave the sample out, silently under --allow-skip); other failures stay skips."""
+    import errno
+
+    from fastload.core.keys import Sample
+    from fastload.errors import PackError
+    from fastload.storage.inputs import Input, open_sample
+    from fastload.storage.listing import FileEntry
+
+    class Failing:
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+        def open(self, entry: FileEntry):
+            raise OSError(self.code, os.strerror(self.code), entry.path)
+
+    entry = FileEntry("a.txt", str(tmp_path / "a.txt"), 1, "v")
+    with pytest.raises(PackError, match="ulimit -n"):
+        open_sample(Sample("a", (("txt", Input(Failing(errno.EMFILE), entry)),)))
+    members, skip = open_sample(Sample("a", (("txt", Input(Failing(errno.EIO), entry)),)))
+    assert members == [] and skip is not None and "Input/output error" in skip.reason

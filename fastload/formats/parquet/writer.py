@@ -86,7 +86,8 @@ def write_parquet_shard(
         opened = open_ahead(samples, threads=open_threads, window_bytes=window_bytes)
         for start, stop in plan_row_groups(sizes, row_group_bytes=row_group_bytes):
             before = (result.payload_bytes, result.files)
-            arrays = _row_group([next(opened) for _ in range(start, stop)], column_of, result, name, buffers)
+            group = (next(opened) for _ in range(start, stop))  # opened one by one: no fd per row
+            arrays = _row_group(samples[start:stop], group, column_of, result, name, buffers)
             if on_sample is not None:
                 on_sample(result.payload_bytes - before[0], result.files - before[1])
             if arrays is not None:
@@ -156,28 +157,34 @@ def finish_entry(entry: ShardEntry, tmp_path: str, rows_per_group: list[int]) ->
 
 
 def _row_group(
-    group: list[Opened], column_of: dict[str, int], result: ShardResult, shard: str, buffers: _Buffers
+    listed: Sequence[Sample[Input]],
+    group: Iterator[Opened],
+    column_of: dict[str, int],
+    result: ShardResult,
+    shard: str,
+    buffers: _Buffers,
 ) -> list[pa.Array] | None:
-    """Read a row group's samples into Arrow arrays (skipping, and reporting, samples that fail)."""
-    try:
-        ncols = len(column_of)
-        totals = [0] * ncols
-        for _, members, failed in group:
-            for m in members if failed is None else ():
-                totals[column_of[m.field]] += m.size
-        for field_name, i in column_of.items():
-            if totals[i] > _MAX_COLUMN_BYTES:
-                raise ValueError(
-                    f"column {field_name!r} of one row group exceeds 2 GiB; lower --row-group-size"
-                )
-        data = buffers.get(totals)
-        views = [memoryview(d) for d in data]
-        offsets: list[list[int]] = [[0] for _ in range(ncols)]
-        valid: list[list[bool]] = [[] for _ in range(ncols)]
-        fill = [0] * ncols
-        keys: list[str] = []
-        for sample, members, failed in group:
-            present: dict[int, int] = {}
+    """Read a row group's samples (``listed``, opened one at a time by ``group``: each sample's files are
+    closed before the next is taken, so a group of many small files holds few descriptors) into Arrow
+    arrays, skipping and reporting samples that fail. Buffers are sized by the listed sizes: a file whose
+    size changed is skipped when opened, so what is read never exceeds them."""
+    ncols = len(column_of)
+    totals = [0] * ncols
+    for sample in listed:
+        for field_name, item in sample.members:
+            totals[column_of[field_name]] += item.entry.size
+    offsets: list[list[int]] = [[0] for _ in range(ncols)]
+    valid: list[list[bool]] = [[] for _ in range(ncols)]
+    fill = [0] * ncols
+    keys: list[str] = []
+    for field_name, i in column_of.items():
+        if totals[i] > _MAX_COLUMN_BYTES:
+            raise ValueError(f"column {field_name!r} of one row group exceeds 2 GiB; lower --row-group-size")
+    data = buffers.get(totals)
+    views = [memoryview(d) for d in data]
+    for sample, members, failed in group:
+        present: dict[int, int] = {}
+        try:
             for m in members if failed is None else ():
                 i = column_of[m.field]
                 try:
@@ -186,25 +193,24 @@ def _row_group(
                     failed = Skip(m.item.shown, read_problem(exc))
                     break
                 present[i] = m.size
-            if failed is not None:
-                result.skipped.append(
-                    Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {shard}")
-                )
-                continue
-            keys.append(sample.key)
-            for i in range(ncols):
-                got = present.get(i)
-                if got is None:
-                    valid[i].append(False)
-                else:
-                    fill[i] += got
-                    valid[i].append(True)
-                offsets[i].append(fill[i])
-            result.payload_bytes += sum(present.values())
-            result.files += len(present)
-    finally:
-        for _, members, _ in group:
+        finally:
             close_all(members)
+        if failed is not None:
+            result.skipped.append(
+                Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {shard}")
+            )
+            continue
+        keys.append(sample.key)
+        for i in range(ncols):
+            got = present.get(i)
+            if got is None:
+                valid[i].append(False)
+            else:
+                fill[i] += got
+                valid[i].append(True)
+            offsets[i].append(fill[i])
+        result.payload_bytes += sum(present.values())
+        result.files += len(present)
     if not keys:
         return None
     result.entry.keys = list(result.entry.keys) + keys
