@@ -175,7 +175,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             types = partition_types(s.partition for s in self.index.shards)
             self.filters = and_filters(self.filters, partition_filter(parent[1], types))
         self.filtered = None if self.filters is None else self._filter(self.filters)
-        self._partitions = partition_values_of(self.index) if self.decoding.partition_columns else None
+        self.partitions = partition_values_of(self.index) if self.decoding.partition_columns else None
         self._shared = SharedPosition()  # shared with DataLoader workers, persistent ones included
         self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
         self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
@@ -276,8 +276,14 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             counts = self._counts_array = np.fromiter((s.samples for s in self.index.shards), np.int64)
         return counts
 
-    def _pairs(self, refs: tuple[Any, Any]) -> list[tuple[int, int]]:
-        """``(shards, positions)`` arrays as ``(shard, row)`` pairs (positions among kept rows mapped)."""
+    def shard_counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Each shard's count of samples this dataset reads (what ``filters`` keep): what orders are
+        planned over (``fastload.Mix`` plans its sources with it)."""
+        return self._counts()
+
+    def pairs_of(self, refs: tuple[Any, Any]) -> list[tuple[int, int]]:
+        """``(shards, positions)`` arrays of an order planned over :meth:`shard_counts` as ``(shard, row)``
+        pairs to read (positions among the rows ``filters`` keep mapped to the shards' rows)."""
         shards, positions = refs
         if self.filtered is not None:
             positions = self.filtered.rows(shards, positions)
@@ -339,7 +345,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
         def named(refs: Sequence[tuple[int, int]]) -> list[tuple[str, str]]:
             out = []
-            for s, i in self._pairs(
+            for s, i in self.pairs_of(
                 (np.array([s for s, _ in refs], np.int64), np.array([i for _, i in refs], np.int64))
             ):
                 if s not in full:
@@ -499,12 +505,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             samples = self._plan(live.epoch, live.resumed).samples
             if live.chunk is None or workers == 1:  # one contiguous stretch, sliced
                 first, stop = worker_span(len(samples), worker=worker, workers=workers, start=live.start)
-                refs = self._pairs(samples[first + live.consumed : stop].arrays())
+                refs = self.pairs_of(samples[first + live.consumed : stop].arrays())
             else:
                 positions = worker_position_array(
                     len(samples), worker=worker, workers=workers, chunk=live.chunk, start=live.start
                 )
-                refs = self._pairs(samples.take(positions[live.consumed :]))
+                refs = self.pairs_of(samples.take(positions[live.consumed :]))
         return live, refs
 
     def __iter__(self) -> Iterator[Any]:
@@ -522,7 +528,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             progress=live,
             mark_skipped=self._chunked,
             on_skip=None if in_worker else lambda: self.count_skipped(1),
-            partitions=self._partitions,
+            partitions=self.partitions,
         )
         if self._chunked:  # fastload.DataLoader counts what it delivers and rewinds at the end
             size = live.chunk or len(refs) or 1

@@ -241,3 +241,19 @@ def test_filters_on_a_foreign_hive_folder(tmp_path: Path) -> None:
         filter=pq.filters_to_expression(filters)
     )
     assert got == sorted(zip(*(want[c].to_pylist() for c in ("x", "year", "month")), strict=True))
+
+
+def test_a_mix_of_filtered_datasets_reads_their_filtered_rows(monthly: Packed) -> None:
+    jan = fastload.ShardDataset(monthly.root, filters=[("month", "=", 1)], decode=False, columns=["cls"])
+    late = fastload.ShardDataset(
+        monthly.root, filters=[("date", ">", "2024-03-20")], decode=False, partition_columns=True
+    )
+    mix = fastload.Mix({"jan": jan, "late": late}, stop="all_exhausted", seed=3)
+    got: dict[str, list[str]] = {"jan": [], "late": []}
+    for s in mix:
+        got[s["__source__"]].append(s["__key__"])
+        assert s["__source__"] == "jan" or s["month"] == 3
+    assert sorted(got["jan"]) == oracle(monthly, [("month", "=", 1)])
+    assert set(got["late"]) == set(
+        oracle(monthly, [("date", ">", "2024-03-20")])
+    )  # (repeated: all_exhausted)
