@@ -82,6 +82,8 @@ class ShardEntry:
     count: int | None = None  # the sample count of a detached entry (per-sample columns not loaded)
     table: TableRef | None = None  # where the sample table lives (index v2)
     format: str | None = None  # the shard's format, as the v2 manifest records it
+    footer: builtins.bytes = b""  # Parquet: the file's footer (FileMetaData), if its sample table has it
+    stats: dict[str, list[Any]] = field(default_factory=dict)  # column -> [min, max, nulls] (JSON values)
 
     @property
     def samples(self) -> int:
@@ -105,6 +107,7 @@ class ShardEntry:
             member_fields=list(self.member_fields) if self.member_sizes else [],
             member_sizes=self.member_sizes,
             row_groups=list(self.row_groups),
+            footer=self.footer,
         )
 
     def manifest_dict(self) -> dict[str, Any]:
@@ -120,6 +123,7 @@ class ShardEntry:
             "partition": self.partition,
             "fields": list(self.member_fields),
             "table": self.table.to_dict(),
+            **({"stats": self.stats} if self.stats else {}),
         }
 
     @classmethod
@@ -143,6 +147,7 @@ class ShardEntry:
             count=int(raw["samples"]),
             table=TableRef(str(table["name"]), int(table["bytes"]), str(table["checksum"])),
             format=None if raw.get("format") is None else str(raw["format"]),
+            stats=_stats(raw),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +208,16 @@ class ShardEntry:
         return entry
 
 
+def _stats(raw: dict[str, Any]) -> dict[str, list[Any]]:
+    """A v2 shard object's ``stats`` (``{column: [min, max, nulls]}``), checked; absent: ``{}``."""
+    stats = raw.get("stats", {})
+    if not isinstance(stats, dict) or not all(
+        isinstance(v, list) and len(v) == 3 and type(v[2]) is int for v in stats.values()
+    ):
+        raise ValueError(f"shard {raw.get('name')!r}: 'stats' must map columns to [min, max, nulls]")
+    return stats
+
+
 def attach(entry: ShardEntry, table: SampleTable, *, where: str) -> ShardEntry:
     """The full entry: ``entry`` (detached, from a v2 manifest) with its sample table's columns; raises
     :class:`IndexFormatError` naming ``where`` when the table does not describe the shard."""
@@ -230,6 +245,8 @@ def attach(entry: ShardEntry, table: SampleTable, *, where: str) -> ShardEntry:
         crcs=table.crcs,
         table=entry.table,
         format=entry.format,
+        footer=table.footer,
+        stats=entry.stats,
     )
     if full.member_sizes:
         problem = layout_problem_arrays(table) if "member_sizes" in table.arrays else layout_problem(full)
@@ -250,6 +267,7 @@ def detach(entry: ShardEntry, table: TableRef, *, shard_format: str) -> ShardEnt
         count=entry.samples,
         table=table,
         format=shard_format,
+        stats=entry.stats,
     )
 
 

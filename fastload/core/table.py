@@ -14,9 +14,10 @@ The JSON header: ``{"samples": n, "fields": [...], "columns": {name: [dtype, sha
 ``at`` counts from the first byte after the header and each column starts 8-byte aligned. Columns:
 ``offsets`` and ``sizes`` (u64, tar/TFRecord: sample i is ``[offsets[i], +sizes[i])``), ``crcs`` (u32,
 CRC32C of those bytes), ``member_sizes`` (u64, n x len(fields): tar member data sizes in ``fields`` order),
-``row_groups`` (u64, g x 3: Parquet ``offset, size, rows``), ``key_ends`` (u64) and ``key_blob`` (u8: the
-keys, UTF-8, concatenated). The trailing CRC32C covers every byte before it (the ``crc`` argument computes
-it: this module does no I/O and imports no CRC library).
+``row_groups`` (u64, g x 3: Parquet ``offset, size, rows``), ``footer`` (u8: a Parquet shard's footer,
+its Thrift ``FileMetaData``, so a projected read knows each column chunk's bytes), ``key_ends`` (u64) and
+``key_blob`` (u8: the keys, UTF-8, concatenated). The trailing CRC32C covers every byte before it (the
+``crc`` argument computes it: this module does no I/O and imports no CRC library).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class SampleTable:
     member_fields: list[str] = field(default_factory=list)
     member_sizes: list[list[int]] = field(default_factory=list)
     row_groups: list[tuple[int, int, int]] = field(default_factory=list)
+    footer: bytes = b""  # Parquet: the shard's footer (Thrift FileMetaData), for projected reads
     # the columns as decoded (numpy), for whole-column checks without a Python loop per sample
     arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
@@ -134,6 +136,8 @@ def encode_table(table: SampleTable, *, crc: Callable[[bytes], int]) -> bytes:
         cols.append(_column("member_sizes", table.member_sizes, "u8"))
     if table.row_groups:
         cols.append(_column("row_groups", [list(rg) for rg in table.row_groups], "u8"))
+    if table.footer:
+        cols.append(("footer", np.frombuffer(table.footer, dtype=np.uint8)))
     cols.append(("key_ends", ends.astype("<u8")))
     cols.append(("key_blob", np.frombuffer(b"".join(keys), dtype=np.uint8)))
     meta: dict[str, Any] = {"samples": n, "fields": list(table.member_fields), "columns": {}}
@@ -205,6 +209,7 @@ def decode_table(data: bytes, *, where: str, crc: Callable[[bytes], int] | None 
         member_fields=fields,
         member_sizes=arrays["member_sizes"].tolist() if "member_sizes" in arrays else [],
         row_groups=[(a, b, c) for a, b, c in arrays["row_groups"].tolist()] if "row_groups" in arrays else [],
+        footer=arrays["footer"].tobytes() if "footer" in arrays else b"",
         arrays={k: v for k, v in arrays.items() if k in ("sizes", "member_sizes")},
     )
     if table.member_sizes and any(len(r) != len(fields) for r in table.member_sizes):

@@ -35,6 +35,7 @@ import torch.utils.data
 
 from fastload import formats
 from fastload.config import S3Config
+from fastload.core.filters import Filter, and_filters, partition_types
 from fastload.core.index import INDEX_NAME
 from fastload.core.sharding import (
     RankPlan,
@@ -49,6 +50,15 @@ from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 from fastload.storage.cache import ShardCache
 from fastload.train.chunks import chunks_of
+from fastload.train.filtering import (
+    FilteredView,
+    check_selection,
+    partition_filter,
+    partition_parent,
+    partition_values_of,
+    plan_filter,
+    selection_state,
+)
 from fastload.train.options import CacheConfig, DecodeConfig, OrderConfig, PrefetchConfig, merge
 from fastload.train.position import Iteration, SharedPosition
 from fastload.train.reading import read_samples
@@ -63,9 +73,21 @@ ORDER_WARNING = (
 
 
 # ShardDataset's flat keywords, by option group: keyword -> the group's field
-ORDER_KEYWORDS = {k: k for k in ("seed", "shuffle_buffer", "even", "rank", "world_size", "batch_size")}
+ORDER_KEYWORDS = {
+    k: k for k in ("seed", "shuffle_buffer", "even", "rank", "world_size", "batch_size", "filters")
+}
 DECODE_KEYWORDS = {
-    k: k for k in ("decode", "images", "allow_pickle", "map", "columns", "on_error", "verify_samples")
+    k: k
+    for k in (
+        "decode",
+        "images",
+        "allow_pickle",
+        "map",
+        "columns",
+        "on_error",
+        "verify_samples",
+        "partition_columns",
+    )
 }
 PREFETCH_KEYWORDS = {"prefetch_bytes": "max_bytes", "prefetch_threads": "threads", "prefetch_runs": "runs"}
 CACHE_KEYWORDS = {"cache_dir": "path", "cache_limit_bytes": "limit_bytes", "cache_verify": "verify"}
@@ -87,8 +109,9 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     Options, by group (each also takes a config object, e.g. ``order=OrderConfig(...)``, see
     :mod:`fastload.train.options`): order ``seed``, ``shuffle_buffer``, ``even``, ``rank``, ``world_size``,
-    ``batch_size``; decoding ``decode``, ``images``, ``allow_pickle``, ``map``, ``columns``, ``on_error``,
-    ``verify_samples`` (each sample's CRC32C checked on read; default on);
+    ``batch_size``, ``filters`` (rows kept, pyarrow's DNF: ``docs/parquet.md``); decoding ``decode``,
+    ``images``, ``allow_pickle``, ``map``, ``columns``, ``on_error``, ``verify_samples`` (each sample's
+    CRC32C checked on read; default on), ``partition_columns`` (partition values added to samples);
     prefetch ``prefetch_bytes``, ``prefetch_threads``, ``prefetch_runs``; cache ``cache_dir``,
     ``cache_limit_bytes``, ``cache_verify``. ``key_column``: for Parquet files without an index, the column
     whose values are ``__key__`` (default ``<file>/<row>``; ``docs/parquet-foreign.md``).
@@ -106,6 +129,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         rank: int | None = None,
         world_size: int | None = None,
         batch_size: int | None = None,
+        filters: Any = None,
         decode: bool = True,
         images: bool = True,
         allow_pickle: bool = False,
@@ -113,6 +137,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         columns: Sequence[str] | None = None,
         on_error: str = "raise",
         verify_samples: bool = True,
+        partition_columns: bool = False,
         prefetch_bytes: int | None = None,
         prefetch_threads: int = 8,
         prefetch_runs: int = 64,
@@ -133,8 +158,11 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         wanted = merge(prefetch, PrefetchConfig, flat, PREFETCH_KEYWORDS)
         self.caching = merge(caching, CacheConfig, flat, CACHE_KEYWORDS)
         self.s3_config = s3_config
+        parent = partition_parent(source, s3_config=s3_config)  # .../split=train of a dataset: a filter
         with gc_paused():  # a big index is many small objects
-            self.root, self.index = open_index(source, s3_config=s3_config, key_column=key_column)
+            self.root, self.index = open_index(
+                parent[0] if parent else source, s3_config=s3_config, key_column=key_column
+            )
         projects = formats.by_name(self.index.shard_format).projects_columns
         if self.decoding.columns is not None and not projects:
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
@@ -142,6 +170,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._cache_obj: tuple[int, ShardCache] | None = None
         if self.caching.path is not None:
             self.cache()  # a bad folder fails here, not in a worker
+        self.filters = self.order.filters
+        if parent is not None:
+            types = partition_types(s.partition for s in self.index.shards)
+            self.filters = and_filters(self.filters, partition_filter(parent[1], types))
+        self.filtered = None if self.filters is None else self._filter(self.filters)
+        self.partitions = partition_values_of(self.index) if self.decoding.partition_columns else None
         self._shared = SharedPosition()  # shared with DataLoader workers, persistent ones included
         self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
         self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
@@ -229,12 +263,31 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         world = self.rank_world()[1] if world_size is None else world_size
         return self._fingerprint(world, legacy=False)
 
+    def _filter(self, flt: Filter) -> FilteredView:
+        with gc_paused():
+            return plan_filter(self.root, self.index, flt, s3_config=self.s3_config, cache=self.cache())
+
     def _counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """Each shard's sample count (computed once: O(shards))."""
+        """Each shard's sample count, or its count of rows kept by ``filters`` (computed once: O(shards))."""
         counts = self.__dict__.get("_counts_array")
-        if counts is None:
+        if counts is None and self.filtered is not None:
+            counts = self._counts_array = self.filtered.counts
+        elif counts is None:
             counts = self._counts_array = np.fromiter((s.samples for s in self.index.shards), np.int64)
         return counts
+
+    def shard_counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Each shard's count of samples this dataset reads (what ``filters`` keep): what orders are
+        planned over (``fastload.Mix`` plans its sources with it)."""
+        return self._counts()
+
+    def pairs_of(self, refs: tuple[Any, Any]) -> list[tuple[int, int]]:
+        """``(shards, positions)`` arrays of an order planned over :meth:`shard_counts` as ``(shard, row)``
+        pairs to read (positions among the rows ``filters`` keep mapped to the shards' rows)."""
+        shards, positions = refs
+        if self.filtered is not None:
+            positions = self.filtered.rows(shards, positions)
+        return list(zip(shards.tolist(), positions.tolist(), strict=True))
 
     def _samples(self) -> int:
         return int(self._counts().sum())
@@ -249,8 +302,8 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         cached: dict[str, str] = self.__dict__.setdefault("_fingerprints", {})
         if settings not in cached:
             digest = hashlib.sha256(settings.encode())
-            for shard in self.index.shards:
-                digest.update(f"{shard.name}\0{shard.samples}\0{shard.checksum}\n".encode())
+            for shard, count in zip(self.index.shards, self._counts().tolist(), strict=True):
+                digest.update(f"{shard.name}\0{count}\0{shard.checksum}\n".encode())
             cached[settings] = digest.hexdigest()[:16]
         return cached[settings]
 
@@ -292,7 +345,9 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
         def named(refs: Sequence[tuple[int, int]]) -> list[tuple[str, str]]:
             out = []
-            for s, i in refs:
+            for s, i in self.pairs_of(
+                (np.array([s for s, _ in refs], np.int64), np.array([i for _, i in refs], np.int64))
+            ):
                 if s not in full:
                     full[s] = formats.full_entry(
                         self.root,
@@ -339,6 +394,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             "rank": rank,
             "samples": self._samples(),
             "order": self.order_fingerprint(),
+            **selection_state(self.filters, self.decoding.columns),
         }
         if resumed is not None:
             state["resumed_from"] = {"world_size": resumed[0], "delivered": resumed[1]}
@@ -356,6 +412,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         _, world = self.rank_world()
         old_world = state.get("world_size", world)
         state = self._legacy_split(state, old_world if isinstance(old_world, int) else world)
+        check_selection(state, self.filters, self.decoding.columns)
         for name, mine in (
             ("seed", self.seed),
             ("samples", self._samples()),
@@ -448,12 +505,12 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             samples = self._plan(live.epoch, live.resumed).samples
             if live.chunk is None or workers == 1:  # one contiguous stretch, sliced
                 first, stop = worker_span(len(samples), worker=worker, workers=workers, start=live.start)
-                refs = samples[first + live.consumed : stop].pairs()
+                refs = self.pairs_of(samples[first + live.consumed : stop].arrays())
             else:
                 positions = worker_position_array(
                     len(samples), worker=worker, workers=workers, chunk=live.chunk, start=live.start
                 )
-                refs = samples.pairs(positions[live.consumed :])
+                refs = self.pairs_of(samples.take(positions[live.consumed :]))
         return live, refs
 
     def __iter__(self) -> Iterator[Any]:
@@ -471,6 +528,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             progress=live,
             mark_skipped=self._chunked,
             on_skip=None if in_worker else lambda: self.count_skipped(1),
+            partitions=self.partitions,
         )
         if self._chunked:  # fastload.DataLoader counts what it delivers and rewinds at the end
             size = live.chunk or len(refs) or 1

@@ -308,9 +308,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
                 rows = proc.groups.get((shard, g))
             if rows is not None:
                 return rows
-            offset, size, _ = handle.entry.row_groups[g]
-            if handle.range_file is not None and self.decoding.columns is None:
-                handle.range_file.hold(offset, size)  # the whole group, one ranged read
+            size = handle.entry.row_groups[g][1]
+            # (the format fetches the group's column chunks asked for with one coalesced ranged read)
             rows = handle.load(range(starts[g], starts[g + 1]), self.decoding.columns)
             with proc.lock:
                 proc.groups.put((shard, g), rows, size)

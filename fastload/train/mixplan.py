@@ -30,8 +30,7 @@ class Source:
 
     @classmethod
     def of(cls, name: str, d: ShardDataset) -> Source:
-        counts = np.fromiter((s.samples for s in d.index.shards), np.int64)
-        return cls(name, counts, d.seed, d.even, d.shuffle_buffer)
+        return cls(name, d.shard_counts(), d.seed, d.even, d.shuffle_buffer)  # (filters= applied)
 
     def order(self, epoch: int, p: int, rank: int, world: int) -> Refs:
         """This rank's samples of pass ``p`` in mixture epoch ``epoch``, in order."""

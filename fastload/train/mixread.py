@@ -68,7 +68,7 @@ def source_samples(
         mine = worker_mask(sched.positions(s, ks), start=start, worker=worker, workers=workers, chunk=chunk)
         progress = Iteration(plan.epoch, start, None, worker, workers, chunk)
         for out in read_samples(
-            piece.pairs(ks[mine] - piece_at),
+            d.pairs_of(piece.take(ks[mine] - piece_at)),
             root=d.root,
             shards=d.index.shards,
             shard_format=d.index.shard_format,
@@ -78,6 +78,7 @@ def source_samples(
             cache=d.cache(),
             progress=progress,
             mark_skipped=True,
+            partitions=d.partitions,
         ):
             if type(out) is dict:  # (not SKIPPED; a map= may return other types)
                 out["__source__"] = name

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from fastload.core.filters import normalise
 from fastload.core.sharding import EVEN_POLICIES
 from fastload.errors import ConfigError
 
@@ -28,6 +29,9 @@ class OrderConfig:
     with several workers: then workers take turns over chunks of it, and the order reaching the training
     loop is the same for any ``num_workers``. None (the default) lets each worker read one contiguous
     stretch of the rank's order instead (long reads; the order then depends on ``num_workers``).
+    ``filters``: only the rows that match, in pyarrow's DNF convention (``[("split", "=", "train")]``, or a
+    list of such lists for OR; see ``docs/parquet.md``), decided before the epoch is planned, so every
+    policy above applies to the filtered dataset.
     """
 
     seed: int | None = None
@@ -36,8 +40,10 @@ class OrderConfig:
     rank: int | None = None
     world_size: int | None = None
     batch_size: int | None = None
+    filters: Any = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "filters", normalise(self.filters))
         if self.even not in EVEN_POLICIES:
             raise ConfigError(f"even={self.even!r}; choose one of {', '.join(EVEN_POLICIES)}")
         if self.shuffle_buffer < 0:
@@ -55,6 +61,8 @@ class DecodeConfig:
     """What a sample becomes: fields decoded by extension (``decode``; ``images`` with Pillow; pickles only
     with ``allow_pickle``), then ``map``. ``columns`` projects Parquet shards. ``on_error``: ``raise`` (with
     the shard and key) or ``skip`` (counted) for a sample that fails to decode or map.
+    ``partition_columns``: add each shard's hive partition values (``split=train`` -> ``"split": "train"``,
+    typed as pyarrow types them) to its samples.
 
     ``verify_samples``: check each sample's bytes as read against the CRC32C its index records (tar shards
     of an index v2, headers and padding included; a mismatch raises ``VerifyError`` naming the shard, key
@@ -69,6 +77,7 @@ class DecodeConfig:
     columns: Sequence[str] | None = None
     on_error: str = "raise"
     verify_samples: bool = True
+    partition_columns: bool = False
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):

@@ -5,7 +5,7 @@ them ahead (:class:`~fastload.train.prefetch.Prefetcher`), parse them
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fastload.config import S3Config
@@ -34,12 +34,14 @@ def read_samples(
     progress: Iteration,
     mark_skipped: bool = False,
     on_skip: Callable[[], None] | None = None,
+    partitions: Sequence[Mapping[str, Any]] | None = None,
 ) -> Generator[Any, None, None]:
     """The samples of ``refs`` (``(shard, position)`` pairs of ``shards``, manifest entries of
     ``shard_format``: attached or v2) in order, decoded and mapped.
 
     ``progress.consumed`` counts the references passed so far (delivered or skipped). A skipped sample is
     yielded as :data:`SKIPPED` with ``mark_skipped``, else reported to ``on_skip`` and left out.
+    ``partitions``: each shard's partition values, added to its samples (``partition_columns=True``).
     """
     max_bytes = prefetch.max_bytes or 0
     # without prefetch nothing is held ahead, and local shards stream sample by sample: bigger tasks only
@@ -69,6 +71,8 @@ def read_samples(
     try:
         for task, parse in prefetcher:
             name = shards[task.shard].name
+            if partitions is not None:
+                parse = _with_values(parse, partitions[task.shard])
             if decoding.plain:  # nothing to decode or map: nothing can fail or be skipped
                 for raw in parse():
                     raw["__shard__"] = name
@@ -86,6 +90,17 @@ def read_samples(
     finally:
         prefetcher.close()
         readers.close()
+
+
+def _with_values(
+    parse: Callable[[], Iterable[RawSample]], values: Mapping[str, Any]
+) -> Callable[[], Iterable[RawSample]]:
+    def more() -> Iterator[RawSample]:
+        for raw in parse():
+            raw.update(values)
+            yield raw
+
+    return more
 
 
 def finish(raw: RawSample, decoding: DecodeConfig) -> Any:

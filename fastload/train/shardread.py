@@ -9,12 +9,13 @@ import functools
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastload import formats
 from fastload.config import S3Config
+from fastload.core.filters import Filter
 from fastload.core.index import ShardEntry
 from fastload.core.readplan import ReadTask, iter_reads, runs
 from fastload.errors import ConfigError, NotFoundError, VerifyError
@@ -101,6 +102,14 @@ class ShardReader:
         consecutive samples); ``columns`` projects fields where the format can (Parquet)."""
         for first, stop in runs(positions):
             yield list(self.load(range(first, stop), columns)())
+
+    def select(self, flt: Filter, partition: Mapping[str, Any]) -> tuple[list[tuple[int, int]], int]:
+        """``(runs of the rows filter flt keeps, bytes fetched to decide)``, for formats that select rows
+        (Parquet: ``ParquetSamples.select``); ``partition``: the shard's typed partition values."""
+        select = getattr(self._samples, "select", None)
+        if select is None:
+            raise ConfigError(f"{self.name}: its format cannot filter rows; filter on partition columns")
+        return select(flt, partition)  # type: ignore[no-any-return]
 
     def load(
         self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False

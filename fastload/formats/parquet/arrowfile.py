@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import IO, Any
 
 
-def open_parquet(source: str | IO[bytes], **options: Any) -> Any:
+def open_parquet(source: str | IO[bytes] | Any, **options: Any) -> Any:
     """``pyarrow.parquet.ParquetFile(source, pre_buffer=False, **options)`` (see the module docstring)."""
     import pyarrow.parquet as pq
 

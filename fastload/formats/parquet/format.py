@@ -1,20 +1,25 @@
-"""The Parquet shard format: planning sizes, the writer, the read path (rows by row group) and verify.
+"""The Parquet shard format: planning sizes, the writer, the read path and verify.
 
-A shard's samples are rows, its index entry lists the row groups ``(offset, size, rows)``. Files written by
-other tools are indexed from their footers (:mod:`.foreign`) and read the same way; column values become
-sample values as :mod:`.values` says.
+A shard's samples are rows; its index entry lists the row groups ``(offset, size, rows)`` and its sample
+table holds its footer. The read path fetches only the column chunks asked for (:class:`ParquetSamples`)
+and selects the rows a filter keeps (:mod:`.select`, before planning). Files written by other tools are
+indexed from their footers (:mod:`.foreign`) and read the same way; column values become sample values as
+:mod:`.values` says.
 """
 
 from __future__ import annotations
 
 import bisect
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from fastload.core.filters import Filter
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.plan import parquet_file_overhead, parquet_row_bytes
+from fastload.core.projection import GAP_BYTES, coalesce
 from fastload.errors import VerifyError
+from fastload.formats.parquet import footer
+from fastload.formats.parquet.sparse import SparseFile
 
 if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
@@ -27,74 +32,111 @@ KEY_COLUMN = "__key__"
 
 
 class ParquetSamples:
-    """Rows of one indexed Parquet shard: whole row groups are read, then the wanted rows picked. Each page's
-    CRC (written by ``fastload pack``) is checked as it is read: a damaged page raises
+    """Rows of one indexed Parquet shard. A load fetches, with the shard's ranged ``read``, only the column
+    chunks of the columns asked for (:func:`.values.read_columns`: ``__key__`` comes from the index) in the
+    row groups holding the rows wanted, their byte ranges taken from the footer (:mod:`.footer`) and merged
+    where close (:func:`~fastload.core.projection.coalesce`); pyarrow then decodes them from those bytes.
+    Each page's
+    CRC (written by ``fastload pack``) is checked as it is decoded: a damaged page raises
     :class:`~fastload.errors.VerifyError` naming the shard, the row group and its keys."""
 
-    def __init__(self, entry: ShardEntry, file: BinaryIO) -> None:
+    gap_bytes = GAP_BYTES  # column chunks closer than this are fetched with one read
+
+    def __init__(self, entry: ShardEntry, read: Callable[[int, int], bytes]) -> None:
         self.entry = entry
-        self._file = file
-        self._lock = threading.Lock()  # pyarrow reads through the file position
+        self._read = read
+        self._starts = [0]
+        for rg in entry.row_groups:
+            self._starts.append(self._starts[-1] + rg[2])
+        self.row_starts: Sequence[int] = self._starts  # row group g holds rows [starts[g], starts[g + 1])
 
     def close(self) -> None:
         pass  # the file belongs to the caller
 
+    def metadata(self) -> Any:
+        """The shard's parsed footer (recorded in its table, else read from its tail; cached)."""
+        e = self.entry
+        return footer.metadata((e.name, e.bytes, e.checksum), e.footer, self._read, where=e.name)
+
+    def select(self, flt: Filter, partition: Mapping[str, Any]) -> tuple[list[tuple[int, int]], int]:
+        """``(runs of the rows kept by flt, bytes fetched to decide)``: :func:`.select.select_rows`."""
+        from fastload.formats.parquet.select import select_rows
+
+        return select_rows(self, flt, partition)
+
+    def names(self, meta: Any) -> list[str]:
+        """The shard's top-level column names."""
+        names = self.__dict__.get("_names")
+        if names is None:
+            names = self._names = meta.schema.to_arrow_schema().names
+        return names  # type: ignore[no-any-return]
+
+    def group_of(self, position: int) -> int:
+        return bisect.bisect_right(self._starts, position) - 1
+
     def load(
         self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False
     ) -> Callable[[], Iterable[RawSample]]:
-        rows = self.read_rows(positions, columns)
-        return lambda: rows
+        """Fetch the column chunks the rows at ``positions`` need now; the returned function decodes them
+        into samples, in the order of ``positions``."""
+        from fastload.formats.parquet.values import read_columns
 
-    def read_rows(self, positions: Sequence[int], columns: Sequence[str] | None) -> list[RawSample]:
-        """The rows at index ``positions``, in that order; ``columns`` projects fields (the key stays)."""
+        meta = self.metadata()
+        cols = read_columns(self.names(meta), columns)
+        groups = sorted({self.group_of(p) for p in positions})
+        pieces = self.fetch(meta, groups, cols)
+        return lambda: self._rows(meta, pieces, groups, positions, cols)
+
+    def fetch(self, meta: Any, groups: Sequence[int], cols: Sequence[str] | None) -> list[tuple[int, bytes]]:
+        """``(offset, bytes)`` of the coalesced column-chunk ranges of ``cols`` in row groups ``groups``."""
+        wanted = [r for g in groups for r in footer.column_chunks(meta, g, cols)]
+        return [(a, self._read(a, b - a)) for a, b in coalesce(wanted, gap_bytes=self.gap_bytes)]
+
+    def decode(
+        self, meta: Any, pieces: Sequence[tuple[int, bytes]], group: int, cols: Sequence[str] | None
+    ) -> Any:
+        """Row group ``group`` (its chunks among ``pieces``) as a pyarrow table; a page that fails its
+        checksum raises :class:`VerifyError`."""
         from fastload.formats.parquet.arrowfile import open_parquet
-        from fastload.formats.parquet.values import read_columns, sample_rows
 
-        with self._lock:
-            entry = self.entry
-            self._file.seek(0)
-            parquet = open_parquet(self._file, page_checksum_verification=True)
-            starts = [0]
-            for rg in entry.row_groups:
-                starts.append(starts[-1] + rg[2])
-            wanted = set(positions)
-            names = parquet.schema_arrow.names
-            cols = read_columns(names, columns)
-            rows: dict[int, RawSample] = {}
-            ordered = sorted(wanted)
-            for g in range(len(entry.row_groups)):  # the row groups holding a wanted row
-                i = bisect.bisect_left(ordered, starts[g])
-                if i == len(ordered) or ordered[i] >= starts[g + 1]:
-                    continue
-                table = self._row_group(parquet, g, cols, starts)
-                rows.update(
-                    sample_rows(
-                        table,
-                        first=starts[g],
-                        wanted=wanted,
-                        keys=entry.keys,
-                        keep_nulls=KEY_COLUMN not in names,
-                    )
-                )
-            return [rows[p] for p in positions]
-
-    def _row_group(self, parquet: Any, g: int, cols: list[str] | None, starts: list[int]) -> Any:
-        """Row group ``g`` as columns; a page that fails its checksum raises :class:`VerifyError`."""
+        sparse = SparseFile(self.entry.bytes, pieces, self._read)
+        parquet = open_parquet(sparse, metadata=meta, page_checksum_verification=True)
         try:
-            return parquet.read_row_group(g, columns=cols, use_threads=False)  # (see arrowfile)
+            return parquet.read_row_group(group, columns=cols, use_threads=False)  # (see arrowfile)
         except OSError as exc:
             if "checksum" not in str(exc).lower():
                 raise
-            keys = self.entry.keys
-            first, last = keys[starts[g]], keys[starts[g + 1] - 1]
+            keys, starts = self.entry.keys, self._starts
+            first, last = keys[starts[group]], keys[starts[group + 1] - 1]
             raise VerifyError(
-                f"row group {g} (keys {first!r}..{last!r}) has a page that fails its checksum ({exc}): the "
-                "shard was damaged after packing; run `fastload verify` and re-pack or re-download it (with "
-                "cache_dir=, a damaged cached copy is fetched again)",
+                f"row group {group} (keys {first!r}..{last!r}) has a page that fails its checksum ({exc}): "
+                "the shard was damaged after packing; run `fastload verify` and re-pack or re-download it "
+                "(with cache_dir=, a damaged cached copy is fetched again)",
                 shard=self.entry.name,
                 key=first,
-                offset=self.entry.row_groups[g][0],
+                offset=self.entry.row_groups[group][0],
             ) from None
+
+    def _rows(
+        self,
+        meta: Any,
+        pieces: Sequence[tuple[int, bytes]],
+        groups: Sequence[int],
+        positions: Sequence[int],
+        cols: Sequence[str] | None,
+    ) -> list[RawSample]:
+        from fastload.formats.parquet.values import sample_rows
+
+        wanted = set(positions)
+        keep_nulls = KEY_COLUMN not in self.names(meta)  # (a foreign file: nulls are values)
+        rows: dict[int, RawSample] = {}
+        for g in groups:
+            table = self.decode(meta, pieces, g, cols)
+            first = self._starts[g]
+            rows.update(
+                sample_rows(table, first=first, wanted=wanted, keys=self.entry.keys, keep_nulls=keep_nulls)
+            )
+        return [rows[p] for p in positions]
 
 
 class ParquetFormat:
@@ -106,6 +148,7 @@ class ParquetFormat:
     pack_options: tuple[str, ...] = ("row_group_bytes", "compression")
     foreign = True
     projects_columns = True
+    selects_rows = True  # ParquetSamples.select: the rows a filter keeps, by statistics and filter columns
 
     def matches(self, name: str) -> bool:
         return name.endswith(self.suffixes)
@@ -161,7 +204,7 @@ class ParquetFormat:
     def samples(
         self, entry: ShardEntry, *, read: Callable[[int, int], bytes], file: BinaryIO, fd: int | None
     ) -> ParquetSamples:
-        return ParquetSamples(entry, file)
+        return ParquetSamples(entry, read)
 
     def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
         from fastload.formats.parquet.check import verify_parquet

@@ -19,6 +19,8 @@ from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
 from fastload.core.plan import plan_row_groups
 from fastload.errors import Skip
+from fastload.formats.parquet.footer import tail_footer
+from fastload.formats.parquet.stats import STATS_MAX_VALUE_BYTES, shard_stats
 from fastload.formats.tar.writer import ShardResult
 from fastload.storage.inputs import Input, Opened, close_all, open_ahead, read_exactly, read_problem
 
@@ -93,7 +95,14 @@ def write_parquet_shard(
             if arrays is not None:
                 yield pa.Table.from_arrays(arrays, schema=schema)
 
-    rows_per_group = write_tables(tmp_path, schema, tables(), compression=compression, key_stats=True)
+    longest: dict[str, int] = {}
+    for s in samples:
+        for field, item in s.members:
+            longest[field] = max(longest.get(field, 0), item.entry.size)
+    small = [f for f in fields if longest.get(f, 0) <= STATS_MAX_VALUE_BYTES]
+    rows_per_group = write_tables(
+        tmp_path, schema, tables(), compression=compression, key_stats=True, stats_columns=small
+    )
     finish_entry(entry, tmp_path, rows_per_group)
     return result
 
@@ -105,21 +114,24 @@ def write_tables(
     *,
     compression: str = "none",
     key_stats: bool = False,
+    stats_columns: Sequence[str] = (),
 ) -> list[int]:
     """Write row groups (tables of ``schema``, ``__key__`` first, one row group each) as a Parquet file at
-    ``tmp_path``; return the rows of each group (for :func:`finish_entry`). Dictionaries and statistics only
-    for ``__key__`` and only with ``key_stats`` (sample shards), none otherwise (token shards); page
-    checksums always. The file is removed on any error, including one raised by ``tables``."""
+    ``tmp_path``; return the rows of each group (for :func:`finish_entry`). Dictionaries only for ``__key__``
+    and only with ``key_stats`` (sample shards), none otherwise (token shards); statistics for ``__key__``
+    (with ``key_stats``) and ``stats_columns`` (fields whose values are all short: what filters prune
+    by); page checksums always. The file is removed on any error, including one raised by ``tables``."""
     rows_per_group: list[int] = []
     writer = None
     try:
         key_only: list[str] | bool = [KEY_COLUMN] if key_stats else False
+        with_stats = ([KEY_COLUMN] if key_stats else []) + list(stats_columns)
         writer = pq.ParquetWriter(
             tmp_path,
             schema,
             compression=compression,
             use_dictionary=key_only,
-            write_statistics=key_only,
+            write_statistics=with_stats or False,
             write_page_checksum=True,
         )
         for table in tables:
@@ -142,6 +154,8 @@ def finish_entry(entry: ShardEntry, tmp_path: str, rows_per_group: list[int]) ->
     crc, entry.bytes = file_crc32c(tmp_path)
     entry.checksum = f"{crc:08x}"
     meta = pq.read_metadata(tmp_path)
+    entry.footer = tail_footer(tmp_path)
+    entry.stats = shard_stats(meta)
     for i, rows in enumerate(rows_per_group):
         rg = meta.row_group(i)
         starts = []
