@@ -203,6 +203,31 @@ def test_projection_fetches_only_the_projected_column_chunks(monthly: Packed) ->
     assert reads[0] == min(entry.bytes, 64 << 10)
 
 
+def test_a_remote_shards_projected_ranges_are_fetched_at_once(monthly: Packed) -> None:
+    """Several column-chunk ranges of one load (a remote shard: a round trip each) are in flight together,
+    and the rows are the same as fetched one after another (a local shard, fd given)."""
+    import threading
+
+    index = formats.load_index(str(monthly.root), tables=True)
+    entry = index.shards[0]
+    data = (monthly.root / entry.name).read_bytes()
+    both = threading.Barrier(2, timeout=10)  # the first read returns once a second one is in flight too
+    calls = iter(range(1 << 30))
+
+    def read(offset: int, size: int) -> bytes:
+        if next(calls) < 2:
+            both.wait()
+        return data[offset : offset + size]
+
+    remote = PARQUET.samples(entry, read=read, file=None, fd=None)  # type: ignore[arg-type]
+    remote.gap_bytes = 0  # one range per row group
+    assert remote.metadata().num_row_groups >= 2
+    got = list(remote.load(range(entry.samples), ["cls"])())
+    local, _ = counting(entry, monthly.root / entry.name)
+    local._concurrent = False
+    assert got == list(local.load(range(entry.samples), ["cls"])())
+
+
 def test_a_damaged_page_of_a_projected_column_raises(monthly: Packed, tmp_path: Path) -> None:
     index = formats.load_index(str(monthly.root), tables=True)
     entry = index.shards[1]

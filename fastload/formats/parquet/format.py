@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastload.core.filters import Filter
@@ -20,6 +21,8 @@ from fastload.core.projection import GAP_BYTES, coalesce
 from fastload.errors import VerifyError
 from fastload.formats.parquet import footer
 from fastload.formats.parquet.sparse import SparseFile
+
+FETCH_THREADS = 8  # column-chunk ranges of one load fetched at once
 
 if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
@@ -42,9 +45,14 @@ class ParquetSamples:
 
     gap_bytes = GAP_BYTES  # column chunks closer than this are fetched with one read
 
-    def __init__(self, entry: ShardEntry, read: Callable[[int, int], bytes]) -> None:
+    def __init__(
+        self, entry: ShardEntry, read: Callable[[int, int], bytes], *, concurrent: bool = False
+    ) -> None:
+        """``concurrent``: fetch a load's several ranges at once (a remote shard, where each is a round
+        trip); ``read`` must then be thread-safe."""
         self.entry = entry
         self._read = read
+        self._concurrent = concurrent
         self._starts = [0]
         for rg in entry.row_groups:
             self._starts.append(self._starts[-1] + rg[2])
@@ -90,7 +98,14 @@ class ParquetSamples:
     def fetch(self, meta: Any, groups: Sequence[int], cols: Sequence[str] | None) -> list[tuple[int, bytes]]:
         """``(offset, bytes)`` of the coalesced column-chunk ranges of ``cols`` in row groups ``groups``."""
         wanted = [r for g in groups for r in footer.column_chunks(meta, g, cols)]
-        return [(a, self._read(a, b - a)) for a, b in coalesce(wanted, gap_bytes=self.gap_bytes)]
+        ranges = coalesce(wanted, gap_bytes=self.gap_bytes)
+        if len(ranges) < 2 or not self._concurrent:
+            return [(a, self._read(a, b - a)) for a, b in ranges]
+        # several ranges (projected chunks of several row groups): fetched at once, not a round trip each
+        # one after another (``read`` is thread-safe; the store's gate bounds S3 requests)
+        with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(ranges))) as pool:
+            got = list(pool.map(lambda r: self._read(r[0], r[1] - r[0]), ranges))
+        return [(a, data) for (a, _), data in zip(ranges, got, strict=True)]
 
     def decode(
         self, meta: Any, pieces: Sequence[tuple[int, bytes]], group: int, cols: Sequence[str] | None
@@ -204,7 +219,7 @@ class ParquetFormat:
     def samples(
         self, entry: ShardEntry, *, read: Callable[[int, int], bytes], file: BinaryIO, fd: int | None
     ) -> ParquetSamples:
-        return ParquetSamples(entry, read)
+        return ParquetSamples(entry, read, concurrent=fd is None)  # (a remote shard: round trips)
 
     def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
         from fastload.formats.parquet.check import verify_parquet
