@@ -12,6 +12,9 @@ on a new connection):
   throughput). Each is bounded below by ``floor_s`` and above by ``ceiling_s`` (``read_timeout_s``, which
   stays the hard limit of a silent socket). A cold model (too few samples) gives ``cold_factor x floor_s``
   (1 s by default: AWS's advice for small GETs) until it knows this endpoint.
+- **patience** (:class:`Patience`) stretches every deadline when hedges keep losing to the GETs they
+  hedged (sent too early: the endpoint, or a busy machine's scheduling, is slower than the model says) and
+  shrinks back when hedges win (a real stall), so a loaded but healthy setup stops hedging on its own.
 - **hedge** a request that has passed one of them, unless the endpoint throttled within
   ``throttle_quiet_s`` (503s: the AIMD gate is in charge, more requests would make it worse), the budget
   is spent (at most ``burst + max_fraction x requests`` hedges) or the request already has ``max_hedges``.
@@ -151,6 +154,21 @@ class HedgePolicy:
         return min(self.ceiling_s, max(self.floor_s, self.multiplier * seconds))
 
 
+class Patience:
+    """How many times the model's deadlines a lagging request is given: ``grow`` x after a hedge the
+    original GET beat, ``shrink`` x after a hedge that won, within ``[1, most]``. Not thread-safe."""
+
+    def __init__(self, *, grow: float = 2.0, shrink: float = 0.5, most: float = 8.0) -> None:
+        if grow < 1 or not 0 < shrink <= 1 or most < 1:
+            raise ValueError(f"need {grow=} >= 1, 0 < {shrink=} <= 1, {most=} >= 1")
+        self.grow, self.shrink, self.most = grow, shrink, most
+        self.factor = 1.0
+
+    def hedge_ended(self, *, won: bool) -> None:
+        """A race with hedges closed: ``won`` when a hedge had the bytes first."""
+        self.factor = max(1.0, self.factor * self.shrink) if won else min(self.most, self.factor * self.grow)
+
+
 @dataclass(frozen=True)
 class Deadlines:
     """Seconds a request may take before it counts as lagging: to its response head, between two body
@@ -162,26 +180,30 @@ class Deadlines:
     first_byte_p95_s: float | None
     slow_rates: dict[int, float]  # p5 throughput by size class (classes with enough samples)
     slow_rate: float | None  # p5 throughput over every size
+    stretch: float = 1.0  # the patience factor (already in first_byte_s and progress_s)
 
     def completion_s(self, nbytes: int) -> float:
         rate = self.slow_rates.get(size_class(nbytes), self.slow_rate)
         first = self.first_byte_p95_s
-        return self.policy.bound(None if first is None or rate is None else first + nbytes / rate)
+        seconds = self.policy.bound(None if first is None or rate is None else first + nbytes / rate)
+        return min(self.policy.ceiling_s, seconds * self.stretch)
 
 
-def deadlines(model: LatencyModel, policy: HedgePolicy) -> Deadlines:
-    """The deadlines ``model`` and ``policy`` give now (compute once per check, not per request)."""
+def deadlines(model: LatencyModel, policy: HedgePolicy, stretch: float = 1.0) -> Deadlines:
+    """The deadlines ``model`` and ``policy`` give now, each ``stretch`` x (a :class:`Patience` factor)
+    within the ceiling (compute once per check, not per request)."""
     gap = model.gap_s(0.99)
     if gap is None:
         slow_rate = model.rate(PIECE_BYTES, 0.05)
         gap = None if slow_rate is None else PIECE_BYTES / slow_rate
     return Deadlines(
-        first_byte_s=policy.bound(model.first_byte_s(0.99)),
-        progress_s=policy.bound(gap),
+        first_byte_s=min(policy.ceiling_s, policy.bound(model.first_byte_s(0.99)) * stretch),
+        progress_s=min(policy.ceiling_s, policy.bound(gap) * stretch),
         policy=policy,
         first_byte_p95_s=model.first_byte_s(0.95),
         slow_rates=model.slow_rates(0.05),
         slow_rate=model.all_rates(0.05),
+        stretch=stretch,
     )
 
 

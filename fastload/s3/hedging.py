@@ -177,6 +177,7 @@ class Hedger:
     def __init__(self, stats: S3Stats, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.stats, self.clock = stats, clock
         self.model = LatencyModel()
+        self.patience = policy_mod.Patience()
         self.requests = 0
         self.hedges = 0
         self._races: set[Race] = set()
@@ -190,7 +191,7 @@ class Hedger:
 
     def deadlines(self, policy: HedgePolicy) -> policy_mod.Deadlines:
         with self._lock:
-            return policy_mod.deadlines(self.model, policy)
+            return policy_mod.deadlines(self.model, policy, self.patience.factor)
 
     def race(self, policy: HedgePolicy, size: int, start_hedge: Callable[[Race, Runner], None]) -> Race:
         """Open a race for a GET of ``size`` bytes (``start_hedge(race, runner)`` runs a hedge)."""
@@ -206,10 +207,12 @@ class Hedger:
         return race
 
     def closed(self, race: Race, wasted_bytes: int) -> None:
+        won = race.winner is not None and race.winner is not race.primary
         with self._lock:
             self._races.discard(race)
+            if race.hedges and race.winner is not None:  # (a race that failed says nothing)
+                self.patience.hedge_ended(won=won)
         if race.hedges:
-            won = race.winner is not None and race.winner is not race.primary
             self.stats.hedge_event(won=int(won), wasted_bytes=wasted_bytes)
 
     def _watch(self, floor_s: float) -> None:
@@ -226,7 +229,8 @@ class Hedger:
                         return
                     continue
                 idle_since = None
-                limits = {p: policy_mod.deadlines(self.model, p) for p in {r.policy for r in races}}
+                stretch = self.patience.factor
+                limits = {p: policy_mod.deadlines(self.model, p, stretch) for p in {r.policy for r in races}}
                 tick = min(0.1, min(p.floor_s for p in limits) / 4)
             now = self.clock()
             for race in races:

@@ -215,3 +215,28 @@ def test_shard_dataset_reads_are_hedged(
     stats = fastload.s3_stats()
     assert stats["hedges"]["won"] == 3 and stats["retries_total"] == 0, stats
     assert elapsed < TIMEOUT_S
+
+
+def test_hedges_that_lose_make_the_hedger_patient_and_winning_ones_undo_it() -> None:
+    """The hedger's wiring of core.hedge.Patience: a race whose original GET beat its hedge stretches the
+    deadlines it hands out; a race a hedge won shrinks them; a race without hedges changes nothing."""
+    from fastload.core.hedge import HedgePolicy
+    from fastload.s3.hedging import Hedger
+    from fastload.s3.stats import S3Stats
+
+    class Ended:  # what Hedger.closed reads of a race
+        def __init__(self, hedged: bool, hedge_won: bool) -> None:
+            self.primary, hedge = object(), object()
+            self.hedges = [hedge] if hedged else []
+            self.winner = hedge if hedge_won else self.primary
+
+    hedger = Hedger(S3Stats())
+    policy = HedgePolicy()
+    base = hedger.deadlines(policy).first_byte_s
+    hedger.closed(Ended(hedged=False, hedge_won=False), 0)  # type: ignore[arg-type]
+    assert hedger.deadlines(policy).first_byte_s == base
+    hedger.closed(Ended(hedged=True, hedge_won=False), 0)  # type: ignore[arg-type]
+    hedger.closed(Ended(hedged=True, hedge_won=False), 0)  # type: ignore[arg-type]
+    assert hedger.deadlines(policy).first_byte_s == pytest.approx(min(policy.ceiling_s, 4 * base))
+    hedger.closed(Ended(hedged=True, hedge_won=True), 0)  # type: ignore[arg-type]
+    assert hedger.deadlines(policy).first_byte_s == pytest.approx(min(policy.ceiling_s, 2 * base))
