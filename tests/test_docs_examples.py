@@ -196,16 +196,14 @@ def test_page_examples_run(page: str, page_folder: Path) -> None:
     assert os.getcwd() == str(page_folder)
 
 
-DRIVER = """import runpy, sys
-for script in sys.argv[1:]:
-    runpy.run_path(script, run_name="__main__")
-"""
-
-
 def test_torchrun_recipes(example_data: Path, tmp_path: Path) -> None:
-    """The ``torchrun`` blocks (docs/recipes.md: torchrun and Accelerate) as two processes in one launch;
-    each script asserts that its ranks together saw every sample exactly once."""
+    """Each ``torchrun`` block (docs/recipes.md: torchrun and Accelerate) as two processes under torchrun;
+    each script asserts that its ranks together saw every sample exactly once. One launch per script (a
+    process group cannot be made again in the same processes under torchrun's store); the launches run at
+    the same time."""
     import importlib.util
+
+    import torch
 
     scripts = [b for b in ALL_BLOCKS if b.marker == "torchrun"]
     assert scripts, "no torchrun recipes found"
@@ -213,28 +211,31 @@ def test_torchrun_recipes(example_data: Path, tmp_path: Path) -> None:
         used = any(f"import {name}" in b.code or f"from {name}" in b.code for b in scripts)
         if used and importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed (.ci/run installs it)")
-    # The plain torchrun script first: it ends with destroy_process_group; Accelerate keeps its own group.
-    scripts.sort(key=lambda b: "accelerate" in b.code)
     (tmp_path / "packed").symlink_to(example_data / "packed", target_is_directory=True)
-    (tmp_path / "driver.py").write_text(DRIVER)
-    paths = []
-    for i, block in enumerate(scripts):
-        path = tmp_path / f"recipe{i}.py"
-        path.write_text("\n" * block.line + block.code)  # tracebacks give the line in the page
-        paths.append(path.name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONWARNINGS", "COVERAGE"))}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         env.pop(name, None)
     env.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    import torch
-
     if not torch.cuda.is_available():
         env["ACCELERATE_USE_CPU"] = "1"  # what `accelerate launch --cpu` sets (the recipe says so)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc = subprocess.run(
-        [*cmd, "driver.py", *paths], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    launches = []
+    for i, block in enumerate(scripts):
+        path = tmp_path / f"recipe{i}.py"
+        path.write_text("\n" * block.line + block.code)  # tracebacks give the line in the page
+        pipe, merged = subprocess.PIPE, subprocess.STDOUT
+        proc = subprocess.Popen([*launch, path.name], cwd=tmp_path, env=env, stdout=pipe, stderr=merged)
+        launches.append((block, proc))
+    failures = []
+    for block, proc in launches:
+        try:
+            out, _ = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        if proc.returncode != 0:
+            failures.append(f"{block.page}:{block.line} (exit {proc.returncode}):\n{out.decode()[-5000:]}")
+    assert not failures, "\n\n".join(failures)
 
 
 def test_api_page_documents_every_public_name() -> None:
