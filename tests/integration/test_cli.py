@@ -1,5 +1,5 @@
-"""The command line: help, inspect, the quick start of docs/pack.md, and one-line errors (never a traceback) for
-bad usage."""
+"""The command line: help, inspect, the quick start of docs/pack.md, and one-line errors (never a
+traceback) for bad usage."""
 
 from __future__ import annotations
 
