@@ -96,7 +96,10 @@ def _index(args: argparse.Namespace) -> int:
 def _cp(args: argparse.Namespace) -> int:
     from fastload.copy import copy
 
-    print(copy(args.src, args.dst, recursive=args.recursive, jobs=args.jobs).summary())
+    report = copy(
+        args.src, args.dst, recursive=args.recursive, jobs=args.jobs, progress=False if args.quiet else None
+    )
+    print(report.summary())
     return 0
 
 

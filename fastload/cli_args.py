@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("dst", metavar="DST", help="a local path, or s3://bucket/key (or prefix/ with -r)")
     c.add_argument("--recursive", "-r", action="store_true", help="copy a whole prefix or folder")
     c.add_argument("--jobs", type=int, default=8, help="objects copied at once with --recursive")
+    c.add_argument(
+        "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
+    )
 
     ls = sub.add_parser(
         "ls", parents=[s3_options], help="list objects under an s3:// prefix (or files under a folder)"

@@ -1,19 +1,22 @@
 """``fastload cp``: copy an object or a prefix between S3 and local disk with the parallel reader/uploader.
 
 Downloads land under their final name only when complete (temporary name, then rename); a prefix copy
-never writes outside DST: keys with ``..`` or ``.`` segments, absolute paths or NUL are refused.
+never writes outside DST: keys with ``..`` or ``.`` segments, absolute paths or NUL are refused. A progress
+bar (bytes, files/s) runs on stderr when it is a terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fastload.config import S3Config
 from fastload.errors import ConfigError, NotFoundError
+from fastload.packing.progress import Progress
 from fastload.storage import access as storage
 
 
@@ -27,8 +30,9 @@ class CopyReport:
         return f"copied {self.files} file(s), {self.bytes:,} bytes"
 
 
-def download(bucket: str, key: str, path: str, *, config: S3Config) -> int:
-    """Download ``s3://bucket/key`` to ``path`` (atomically: a temporary name, renamed when complete)."""
+def download(bucket: str, key: str, path: str, *, config: S3Config, progress: Progress | None = None) -> int:
+    """Download ``s3://bucket/key`` to ``path`` (atomically: a temporary name, renamed when complete);
+    ``progress`` advances by each piece written and by one file when it is renamed into place."""
     from fastload.s3.reader import RangedReader
 
     folder = os.path.dirname(os.path.abspath(path))
@@ -41,7 +45,11 @@ def download(bucket: str, key: str, path: str, *, config: S3Config) -> int:
             while n := reader.readinto(buf):
                 out.write(buf[:n])
                 total += n
+                if progress is not None:
+                    progress.advance(n, 0)
         os.replace(tmp, path)
+        if progress is not None:
+            progress.advance(0, 1)
         return total
     except BaseException:
         with contextlib.suppress(OSError):
@@ -49,10 +57,21 @@ def download(bucket: str, key: str, path: str, *, config: S3Config) -> int:
         raise
 
 
+def _bar(total: int, files: int, progress: bool | None) -> Progress:
+    return Progress(total=total, enabled=progress, desc=f"copying {files:,} file(s)")
+
+
 def copy(
-    src: str, dst: str, *, recursive: bool = False, config: S3Config | None = None, jobs: int = 8
+    src: str,
+    dst: str,
+    *,
+    recursive: bool = False,
+    config: S3Config | None = None,
+    jobs: int = 8,
+    progress: bool | None = None,
 ) -> CopyReport:
-    """Copy between S3 and local paths; ``recursive`` (or SRC ending in ``/``) copies a prefix/folder."""
+    """Copy between S3 and local paths; ``recursive`` (or SRC ending in ``/``) copies a prefix/folder.
+    ``progress``: a bar of bytes copied on stderr (None: only when stderr is a terminal)."""
     from fastload.s3.client import parse_s3_url
     from fastload.s3.listing import ObjectInfo, list_objects
     from fastload.s3.upload import upload_file
@@ -64,6 +83,7 @@ def copy(
             "fastload cp copies between S3 and local disk: exactly one of SRC and DST must be s3://"
         )
     config = config or S3Config.from_env()
+    shown = sys.stderr.isatty() if progress is None else progress
     report = CopyReport()
     recursive = recursive or src.endswith("/")
     if src_remote:
@@ -72,7 +92,9 @@ def copy(
             target = (
                 os.path.join(dst, key.rsplit("/", 1)[-1]) if dst.endswith("/") or os.path.isdir(dst) else dst
             )
-            report.bytes += download(bucket, key, target, config=config)
+            total = storage.size_of(src, config=config) if shown else 0  # one HEAD, for the bar only
+            with _bar(total, 1, shown) as bar:
+                report.bytes += download(bucket, key, target, config=config, progress=bar)
             report.files, report.copied = 1, [target]
             return report
         prefix = key if not key or key.endswith("/") else key + "/"
@@ -93,10 +115,13 @@ def copy(
         for _, target in pairs:
             if not os.path.realpath(target).startswith(root + os.sep):
                 raise ConfigError(f"refusing to write {target}: it resolves outside {dst}")
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for (_, target), size in zip(
-                pairs, pool.map(lambda p: download(bucket, p[0], p[1], config=config), pairs), strict=True
-            ):
+        sizes = {o.key: o.size for o in objects}
+        with (
+            _bar(sum(sizes[k] for k, _ in pairs), len(pairs), shown) as bar,
+            ThreadPoolExecutor(max_workers=jobs) as pool,
+        ):
+            fetched = pool.map(lambda p: download(bucket, p[0], p[1], config=config, progress=bar), pairs)
+            for (_, target), size in zip(pairs, fetched, strict=True):
                 report.files += 1
                 report.bytes += size
                 report.copied.append(target)
@@ -108,7 +133,9 @@ def copy(
         if not os.path.isfile(src):
             raise NotFoundError(f"{src} is not a file (use --recursive for a folder)", path=src)
         target_key = key + os.path.basename(src) if not key or key.endswith("/") else key
-        upload_file(src, bucket, target_key, config=config)
+        with _bar(os.path.getsize(src), 1, shown) as bar:
+            upload_file(src, bucket, target_key, config=config, on_bytes=lambda n: bar.advance(n, 0))
+            bar.advance(0, 1)
         report.files, report.bytes, report.copied = 1, os.path.getsize(src), [f"s3://{bucket}/{target_key}"]
         return report
     if not os.path.isdir(src):
@@ -120,10 +147,15 @@ def copy(
     prefix = key if not key or key.endswith("/") else key + "/"
     base = storage.normalise(src)
     jobs_list = [(f, prefix + os.path.relpath(f, base).replace(os.sep, "/")) for f in files]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(lambda p: upload_file(p[0], bucket, p[1], config=config), jobs_list))
-    report.files = len(jobs_list)
     report.bytes = sum(os.path.getsize(f) for f, _ in jobs_list)
+
+    def send(pair: tuple[str, str], bar: Progress) -> None:
+        upload_file(pair[0], bucket, pair[1], config=config, on_bytes=lambda n: bar.advance(n, 0))
+        bar.advance(0, 1)
+
+    with _bar(report.bytes, len(jobs_list), shown) as bar, ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(lambda p: send(p, bar), jobs_list))
+    report.files = len(jobs_list)
     report.copied = [f"s3://{bucket}/{k}" for _, k in jobs_list]
     return report
 

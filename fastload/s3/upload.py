@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -49,8 +50,10 @@ def upload_file(
     client: Any = None,
     checksum: str = "both",
     retrier: Retrier | None = None,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> str:
-    """Upload ``path`` to ``s3://bucket/key``; return the new object's ETag."""
+    """Upload ``path`` to ``s3://bucket/key``; return the new object's ETag. ``on_bytes(n)`` is called (from
+    any thread) as each PUT or part of ``n`` bytes is stored, so the calls add up to the file's size."""
     if checksum not in CHECKSUMS:
         raise ConfigError(f"checksum={checksum!r}; choose one of {', '.join(CHECKSUMS)}")
     client = client if client is not None else get_client(config)
@@ -85,6 +88,8 @@ def upload_file(
             data = f.read()
             params = {"Bucket": bucket, "Key": key, "Body": data, **_checksum_params(data, checksum)}
             resp = retrier.call(lambda: client.put_object(**params), give_up_for("PUT"))
+            if on_bytes is not None:
+                on_bytes(size)
             return str(resp.get("ETag", ""))
         create: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if checksum in ("crc32c", "both"):
@@ -107,6 +112,8 @@ def upload_file(
                 **sums,
             }
             resp = retrier.call(lambda: client.upload_part(**params), give_up_for(f"part {number}"))
+            if on_bytes is not None:
+                on_bytes(len(data))
             done = {"PartNumber": number, "ETag": resp["ETag"]}
             if "ChecksumCRC32C" in sums:
                 done["ChecksumCRC32C"] = sums["ChecksumCRC32C"]

@@ -1,7 +1,7 @@
 """Multi-node training needs nothing new: two torchrun "nodes" (two agent processes on loopback, joined by a
 c10d rendezvous, one rank each) read a dataset with ``ShardDataset`` + ``DataLoader``; each rank takes its
 share by its global rank, and together they read every sample exactly once, minus what the split reports
-dropped. The same command, run once per machine, is the README's multi-node recipe."""
+dropped. The same command, run once per machine, is the multi-node recipe of docs/multi-node.md."""
 
 from __future__ import annotations
 

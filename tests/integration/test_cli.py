@@ -1,5 +1,5 @@
-"""The command line: help, inspect, the README quick start, and one-line errors (never a traceback) for
-bad usage."""
+"""The command line: help, inspect, the quick start of docs/pack.md, and one-line errors (never a
+traceback) for bad usage."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_inspect_limit_truncates_the_listing(packed):
 
 
 def test_readme_quick_start_runs(tmp_path):
-    """demo-data -> pack -> verify -> inspect, as in the README (a smaller tree)."""
+    """demo-data -> pack -> verify -> inspect, as in docs/pack.md (a smaller tree)."""
     src, dst = tmp_path / "src", tmp_path / "shards"
     run_cli("demo-data", src, "--samples", "60", check=0)
     files = sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())

@@ -100,7 +100,7 @@ def test_tar_shard_size_is_respected_and_oversized_samples_get_their_own_shard(
 
 
 def test_parquet_shard_size_is_respected(make_tree, tree_files, tmp_path):
-    """README: ``--shard-size`` is the target shard size; only a single big sample may go over it."""
+    """docs/pack.md: ``--shard-size`` is the target shard size; only a single big sample may go over it."""
     tree = make_tree(tree_files.many(120, max_bytes=6000))
     dst = tmp_path / "dst"
     pack_cli(tree.root, dst, "--format", "parquet", "--shard-size", "64KiB")

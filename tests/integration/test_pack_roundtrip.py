@@ -67,7 +67,8 @@ def test_gnu_tar_lists_members_of_each_sample_adjacent_and_sorted(rich_tree, tmp
 
 
 def test_tar_headers_are_normalised(rich_tree, tmp_path):
-    """README: mode 0644, uid/gid 0, no user names, mtime 0; long and non-ASCII names use pax headers."""
+    """docs/pack.md: mode 0644, uid/gid 0, no user names, mtime 0; long and non-ASCII names use pax
+    headers."""
     import tarfile
 
     dst = tmp_path / "dst"

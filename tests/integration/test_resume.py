@@ -110,8 +110,8 @@ def test_killed_pack_leaves_only_complete_shards_and_resume_matches_clean_run(
 
     pack_cli(tree.root, dst, *PACK_OPTIONS, "--resume")
     assert snapshot(dst) == clean_files
-    # README: "finished shards are kept". With one worker, at most the shard published just before the kill
-    # can be missing from the journal; every other shard on disk must be kept, not rewritten.
+    # docs/pack.md: "finished shards are kept". With one worker, at most the shard published just before the
+    # kill can be missing from the journal; every other shard on disk must be kept, not rewritten.
     kept = [p for p in present if (p.stat().st_ino, p.stat().st_mtime_ns) == identity[p]]
     assert len(kept) >= len(present) - 1, (
         f"--resume rewrote {len(present) - len(kept)} of the {len(present)} shards finished before the kill"

@@ -326,7 +326,7 @@ def test_pack_killed_during_a_multipart_shard_upload_leaves_no_open_upload_after
     tmp_path: Path,
 ) -> None:
     """Shards over 8 MiB go up as multipart uploads. Killed while part 2 of the first shard hangs, the pack
-    leaves an open upload no process will abort; ``--resume`` must not leave it behind (README: "a failed
+    leaves an open upload no process will abort; ``--resume`` must not leave it behind (docs/s3.md: "a failed
     multipart upload is aborted (no orphaned parts)")."""
     import fastload
 

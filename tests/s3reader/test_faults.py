@@ -88,7 +88,7 @@ def test_retried_range_asks_for_the_same_bytes(
 def test_retry_resumes_after_the_last_good_byte(
     proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], objects: dict[str, bytes], kind: str
 ) -> None:
-    """README: faults are "retried for that range only, resuming after the last good byte". The proxy sends
+    """docs/s3.md: faults "retried for that range only, resuming after the last good byte". The proxy sends
     ``after_bytes`` of the body, then ends it (truncate: FIN) or goes silent (stall: until read_timeout_s);
     either way those bytes reached the reader intact, so the retry should ask only for the rest. A body is
     read in pieces of ``PIECE_BYTES`` (public ``HTTPResponse.readinto``), so a stall keeps the whole pieces

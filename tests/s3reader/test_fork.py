@@ -114,7 +114,7 @@ def test_reader_opened_in_the_parent_keeps_working_in_the_child(
     proxy: FaultProxy, config: fastload.S3Config, objects: dict[str, bytes]
 ) -> None:
     """A DataLoader pattern: the dataset opens the file (and reads a header) in the parent, workers are
-    forked and go on reading. README: "Fork-safe. Clients are created lazily per process, so DataLoader
+    forked and go on reading. docs/s3.md: "Fork-safe. Clients are created lazily per process, so DataLoader
     workers never share a parent's client." The child must get the right bytes, through a client of its
     own, in bounded time."""
     data = objects[KEY]

@@ -49,7 +49,7 @@ def test_seek_to_the_end_skips_the_middle(
 def test_read_ahead_stops_at_the_window(
     proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], objects: dict[str, bytes]
 ) -> None:
-    """README: at most ``readahead_bytes`` is fetched ahead of the read position."""
+    """docs/s3.md: at most ``readahead_bytes`` is fetched ahead of the read position."""
     data = objects[KEY]
     config = make_config(proxy, part_size_bytes=SMALL_PART, readahead_bytes=3 * SMALL_PART)
 
@@ -118,8 +118,8 @@ def test_close_stops_requests_of_a_struggling_reader(
 def test_seek_stops_retrying_parts_it_made_useless(
     proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], objects: dict[str, bytes]
 ) -> None:
-    """README: "a seek cancels parts it made useless". Parts already running when the seek comes may finish
-    their current request, but must not go on retrying for the rest of the deadline."""
+    """docs/s3.md: "a seek cancels parts it made useless". Parts already running when the seek comes may
+    finish their current request, but must not go on retrying for the rest of the deadline."""
     data = objects[KEY]
     config = make_config(proxy, part_size_bytes=SMALL_PART, deadline_s=2.5, max_attempts=1000)
     middle = (SMALL_PART, 10 * SMALL_PART)  # every request in here is throttled
