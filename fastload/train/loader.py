@@ -121,9 +121,13 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._slots = MainSlots(pin_memory=bool(self.pin_memory) and torch.cuda.is_available())
 
     def __len__(self) -> int:
+        """Batches in this epoch, as torch's and torchdata's loaders count them: after
+        :meth:`load_state_dict` mid-epoch, the batches delivered before the checkpoint are included (what
+        is left is ``len(loader)`` minus them: PyTorch Lightning subtracts the batches it restored)."""
         left = len(self.dataset)  # type: ignore[arg-type]
+        done = int(getattr(self.dataset, "start", 0))  # samples delivered before a restore
         size = self.fastload_batch_size
-        return left // size if self.fastload_drop_last else -(-left // size)
+        return done // size + (left // size if self.fastload_drop_last else -(-left // size))
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next (its order from the dataset's seed and ``epoch``). Optional: without it,
