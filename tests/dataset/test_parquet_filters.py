@@ -282,3 +282,31 @@ def test_a_mix_of_filtered_datasets_reads_their_filtered_rows(monthly: Packed) -
     assert set(got["late"]) == set(
         oracle(monthly, [("date", ">", "2024-03-20")])
     )  # (repeated: all_exhausted)
+
+
+def test_tables_fetched_to_decide_are_not_fetched_again_to_read(
+    monthly: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard the manifest leaves undecided has its sample table fetched while planning; reading it (every
+    epoch, the epoch report) uses that table instead of fetching it again."""
+    from collections import Counter
+
+    from fastload.storage import access
+
+    fetched: Counter[str] = Counter()
+    read_bytes = access.read_bytes
+
+    def counting_read(url: str, **kw: Any) -> bytes:
+        if url.endswith(".fltable"):
+            fetched[url] += 1
+        return read_bytes(url, **kw)
+
+    monkeypatch.setattr(access, "read_bytes", counting_read)
+    filters = [("cls", "in", ["2", "5"]), ("month", "!=", 3)]  # cls: undecided in every shard of months 1-2
+    ds = fastload.ShardDataset(monthly.root, filters=filters, decode=False, columns=["cls"], seed=1)
+    assert len(fetched) == 4 and set(fetched.values()) == {1}
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        assert sorted(s["__key__"] for s in ds) == sorted(oracle(monthly, filters))
+    ds.epoch_report()
+    assert len(fetched) == 4 and set(fetched.values()) == {1}
