@@ -310,3 +310,24 @@ def test_tables_fetched_to_decide_are_not_fetched_again_to_read(
         assert sorted(s["__key__"] for s in ds) == sorted(oracle(monthly, filters))
     ds.epoch_report()
     assert len(fetched) == 4 and set(fetched.values()) == {1}
+
+
+def test_map_dataset_numbers_the_rows_filters_keep(monthly: Packed) -> None:
+    """``MapDataset(filters=...)``: ``len`` and ``ds[i]`` over the rows iteration keeps, in its order (also
+    read by DataLoader workers with a shuffling sampler); a partition folder is a filter there too."""
+    import torch.utils.data
+
+    filters = [[("month", "=", 1), ("cls", "<", "5")], [("date", ">", "2024-03-15")]]
+    want = oracle(monthly, filters)
+    assert want == [s["__key__"] for s in fastload.ShardDataset(monthly.root, filters=filters, decode=False)]
+    md = fastload.MapDataset(monthly.root, filters=filters, decode=False, columns=["cls"])
+    assert len(md) == len(want) < len(monthly.keys)
+    assert [s["__key__"] for s in md[:]] == want
+    assert [s["__key__"] for s in md[[5, 0, -1, 5]]] == [want[5], want[0], want[-1], want[5]]
+    assert set(md[3]) == {"__key__", "cls", "__index__", "__shard__"}
+    shard, row = md.locate(len(want) - 1)
+    assert md[-1]["__index__"] == row and md[-1]["__shard__"] == shard
+    dl = torch.utils.data.DataLoader(md, batch_size=4, shuffle=True, num_workers=2, collate_fn=list)
+    assert sorted(s["__key__"] for b in dl for s in b) == sorted(want)
+    part = fastload.MapDataset(monthly.root / "month=02", decode=False, columns=["date"])
+    assert [s["__key__"] for s in part[:]] == oracle(monthly, [("month", "=", 2)])
