@@ -53,13 +53,19 @@ class FilteredView:
     fetched_bytes: int = 0
     entries: dict[int, ShardEntry] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     _flat: tuple[Any, Ints, Ints, Ints] | None = dataclasses.field(default=None, repr=False, compare=False)
+    _shards: tuple[Sequence[ShardEntry], list[ShardEntry]] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     def shards(self, shards: Sequence[ShardEntry]) -> Sequence[ShardEntry]:
         """``shards`` (the manifest's entries) with the full entries fetched while deciding in their
         place: what reading uses, so those tables are not fetched again."""
         if not self.entries:
             return shards
-        return [self.entries.get(i, s) for i, s in enumerate(shards)]
+        made = self._shards
+        if made is None or made[0] is not shards:  # (made once: a Mix reads a block at a time)
+            made = self._shards = (shards, [self.entries.get(i, s) for i, s in enumerate(shards)])
+        return made[1]
 
     def rows(self, shards: Ints, positions: Ints) -> Ints:
         """The shard rows of ``positions`` among each shard's kept rows (vectorised: one search over every
