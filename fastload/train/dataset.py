@@ -276,6 +276,11 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             counts = self._counts_array = np.fromiter((s.samples for s in self.index.shards), np.int64)
         return counts
 
+    def shard_entries(self) -> Sequence[Any]:
+        """The shards' entries to read with: the manifest's, with the sample tables that ``filters``
+        fetched to decide in place (:meth:`FilteredView.shards`: they are not fetched again)."""
+        return self.index.shards if self.filtered is None else self.filtered.shards(self.index.shards)
+
     def shard_counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Each shard's count of samples this dataset reads (what ``filters`` keep): what orders are
         planned over (``fastload.Mix`` plans its sources with it)."""
@@ -340,7 +345,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         With an index v2 only the sample tables of the shards named are read."""
         epoch = self.epoch if epoch is None else epoch
         plan = self.plan(epoch)
-        shards = self.index.shards
+        shards = self.shard_entries()
         full: dict[int, Any] = {}
 
         def named(refs: Sequence[tuple[int, int]]) -> list[tuple[str, str]]:
@@ -519,7 +524,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         samples = read_samples(
             refs,
             root=self.root,
-            shards=self.index.shards,
+            shards=self.shard_entries(),
             shard_format=self.index.shard_format,
             decoding=self.decoding,
             prefetch=self.prefetch,

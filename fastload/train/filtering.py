@@ -8,7 +8,10 @@ unread, one whose rows all match is kept whole. Only the undecided shards (Parqu
 parallel: their row groups' footer statistics, then the filter's columns of the row groups those leave
 undecided (:mod:`fastload.formats.parquet.select`). The result is each shard's exact count of kept rows,
 and the runs of kept rows where a shard is kept in part (:class:`FilteredView`): the planner deals out
-positions among kept rows, which :meth:`FilteredView.rows` maps to the shard's rows.
+positions among kept rows, which :meth:`FilteredView.rows` maps to the shard's rows. The sample tables
+fetched to decide are kept (up to :data:`KEPT_TABLE_BYTES` of them) and read with
+(:meth:`FilteredView.shards`), so a shard's table is not fetched again to read it in this process (nor in
+a DataLoader worker, which gets the view with the dataset).
 
 Also :func:`partition_parent`: a partition folder of a dataset (``.../split=train``) read as the dataset
 filtered on that partition.
@@ -34,16 +37,35 @@ from fastload.storage.cache import ShardCache
 
 Ints = np.ndarray[Any, np.dtype[np.int64]]
 
+# sidecar bytes of the sample tables fetched while deciding that are kept for reading (decoded, a table
+# takes a few times its sidecar's size in memory); the tables past it are fetched again when read
+KEPT_TABLE_BYTES = 16 << 20
+
 
 @dataclasses.dataclass
 class FilteredView:
     """The kept rows of each shard of a dataset: ``counts`` (per shard, 0 for a dropped one) and, for the
-    shards kept in part, their runs of kept rows (``spans``). ``fetched_bytes``: what deciding cost."""
+    shards kept in part, their runs of kept rows (``spans``). ``fetched_bytes``: what deciding cost.
+    ``entries``: full entries (sample tables) fetched while deciding, kept for reading (:meth:`shards`)."""
 
     counts: Ints
     spans: dict[int, selection.Spans]
     fetched_bytes: int = 0
+    entries: dict[int, ShardEntry] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     _flat: tuple[Any, Ints, Ints, Ints] | None = dataclasses.field(default=None, repr=False, compare=False)
+    _shards: tuple[Sequence[ShardEntry], list[ShardEntry]] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
+
+    def shards(self, shards: Sequence[ShardEntry]) -> Sequence[ShardEntry]:
+        """``shards`` (the manifest's entries) with the full entries fetched while deciding in their
+        place: what reading uses, so those tables are not fetched again."""
+        if not self.entries:
+            return shards
+        made = self._shards
+        if made is None or made[0] is not shards:  # (made once: a Mix reads a block at a time)
+            made = self._shards = (shards, [self.entries.get(i, s) for i, s in enumerate(shards)])
+        return made[1]
 
     def rows(self, shards: Ints, positions: Ints) -> Ints:
         """The shard rows of ``positions`` among each shard's kept rows (vectorised: one search over every
@@ -114,7 +136,7 @@ def plan_filter(
             f"dataset is {index.shard_format}: filter on its partition columns ({', '.join(types) or 'none'})"
         )
 
-    def one(i: int) -> tuple[int, list[tuple[int, int]], int]:
+    def one(i: int) -> tuple[int, list[tuple[int, int]], int, ShardEntry]:
         from fastload.train.shardread import ShardReader
 
         entry = formats.full_entry(
@@ -125,15 +147,20 @@ def plan_filter(
             runs, nbytes = reader.select(flt, F.partition_values(entry.partition, types))
         finally:
             reader.close()
-        return i, runs, nbytes
+        return i, runs, nbytes, entry
 
+    kept = 0
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(undecided)))) as pool:
-        for i, runs, nbytes in pool.map(one, undecided):
+        for i, runs, nbytes, entry in pool.map(one, undecided):
             s = selection.spans(runs)
             view.counts[i] = selection.count(s)
             view.fetched_bytes += nbytes
             if view.counts[i] != index.shards[i].samples:
                 view.spans[i] = s
+            table = index.shards[i].table
+            if view.counts[i] and table is not None and kept + table.bytes <= KEPT_TABLE_BYTES:
+                view.entries[i] = entry  # (fetched: read with it, not fetched again)
+                kept += table.bytes
     return view
 
 

@@ -9,7 +9,12 @@ neighbours within a shard read together (:func:`fastload.core.randomaccess.spans
 same time on a small thread pool. Parquet is read a row group at a time (the smallest unit pyarrow decodes
 with its page checksums), and the last row groups decoded are kept (bounded in bytes) for the neighbours.
 Everything per process is rebuilt in a DataLoader worker (fork or spawn); the pickled dataset is the
-manifest and the options only.
+manifest and the options only (with ``filters=``, also the filtered view: each shard's kept rows, and the
+sample tables fetched to decide them, which are read with and not fetched again).
+
+``filters=`` (and a partition folder as the source) keep the rows iteration keeps
+(:mod:`.filtering`, decided when the dataset is made): ``len`` counts them and ``ds[i]`` is the ``i``-th
+of them, shard after shard in manifest order, rows in shard order.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ import numpy as np
 import torch.utils.data
 
 from fastload.config import S3Config
+from fastload.core.filters import and_filters, normalise, partition_types
 from fastload.core.lru import LRU
 from fastload.core.randomaccess import group_starts, locate, resolve, sample_starts, spans
 from fastload.errors import ConfigError, VerifyError
 from fastload.formats import by_name
 from fastload.gcpause import gc_paused
 from fastload.storage.cache import ShardCache
+from fastload.train.filtering import FilteredView, partition_filter, partition_parent, plan_filter
 from fastload.train.mapshards import RawSample, ShardHandle, ShardHandles
 from fastload.train.options import CacheConfig, DecodeConfig
 from fastload.train.reading import SKIPPED, finish
@@ -72,6 +79,10 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     ``ds[i]`` is the dict iteration gives (``__key__``, ``__shard__``, ``__index__``, fields), decoded and
     mapped the same way.
 
+    ``filters``: only the rows that match, as :class:`~fastload.ShardDataset` keeps them (pyarrow's
+    convention, ``docs/parquet.md``), numbered ``0 .. len - 1`` in the same order; a partition folder
+    (``.../split=train``) as the source is such a filter.
+
     Decoding as :class:`~fastload.ShardDataset`: ``decode``, ``images``, ``allow_pickle``, ``map``,
     ``columns`` (Parquet), ``on_error`` (``"skip"``: a sample that fails to decode is left out of a batch,
     counted in :attr:`skipped`; ``ds[i]`` alone raises, having nothing to return), ``verify_samples`` (each
@@ -92,6 +103,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         allow_pickle: bool = False,
         map: Callable[[dict[str, Any]], Any] | None = None,
         columns: Sequence[str] | None = None,
+        filters: Any = None,
         on_error: str = "raise",
         verify_samples: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -121,11 +133,23 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self.s3_config = s3_config
         self.threads, self.max_open_shards = threads, max_open_shards
         self.row_group_cache_bytes, self.max_gap_bytes = row_group_cache_bytes, max_gap_bytes
+        parent = partition_parent(source, s3_config=s3_config)  # .../split=train of a dataset: a filter
         with gc_paused():
-            self.root, self.index = open_index(source, s3_config=s3_config)
+            self.root, self.index = open_index(parent[0] if parent else source, s3_config=s3_config)
         if columns is not None and not by_name(self.index.shard_format).projects_columns:
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
-        self.starts = sample_starts([s.samples for s in self.index.shards])
+        self.filters = normalise(filters)
+        if parent is not None:
+            types = partition_types(s.partition for s in self.index.shards)
+            self.filters = and_filters(self.filters, partition_filter(parent[1], types))
+        self.filtered: FilteredView | None = None
+        if self.filters is not None:
+            with gc_paused():
+                self.filtered = plan_filter(
+                    self.root, self.index, self.filters, s3_config=s3_config, cache=self._cache()
+                )
+        counts = self.filtered.counts if self.filtered is not None else [s.samples for s in self.index.shards]
+        self.starts = sample_starts(counts)
         self.skipped = 0
         self._proc: _Process | None = None
         self._proc_lock: tuple[int, threading.Lock] | None = None
@@ -146,8 +170,17 @@ class MapDataset(torch.utils.data.Dataset[Any]):
 
     def locate(self, index: int) -> tuple[str, int]:
         """``(shard name, position in the shard)`` of sample ``index``."""
-        shards, positions = locate(self.starts, resolve([index], len(self)))
+        shards, positions = self._locate(resolve([index], len(self)))
         return self.index.shards[int(shards[0])].name, int(positions[0])
+
+    def _locate(
+        self, indices: np.ndarray[Any, np.dtype[np.int64]]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]]]:
+        """``(shard, row of the shard)`` of each of ``indices`` (numbers among the kept rows)."""
+        shards, positions = locate(self.starts, indices)
+        if self.filtered is not None:
+            positions = self.filtered.rows(shards, positions)
+        return shards, positions
 
     def __getitem__(self, index: int | slice | Sequence[int]) -> Any:
         """Sample ``index`` (negative counts from the end); a list of samples for a slice or a list of
@@ -203,27 +236,28 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         with self._guard():
             proc = self._proc
             if proc is None or proc.pid != os.getpid():
-                c = self.caching
-                cache = None
-                if c.path is not None:
-                    cache = ShardCache(
-                        c.path, limit_bytes=c.limit_bytes, verify=c.verify, config=self.s3_config
-                    )
+                shards = self.index.shards
                 handles = ShardHandles(
                     self.root,
-                    self.index.shards,
+                    shards if self.filtered is None else self.filtered.shards(shards),
                     shard_format=self.index.shard_format,
                     config=self.s3_config,
-                    cache=cache,
+                    cache=self._cache(),
                     verify=self.decoding.verify_samples,
                     max_open=self.max_open_shards,
                 )
                 proc = self._proc = _Process(handles, self.row_group_cache_bytes, self.threads)
         return proc
 
+    def _cache(self) -> ShardCache | None:
+        c = self.caching
+        if c.path is None:
+            return None
+        return ShardCache(c.path, limit_bytes=c.limit_bytes, verify=c.verify, config=self.s3_config)
+
     def _read(self, indices: np.ndarray[Any, np.dtype[np.int64]], *, single: bool) -> list[Any]:
         proc = self._local()
-        shards, positions = locate(self.starts, indices)
+        shards, positions = self._locate(indices)
         wanted: dict[int, list[int]] = {}
         for s, p in zip(shards.tolist(), positions.tolist(), strict=True):
             wanted.setdefault(s, []).append(p)

@@ -70,7 +70,7 @@ def source_samples(
         for out in read_samples(
             d.pairs_of(piece.take(ks[mine] - piece_at)),
             root=d.root,
-            shards=d.index.shards,
+            shards=d.shard_entries(),
             shard_format=d.index.shard_format,
             decoding=d.decoding,
             prefetch=d.prefetch,

@@ -282,3 +282,52 @@ def test_a_mix_of_filtered_datasets_reads_their_filtered_rows(monthly: Packed) -
     assert set(got["late"]) == set(
         oracle(monthly, [("date", ">", "2024-03-20")])
     )  # (repeated: all_exhausted)
+
+
+def test_tables_fetched_to_decide_are_not_fetched_again_to_read(
+    monthly: Packed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard the manifest leaves undecided has its sample table fetched while planning; reading it (every
+    epoch, the epoch report) uses that table instead of fetching it again."""
+    from collections import Counter
+
+    from fastload.storage import access
+
+    fetched: Counter[str] = Counter()
+    read_bytes = access.read_bytes
+
+    def counting_read(url: str, **kw: Any) -> bytes:
+        if url.endswith(".fltable"):
+            fetched[url] += 1
+        return read_bytes(url, **kw)
+
+    monkeypatch.setattr(access, "read_bytes", counting_read)
+    filters = [("cls", "in", ["2", "5"]), ("month", "!=", 3)]  # cls: undecided in every shard of months 1-2
+    ds = fastload.ShardDataset(monthly.root, filters=filters, decode=False, columns=["cls"], seed=1)
+    assert len(fetched) == 4 and set(fetched.values()) == {1}
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        assert sorted(s["__key__"] for s in ds) == sorted(oracle(monthly, filters))
+    ds.epoch_report()
+    assert len(fetched) == 4 and set(fetched.values()) == {1}
+
+
+def test_map_dataset_numbers_the_rows_filters_keep(monthly: Packed) -> None:
+    """``MapDataset(filters=...)``: ``len`` and ``ds[i]`` over the rows iteration keeps, in its order (also
+    read by DataLoader workers with a shuffling sampler); a partition folder is a filter there too."""
+    import torch.utils.data
+
+    filters = [[("month", "=", 1), ("cls", "<", "5")], [("date", ">", "2024-03-15")]]
+    want = oracle(monthly, filters)
+    assert want == [s["__key__"] for s in fastload.ShardDataset(monthly.root, filters=filters, decode=False)]
+    md = fastload.MapDataset(monthly.root, filters=filters, decode=False, columns=["cls"])
+    assert len(md) == len(want) < len(monthly.keys)
+    assert [s["__key__"] for s in md[:]] == want
+    assert [s["__key__"] for s in md[[5, 0, -1, 5]]] == [want[5], want[0], want[-1], want[5]]
+    assert set(md[3]) == {"__key__", "cls", "__index__", "__shard__"}
+    shard, row = md.locate(len(want) - 1)
+    assert md[-1]["__index__"] == row and md[-1]["__shard__"] == shard
+    dl = torch.utils.data.DataLoader(md, batch_size=4, shuffle=True, num_workers=2, collate_fn=list)
+    assert sorted(s["__key__"] for b in dl for s in b) == sorted(want)
+    part = fastload.MapDataset(monthly.root / "month=02", decode=False, columns=["date"])
+    assert [s["__key__"] for s in part[:]] == oracle(monthly, [("month", "=", 2)])

@@ -37,6 +37,12 @@ def read_all(source: Any, **kw: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return list(ds), caught
 
 
+def footer_bytes(path: Path) -> bytes:
+    """A Parquet file's footer (Thrift FileMetaData, without its length and magic)."""
+    data = path.read_bytes()
+    return data[-8 - int.from_bytes(data[-8:-4], "little") : -8]
+
+
 def same_value(got: Any, want: Any) -> bool:
     if isinstance(got, np.ndarray):
         return got.tolist() == list(want)
@@ -84,6 +90,8 @@ def test_fastload_index_then_no_warning_verify_and_inspect(
     assert index["version"] == 2 and index["options"]["key_column"] == "id"
     assert [s["partition"] for s in index["shards"]] == list(hive.partitions.values())
     assert all((root / (s["name"] + ".fltable")).is_file() for s in index["shards"])
+    tables = fastload.formats.load_index(str(root), tables=True)  # the footers read to index, kept
+    assert all(s.footer and s.footer == footer_bytes(root / s.name) for s in tables.shards)
     samples, caught = read_all(root)
     assert caught == [] and [s["__key__"] for s in samples] == [r["id"] for r in hive.rows.values()]
     assert fastload.verify(root).ok
@@ -216,3 +224,35 @@ def test_a_folder_named_like_a_parquet_file(hive: Hive, tmp_path: Path) -> None:
     shutil.copytree(hive.root, tmp_path / "events.parquet")
     ds, caught = opened(tmp_path / "events.parquet")
     assert len(caught) == 1 and [s.partition for s in ds.index.shards] == list(hive.partitions.values())
+
+
+@pytest.mark.filterwarnings("ignore:.*no index.json:UserWarning")
+def test_footers_read_to_index_are_read_with_and_never_taken_for_another_files(tmp_path: Path) -> None:
+    """The footers an in-memory index reads are in its entries, so reading a file (planning a filter on its
+    row-group statistics, then its rows) reads no tail again; and two datasets' files of the same name and
+    size (checksum unknown: ``""``) do not share a cached footer, whose statistics would be the other's."""
+    from fastload.formats.parquet.format import PARQUET
+
+    for name, base in (("a", 0), ("b", 1000)):
+        (tmp_path / name).mkdir()
+        table = pa.table({"x": pa.array(range(base, base + 10), pa.int64())})
+        pq.write_table(table, tmp_path / name / "part-0.parquet", row_group_size=5, compression="none")
+    a, b = (tmp_path / n / "part-0.parquet" for n in "ab")
+    assert a.stat().st_size == b.stat().st_size
+    for name, want in (("a", []), ("b", list(range(1005, 1010)))):
+        ds = fastload.ShardDataset(tmp_path / name, filters=[("x", ">=", 1005)], decode=False)
+        assert ds.index.shards[0].checksum == "" and ds.index.shards[0].footer == footer_bytes(
+            a.parent.parent / name / "part-0.parquet"
+        )
+        assert [s["x"] for s in ds] == want
+    entry = fastload.ShardDataset(b.parent, decode=False).index.shards[0]
+    data = b.read_bytes()
+    reads: list[tuple[int, int]] = []
+
+    def read(offset: int, size: int) -> bytes:
+        reads.append((offset, size))
+        return data[offset : offset + size]
+
+    source = PARQUET.samples(entry, read=read, file=None, fd=None)  # type: ignore[arg-type]
+    assert [r["x"] for r in source.load([7, 2], ["x"])()] == [1007, 1002]
+    assert reads and all(o + n <= len(data) - len(entry.footer) - 8 for o, n in reads)  # (no tail)

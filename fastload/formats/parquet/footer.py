@@ -5,7 +5,8 @@ and statistics) as bytes and as pyarrow metadata, and the column-chunk ranges a 
 ``docs/INDEX-FORMAT.md``), so the reader has it with the table it fetches anyway; for a table without one
 (packed before, or a foreign shard) it is read with one ranged read of the shard's tail (a second when the
 footer is larger than :data:`TAIL_BYTES`). Parsed footers are kept in a small per-process cache, keyed by
-shard name, size and CRC32C, so planning and reading in one process parse a shard's footer once.
+what identifies the file's content (:func:`cache_key`), so planning and reading in one process parse a
+shard's footer once.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import crc32c
+
 from fastload.errors import IndexFormatError
 
 MAGIC = b"PAR1"
 TAIL_BYTES = 64 << 10  # the first read of a footer not recorded in the table (pyarrow reads as much)
 _CACHED = 256  # parsed footers kept per process
-_cache: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
+_cache: OrderedDict[tuple[str, int, str, int], Any] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -79,17 +82,34 @@ def parse_footer(footer: bytes, *, where: str) -> Any:
         raise IndexFormatError(f"{where}: its Parquet footer does not parse ({exc}); re-pack it") from None
 
 
+def cache_key(name: str, size: int, checksum: str, footer: bytes) -> tuple[str, int, str, int] | None:
+    """The cache key of a shard's parsed footer: its name, size, CRC32C and its footer's CRC32C. None (not
+    cached across reads) when neither is known: a foreign file indexed without its footer, whose name and
+    size may be another dataset's file's (``checksum`` ``""``)."""
+    if not checksum and not footer:
+        return None
+    return name, size, checksum, crc32c.crc32c(footer) if footer else -1
+
+
 def metadata(
-    key: tuple[str, int, str], footer: bytes | None, read: Callable[[int, int], bytes], *, where: str
+    key: tuple[str, int, str, int] | None,
+    size: int,
+    footer: bytes | None,
+    read: Callable[[int, int], bytes],
+    *,
+    where: str,
 ) -> Any:
-    """The parsed footer of the shard ``key`` (name, bytes, CRC32C): from the cache, else from ``footer``
-    (recorded in its table), else read from the shard's tail."""
-    with _lock:
-        meta = _cache.get(key)
-        if meta is not None:
-            _cache.move_to_end(key)
-            return meta
-    meta = parse_footer(footer or read_footer(read, key[1], where=where), where=where)
+    """The parsed footer of the ``size``-byte shard ``key`` (:func:`cache_key`): from the cache, else from
+    ``footer`` (recorded in its table), else read from the shard's tail."""
+    if key is not None:
+        with _lock:
+            meta = _cache.get(key)
+            if meta is not None:
+                _cache.move_to_end(key)
+                return meta
+    meta = parse_footer(footer or read_footer(read, size, where=where), where=where)
+    if key is None:
+        return meta
     with _lock:
         _cache[key] = meta
         while len(_cache) > _CACHED:

@@ -11,6 +11,8 @@ parallel, gives its row groups ``(first byte, bytes, rows)``, rows and schema. E
   differ are named in a :class:`ConfigError` with the fields that differ.
 - The whole file is not read, so its CRC32C is not known: the entry's ``checksum`` is ``""`` (the shard
   cache then checks sizes only; ``fastload verify`` checks pages, row groups and keys).
+- ``footer``: the footer bytes read to index the file, kept in its entry (and in its sample table by
+  ``fastload index``), so readers do not read the file's tail again.
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ class Footer:
     meta: Any
     schema: pa.Schema
     file: SparseFile
+    raw: bytes  # the footer (Thrift FileMetaData, without its length and magic): ShardEntry.footer
 
     def row_groups(self) -> list[tuple[int, int, int]]:
         """Each row group's ``(first byte, bytes, rows)``: its column chunks from the first page (a
@@ -243,7 +246,7 @@ def read_footer(url: str, name: str, size: int | None, fetch: Callable[[int, int
         raise VerifyError(
             f"not a readable Parquet footer ({exc})", shard=name, offset=size - footer
         ) from None
-    return Footer(url, name, size, meta, schema, file)
+    return Footer(url, name, size, meta, schema, file, tail[len(tail) - footer : len(tail) - 8])
 
 
 def _column_keys(footer: Footer, column: str) -> list[str]:
@@ -285,6 +288,7 @@ def _entry(footer: Footer, key_column: str | None) -> ShardEntry:
         row_groups=row_groups,
         partition=partition_of(footer.name),
         format="parquet",
+        footer=footer.raw,
     )
 
 

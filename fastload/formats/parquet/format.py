@@ -63,8 +63,12 @@ class ParquetSamples:
 
     def metadata(self) -> Any:
         """The shard's parsed footer (recorded in its table, else read from its tail; cached)."""
-        e = self.entry
-        return footer.metadata((e.name, e.bytes, e.checksum), e.footer, self._read, where=e.name)
+        meta = self.__dict__.get("_meta")
+        if meta is None:
+            e = self.entry
+            key = footer.cache_key(e.name, e.bytes, e.checksum, e.footer)
+            meta = self._meta = footer.metadata(key, e.bytes, e.footer, self._read, where=e.name)
+        return meta
 
     def select(self, flt: Filter, partition: Mapping[str, Any]) -> tuple[list[tuple[int, int]], int]:
         """``(runs of the rows kept by flt, bytes fetched to decide)``: :func:`.select.select_rows`."""
