@@ -13,6 +13,8 @@ sample table only when the reader reaches it): the tasks are the same as :func:`
 from __future__ import annotations
 
 import bisect
+import itertools
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -65,22 +67,27 @@ def iter_reads(
     *,
     max_task_bytes: int,
     ahead: Callable[[int], None] | None = None,
+    depth: int = 1,
 ) -> Iterator[ReadTask]:
     """The tasks of :func:`plan_reads`, planned lazily one run of a shard at a time: ``entry_of(shard)``
     (the shard's full entry, with its per-sample columns) is called when the run is reached, and
-    ``ahead(shard)`` (if given) just before, with the next run's shard, so that a caller can start
-    fetching that shard's columns while this run is read."""
-    if max_task_bytes < 1:
-        raise ValueError(f"max_task_bytes={max_task_bytes} must be >= 1")
+    ``ahead(shard)`` (if given) with the shards of the next ``depth`` runs, each once, before this run's
+    tasks, so that a caller can start fetching those shards' columns while this run is read."""
+    if max_task_bytes < 1 or depth < 1:
+        raise ValueError(f"need max_task_bytes={max_task_bytes} >= 1 and depth={depth} >= 1")
     pending = shard_runs(refs)
-    run = next(pending, None)
-    while run is not None:
-        following = next(pending, None)
-        if ahead is not None and following is not None:
-            ahead(following[0])
-        shard, i, stop = run
+    window: deque[tuple[int, int, int]] = deque(itertools.islice(pending, depth + 1))
+    if ahead is not None:
+        for later in itertools.islice(window, 1, None):
+            ahead(later[0])
+    while window:
+        shard, i, stop = window.popleft()
         yield from _plan_run(refs, i, stop, shard, entry_of(shard), max_task_bytes)
-        run = following
+        following = next(pending, None)
+        if following is not None:
+            window.append(following)
+            if ahead is not None:
+                ahead(following[0])
 
 
 def _plan_run(

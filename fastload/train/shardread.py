@@ -23,6 +23,8 @@ from fastload.formats.tar.reader import short_read
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 
+TABLES_AHEAD = 4  # sample tables of the shards of the next runs fetched at once, while a run is read
+
 if TYPE_CHECKING:
     from fastload.storage.cache import ShardCache
 
@@ -169,11 +171,17 @@ class ShardReaders:
         self, refs: Sequence[tuple[int, int]], *, max_task_bytes: int, ahead: bool = False
     ) -> Iterator[ReadTask]:
         """The read tasks of ``refs`` (:func:`~fastload.core.readplan.iter_reads`), each shard's planned
-        when reached, after its table is fetched; ``ahead``: the next shard's table fetched meanwhile.
+        when reached, after its table is fetched; ``ahead``: the tables of the next ``TABLES_AHEAD`` shards
+        fetched meanwhile, at once (a remote table is a round trip: one at a time, a projected or filtered
+        read that takes little of each shard waited for them one after another).
         (The cyclic collector is paused while a task is planned: tables and plans are many small acyclic
         objects, see :mod:`fastload.gcpause`.)"""
         planned = iter_reads(
-            refs, self.entry, max_task_bytes=max_task_bytes, ahead=self.ahead if ahead else None
+            refs,
+            self.entry,
+            max_task_bytes=max_task_bytes,
+            ahead=self.ahead if ahead else None,
+            depth=TABLES_AHEAD,
         )
         while True:
             with gc_paused():
@@ -203,7 +211,9 @@ class ShardReaders:
             if not self.shards[shard].detached:
                 return
             if self._tables is None:
-                self._tables = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-tables")
+                self._tables = ThreadPoolExecutor(
+                    max_workers=TABLES_AHEAD, thread_name_prefix="fastload-tables"
+                )
             self._ahead[shard] = self._tables.submit(self._full_entry, shard)
 
     def _full_entry(self, shard: int) -> ShardEntry:

@@ -22,6 +22,7 @@ from fastload.formats import native
 from fastload.packing.upgrade import upgrade_index
 from fastload.storage import tables
 from fastload.testing.s3serve import S3Server
+from fastload.train.shardread import TABLES_AHEAD
 
 from .conftest import s3_env  # noqa: F401 (a fixture)
 from .helpers import Packed, make_loader, pack_files, small_files
@@ -120,12 +121,13 @@ class Tracked:
         return sum(r() is not None for r in self.live)
 
 
-@pytest.mark.parametrize(("prefetch", "bound"), [(0, 1), (1 << 16, 3)])
+@pytest.mark.parametrize(("prefetch", "bound"), [(0, 1), (1 << 16, 2 + TABLES_AHEAD)])
 def test_each_table_is_fetched_once_and_let_go_after_its_shard(
     v2: Path, monkeypatch: pytest.MonkeyPatch, prefetch: int, bound: int
 ) -> None:
     """At most ``bound`` tables alive at once: the shard being read; with prefetch also the shard of the
-    task fetched ahead and the next shard's table, fetched ahead (64 KiB holds about one task here)."""
+    task fetched ahead and the next ``TABLES_AHEAD`` shards' tables, fetched ahead (64 KiB holds about one
+    task here)."""
     tracked = Tracked(monkeypatch)
     ds = fastload.ShardDataset(v2, decode=False, prefetch_bytes=prefetch, seed=2)
     most = 0

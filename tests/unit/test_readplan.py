@@ -187,15 +187,18 @@ def test_planned_lazily_the_tasks_are_the_same_and_each_shard_is_looked_up_when_
         looked_up.append(shard)
         return entries[shard]
 
-    lazy = iter_reads(refs, entry_of, max_task_bytes=cap, ahead=announced.append)
+    depth = 1 + len(refs) % 4
+    lazy = iter_reads(refs, entry_of, max_task_bytes=cap, ahead=announced.append, depth=depth)
     got: list[ReadTask] = []
+    runs = [s for s, _, _ in shard_runs(refs)]
     for task in lazy:
         assert looked_up[-1] == task.shard  # looked up no earlier than its first task is handed out
+        # announced: the shards of the next `depth` runs after the one being read, no further
+        assert announced == runs[1 : len(looked_up) + depth]
         got.append(task)
     assert got == plan_reads(refs, entries, max_task_bytes=cap)
-    runs = [s for s, _, _ in shard_runs(refs)]
     assert looked_up == runs  # once per run of a shard, in order
-    assert announced == runs[1:]  # each next run's shard, one run ahead
+    assert announced == runs[1:]  # each later run's shard, once, `depth` runs ahead
 
 
 def test_shard_runs_split_references_where_the_shard_changes() -> None:
