@@ -150,11 +150,11 @@ class Run:
             out["compute_s"] = round(self.compute_s, 6)
             if self.loader_stats is not None:
                 out["loader_stats"] = self.loader_stats
-        if self.gpu is not None:
-            out["gpu"] = self.gpu.as_dict()
             out["timeline"] = [
                 [round(w, 6), round(c, 6)] for w, c in zip(self.waits, self.computes, strict=True)
             ]
+        if self.gpu is not None:
+            out["gpu"] = self.gpu.as_dict()
         return out
 
 
