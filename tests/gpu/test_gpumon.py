@@ -97,3 +97,12 @@ def test_loader_monitor_gpu_true_on_this_machine_never_fails() -> None:
 class iter_batches:
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter([[0], [1], [2]])
+
+
+def test_bench_monitors_model_steps_on_cuda_only() -> None:
+    from fastload.bench.runner import _monitor
+
+    assert _monitor({"kind": "sleep", "step_ms": 5}) is None
+    assert _monitor({"kind": "model", "device": "cpu"}) == "the model step runs on cpu, not a CUDA GPU"
+    monitor = _monitor({"kind": "model", "device": "cuda:1"})
+    assert isinstance(monitor, GpuMonitor) and monitor.index == 1

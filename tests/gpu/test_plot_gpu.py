@@ -50,7 +50,5 @@ def test_samples_shifted_to_the_timeline_window() -> None:
     fig, ax = plt.subplots()
     _utilisation(ax, training_run(GpuTimeline(samples=samples, hz=25)), window=1.0)
     xs = list(ax.lines[0].get_xdata())
-    assert xs == pytest.approx(
-        [0.01, 0.05]
-    )  # first batch (0.55 s) not shown; 3.0 past the window
+    assert xs == pytest.approx([0.01, 0.05])  # first batch (0.55 s) not shown; 3.0 past the window
     plt.close(fig)
