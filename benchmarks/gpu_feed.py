@@ -30,7 +30,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -295,7 +295,7 @@ def train_step(
     optimizer.step()
 
 
-def batches(make: Callable[[], Iterable[Any]]) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+def batches(make: Callable[[], Iterable[Any]]) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
     """Epoch after epoch of (images, labels) from any of the three feeds."""
     while True:
         for batch in make():
@@ -309,7 +309,7 @@ def train_variant(
     variant: str, make: Callable[[], Iterable[Any]], device: torch.device, args: argparse.Namespace
 ) -> dict[str, Any]:
     model, optimizer, model_name = training_model(args.model, device)
-    source = iter(batches(make))
+    source = batches(make)
     for _ in range(args.warmup):  # workers started, cuDNN tuned, pinned pool filled
         images, labels = next(source)
         train_step(model, optimizer, images, labels, device)
@@ -328,6 +328,7 @@ def train_variant(
         steps += 1
     sync(device)
     seconds = time.perf_counter() - started
+    source.close()  # ends the feed's iteration (and so its workers, once the feed is dropped)
     timeline = monitor.stop() if monitor is not None else GpuTimeline(not_measured=f"ran on {device}")
     pattern = read_pattern(timeline.utils, waited / seconds, not_measured=timeline.not_measured)
     return {
@@ -346,31 +347,38 @@ def train_variant(
 def training(
     files: Path, packed: Path, device: torch.device, args: argparse.Namespace
 ) -> list[dict[str, Any]]:
+    """The three feeds in turn, each built just before its run and dropped after (its workers with it)."""
     cuda = device.type == "cuda"
-    common = {"batch_size": args.batch_size, "num_workers": args.workers}
-    per_file = torch.utils.data.DataLoader(
-        FilesDataset(files),
-        shuffle=True,
-        pin_memory=cuda,
-        persistent_workers=args.workers > 0,
-        prefetch_factor=4 if args.workers else None,
-        drop_last=True,
-        **common,
-    )
-    cpu_decode = fastload.loader(
-        str(packed), device=device if cuda else None, map=jpg_pair, drop_last=True, **common
-    )
-    if cuda:
-        device_decode = fastload.loader(str(packed), device=device, decode="cuda", drop_last=True, **common)
-    else:  # the same code path, with Pillow standing in for nvJPEG
-        device_decode = fastload.loader(str(packed), images=False, drop_last=True, **common)
-        device_decode.on_device = DeviceImageDecoder(
+    common: dict[str, Any] = {"batch_size": args.batch_size, "num_workers": args.workers, "drop_last": True}
+
+    def per_file() -> Iterable[Any]:
+        return torch.utils.data.DataLoader(
+            FilesDataset(files),
+            shuffle=True,
+            pin_memory=cuda,
+            persistent_workers=args.workers > 0,
+            prefetch_factor=4 if args.workers else None,
+            **common,
+        )
+
+    def cpu_decode() -> Iterable[Any]:
+        return fastload.loader(str(packed), device=device if cuda else None, map=jpg_pair, **common)
+
+    def device_decode() -> Iterable[Any]:
+        if cuda:
+            return fastload.loader(str(packed), device=device, decode="cuda", **common)
+        loader = fastload.loader(str(packed), images=False, **common)  # Pillow standing in for nvJPEG
+        loader.on_device = DeviceImageDecoder(
             device, decode_jpegs=lambda blobs, dev: [pillow_rgb(t.numpy().tobytes()) for t in blobs]
         )
+        return loader
+
     feeds = {"per-file": per_file, "fastload cpu-decode": cpu_decode, 'fastload decode="cuda"': device_decode}
     results = []
-    for name, feed in feeds.items():
+    for name, build in feeds.items():
+        feed = build()
         result = train_variant(name, lambda feed=feed: feed, device, args)  # type: ignore[misc]
+        del feed
         results.append(result)
         print(
             f"  {name:<24} {result['samples_per_s']:>8,.0f} samples/s  "
