@@ -376,9 +376,16 @@ def training(
     feeds = {"per-file": per_file, "fastload cpu-decode": cpu_decode, 'fastload decode="cuda"': device_decode}
     results = []
     for name, build in feeds.items():
-        feed = build()
-        result = train_variant(name, lambda feed=feed: feed, device, args)  # type: ignore[misc]
-        del feed
+        try:
+            feed = build()
+            result = train_variant(name, lambda feed=feed: feed, device, args)  # type: ignore[misc]
+            del feed
+        except Exception as exc:  # e.g. decode="cuda" without nvJPEG: keep the other feeds' figures
+            import traceback
+
+            traceback.print_exc()
+            results.append({"variant": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
         results.append(result)
         print(
             f"  {name:<24} {result['samples_per_s']:>8,.0f} samples/s  "
@@ -408,69 +415,114 @@ def decode_agreement(files: Path, device: torch.device, count: int = 64) -> dict
 # -- report ----------------------------------------------------------------------------------------------
 
 
+def _version(dist: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0f}%"
 
 
 def markdown(report: dict[str, Any]) -> str:
+    """The report as a RESULTS.md section; a section that failed says so (with the error)."""
     a = report["args"]
     lines = [
         f"## Feeding a GPU: {report['device']} (`benchmarks/gpu_feed.py`, issue 20)",
         "",
-        f"{report['when']}; torch {report['torch']}, {report['cores']} cores, load {report['load']}; "
+        f"{report['when']}; torch {report['torch']}, torchvision {report['torchvision']}, "
+        f"{report['cores']} cores, load {report['load']}; "
         f"batch {a['batch_size']}, num_workers {a['workers']}.",
         "",
     ]
-    c = report["copy"]
-    lines += [
-        f"Host-to-device, one {c['batch_bytes'] / 2**20:.0f} MiB batch out of a shared-memory slot; "
+    for name in SECTIONS:
+        part = report.get(name, {"error": "not run"})
+        if isinstance(part, dict) and "error" in part:
+            lines += [f"{name}: FAILED: {part['error']}", ""]
+        elif isinstance(part, dict) and "not_measured" in part:
+            lines += [f"{name}: not measured: {part['not_measured']}", ""]
+        else:
+            lines += [*SECTION_TEXT[name](part, a), ""]
+    return "\n".join(lines)
+
+
+def _copy_md(c: dict[str, Any], a: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Host-to-device, one {c['batch_bytes'] / 2**20:.1f} MiB batch out of a shared-memory slot; "
         f"peak ({c['peak_bytes'] >> 20} MiB pinned cudaMemcpy) {c['peak_gb_s']:.1f} GB/s:",
         "",
-        "| source | copy GB/s | of peak | slot to device GB/s |",
-        "|---|---|---|---|",
+        "| source | copy GB/s | of peak | slot to device GB/s | via a slot |",
+        "|---|---|---|---|---|",
     ]
     for k in ("pageable", "pinned"):
         lines.append(
             f"| {k} | {c[k]['copy_gb_s']:.1f} | {100 * c[k]['copy_gb_s'] / c['peak_gb_s']:.0f}% | "
-            f"{c[k]['slot_to_device_gb_s']:.1f} |"
+            f"{c[k]['slot_to_device_gb_s']:.1f} | {c[k]['via_slot']} |"
         )
-    lines += ["", "Packed uint8 images, small CNN, medians of the interleaved runs:", ""]
-    lines += ["| variant | samples/s | waiting | bytes |", "|---|---|---|---|"]
-    for r in report["feed"]:
+    return lines
+
+
+def _feed_md(feed: list[dict[str, Any]], a: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Packed uint8 images of {a['px']} px, small CNN, medians of {a['reps']} interleaved runs:",
+        "",
+        "| variant | samples/s | waiting | bytes on the device |",
+        "|---|---|---|---|",
+    ]
+    for r in feed:
         lines.append(
             f"| {r['variant']} | {r['samples_per_s']:,.0f} | {100 * r['wait_share']:.0f}% | "
             f"{'match' if r['bytes_ok'] else 'MISMATCH'} |"
         )
-    o = report["overlap"]
-    lines += [
-        "",
-        f"Side-stream prefetch overlap (CUDA events): {o['not_measured']}"
-        if "not_measured" in o
-        else f"Side-stream prefetch overlap (CUDA events): {100 * o['overlap_share']:.0f}% of copy time ran "
-        f"during a step ({o['copies']} copies of {o['copy_ms_mean']:.2f} ms, steps "
-        f"{o['step_ms_mean']:.2f} ms).",
-        "",
-        f"Training on {a['count']} JPEGs of {a['px']} px ({report['training'][0]['model']}, bf16 autocast, "
-        f"channels_last), {a['seconds']:g} s each after {a['warmup']} warm-up steps:",
+    return lines
+
+
+def _overlap_md(o: dict[str, Any], a: dict[str, Any]) -> list[str]:
+    return [
+        f"Side-stream prefetch overlap (CUDA events): {100 * o['overlap_share']:.0f}% of copy time ran "
+        f"during a step ({o['copies']} copies of {o['copy_ms_mean']:.2f} ms, "
+        f"steps {o['step_ms_mean']:.2f} ms)."
+    ]
+
+
+def _training_md(runs: list[dict[str, Any]], a: dict[str, Any]) -> list[str]:
+    model = next((r["model"] for r in runs if "model" in r), "?")
+    lines = [
+        f"Training on {a['count']} JPEGs of {a['px']} px ({model}, bf16 autocast, channels_last), "
+        f"{a['seconds']:g} s each after {a['warmup']} warm-up steps:",
         "",
         "| feed | samples/s | waiting | GPU util (NVML mean) | pattern |",
         "|---|---|---|---|---|",
     ]
-    for r in report["training"]:
+    for r in runs:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | FAILED: {r['error']} | | | |")
+            continue
         lines.append(
             f"| {r['variant']} | {r['samples_per_s']:,.0f} | {100 * r['wait_share']:.0f}% | "
             f"{_pct(r['gpu_util_mean_pct'])} | {r['gpu_pattern']} |"
         )
-    d = report["decode_agreement"]
-    lines += [
-        "",
-        f"nvJPEG against Pillow: {d['not_measured']}"
-        if "not_measured" in d
-        else f"nvJPEG against Pillow on {d['images']} of these JPEGs: mean abs difference "
-        f"{d['mean_abs_diff']:.2f}, max {d['max_abs_diff']} (of 255); {d['cpu_fallbacks']} CPU fallbacks.",
-        "",
+    return lines
+
+
+def _agreement_md(d: dict[str, Any], a: dict[str, Any]) -> list[str]:
+    return [
+        f"nvJPEG against Pillow on {d['images']} of these JPEGs: mean abs difference "
+        f"{d['mean_abs_diff']:.2f}, max {d['max_abs_diff']} (of 255); {d['cpu_fallbacks']} CPU fallbacks."
     ]
-    return "\n".join(lines)
+
+
+SECTION_TEXT: dict[str, Callable[[Any, dict[str, Any]], list[str]]] = {
+    "copy": _copy_md,
+    "feed": _feed_md,
+    "overlap": _overlap_md,
+    "training": _training_md,
+    "decode_agreement": _agreement_md,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,45 +551,29 @@ def main(argv: list[str] | None = None) -> int:
         "device": name,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        "nvidia-ml-py": _version("nvidia-ml-py"),
         "cores": os.cpu_count(),
         "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
     with tempfile.TemporaryDirectory(prefix="fastload-gpu-") as tmp:
         root = Path(tmp)
-        print(f"device: {name}; preparing {args.count} images twice", flush=True)
-        npy, expected = make_npy(root, args.count, args.seed, args.px)
-        files, jpg = make_jpegs(root, args.count, args.seed, args.px)
-        report["copy"] = copy_bandwidth(device, args.batch_size, reps=3 if args.smoke else 10, px=args.px)
-        c = report["copy"]
         print(
-            f"copy: peak {c['peak_gb_s']:.1f} GB/s; pageable {c['pageable']['copy_gb_s']:.1f}, pinned "
-            f"{c['pinned']['copy_gb_s']:.1f} GB/s",
+            f"device: {name}; torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision "
+            f"{report['torchvision']}, nvidia-ml-py {report['nvidia-ml-py']}; "
+            f"preparing {args.count} images twice",
             flush=True,
         )
-        variants = ["plain", "pinned", "prefetch", "data-only"]
-        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-        for rep in range(args.reps):
-            for k in range(len(variants)):
-                v = variants[(k + rep) % len(variants)]
-                runs[v].append(feed_variant(v, npy, device, args))
-        report["feed"] = [
-            {
-                "variant": v,
-                "samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
-                "wait_share": statistics.median(r["wait_share"] for r in rs),
-                "bytes_ok": all(r["checksum"] == expected for r in rs),
-            }
-            for v, rs in runs.items()
-        ]
-        for r in report["feed"]:
-            ok = "bytes match" if r["bytes_ok"] else "bytes MISMATCH"
-            print(f"  {r['variant']:<10} {r['samples_per_s']:>9,.0f} samples/s  {ok}", flush=True)
-        report["overlap"] = overlap(npy, device, args)
-        print(f"overlap: {report['overlap']}", flush=True)
-        report["training"] = training(files, jpg, device, args)
-        report["decode_agreement"] = decode_agreement(files, device)
-        print(f"nvJPEG vs Pillow: {report['decode_agreement']}", flush=True)
+        npy, expected = make_npy(root, args.count, args.seed, args.px)
+        files, jpg = make_jpegs(root, args.count, args.seed, args.px)
+        reps = 3 if args.smoke else 10
+        # each section on its own: one that fails (a driver or library surprise) must not lose the others
+        guarded(report, "copy", lambda: copy_bandwidth(device, args.batch_size, reps=reps, px=args.px))
+        guarded(report, "feed", lambda: feed_section(npy, expected, device, args))
+        guarded(report, "overlap", lambda: overlap(npy, device, args))
+        guarded(report, "training", lambda: training(files, jpg, device, args))
+        guarded(report, "decode_agreement", lambda: decode_agreement(files, device))
     text = markdown(report)
     print("\n" + text)
     if args.markdown:
@@ -545,7 +581,45 @@ def main(argv: list[str] | None = None) -> int:
             f.write("\n" + text)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
-    return 0 if all(r["bytes_ok"] for r in report["feed"]) else 1
+    failed = [k for k in SECTIONS if isinstance(report.get(k), dict) and "error" in report[k]]
+    feed_ok = isinstance(report.get("feed"), list) and all(r["bytes_ok"] for r in report["feed"])
+    return 0 if feed_ok and not failed else 1
+
+
+SECTIONS = ("copy", "feed", "overlap", "training", "decode_agreement")
+
+
+def guarded(report: dict[str, Any], name: str, run: Callable[[], Any]) -> None:
+    """``report[name] = run()``, or ``{"error": ...}`` with the traceback printed."""
+    import traceback
+
+    try:
+        report[name] = run()
+    except Exception as exc:
+        traceback.print_exc()
+        report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(f"{name}: {json.dumps(report[name], default=str)[:600]}", flush=True)
+
+
+def feed_section(
+    npy: Path, expected: int, device: torch.device, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """The four feed variants interleaved (the order rotated each repetition); medians."""
+    variants = ["plain", "pinned", "prefetch", "data-only"]
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for rep in range(args.reps):
+        for k in range(len(variants)):
+            v = variants[(k + rep) % len(variants)]
+            runs[v].append(feed_variant(v, npy, device, args))
+    return [
+        {
+            "variant": v,
+            "samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
+            "wait_share": statistics.median(r["wait_share"] for r in rs),
+            "bytes_ok": all(r["checksum"] == expected for r in rs),
+        }
+        for v, rs in runs.items()
+    ]
 
 
 if __name__ == "__main__":
