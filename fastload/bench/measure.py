@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastload.core.gpuutil import GpuTimeline
+
 Step = Callable[[dict[str, Any]], None]
 PREFETCH = 2
 """Batches a DataLoader worker may hold ahead of delivery (torch's default ``prefetch_factor``)."""
@@ -89,6 +91,7 @@ class Run:
     bad: list[str] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
     computes: list[float] = field(default_factory=list)
+    gpu: GpuTimeline | None = None  # NVML utilisation during the training loop (bench --model)
 
     def _per_s(self, total: float, first: float, index: int) -> float:
         """Loader alone: the production rate (``rate[index]``). With a step: per second of the loop after its
@@ -150,6 +153,8 @@ class Run:
             out["timeline"] = [
                 [round(w, 6), round(c, 6)] for w, c in zip(self.waits, self.computes, strict=True)
             ]
+        if self.gpu is not None:
+            out["gpu"] = self.gpu.as_dict()
         return out
 
 

@@ -1,14 +1,17 @@
 """The picture of a run (matplotlib, Agg): throughput against ``num_workers`` for each variant, and the
-training loop's timeline of waiting for data against computing, step by step (the sawtooth made visible)."""
+training loop's timeline of waiting for data against computing, step by step (the sawtooth made visible),
+with the GPU's utilisation (NVML, ``bench --model``) above it on the same time axis."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
+from fastload.bench.measure import Run
 from fastload.bench.runner import BenchReport
 from fastload.errors import ConfigError
 
-WAIT_COLOUR, COMPUTE_COLOUR = "#d62728", "#1f77b4"
+WAIT_COLOUR, COMPUTE_COLOUR, GPU_COLOUR = "#d62728", "#1f77b4", "#2ca02c"
 TOOL_COLOURS = {"fastload": "#2ca02c", "per-file": "#7f7f7f", "webdataset": "#9467bd"}
 POINT_STYLES = [("#17becf", "D"), ("#8c564b", "^"), ("#bcbd22", "v"), ("#e377c2", "P")]  # one-off variants
 TIMELINE_S = 2.0
@@ -23,9 +26,18 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'fastload[bench]'") from None
-    rows = max(1, len(report.training))
-    fig = plt.figure(figsize=(11, 4.2), dpi=90)
-    grid = fig.add_gridspec(rows, 2, width_ratios=[1.0, 1.25], wspace=0.28, hspace=0.55)
+    gpu = any(r.gpu is not None for r in report.training)
+    per_run = 2 if gpu else 1  # the utilisation axis above each timeline
+    rows = max(1, len(report.training)) * per_run
+    fig = plt.figure(figsize=(11, 4.2 + (1.6 if gpu else 0.0)), dpi=90)
+    grid = fig.add_gridspec(
+        rows,
+        2,
+        width_ratios=[1.0, 1.25],
+        height_ratios=[1.4, 1.0] * (rows // 2) if gpu else None,
+        wspace=0.28,
+        hspace=0.55,
+    )
     ax = fig.add_subplot(grid[:, 0])
     ticks: set[int] = set()
     points = iter(POINT_STYLES * 4)
@@ -62,7 +74,9 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
     longest = max((sum(r.waits[1:]) + sum(r.computes[1:]) for r in report.training), default=0.0)
     window = min(TIMELINE_S, longest) if longest > 0 else TIMELINE_S
     for i, run in enumerate(report.training):
-        tl = fig.add_subplot(grid[i, 1])
+        tl = fig.add_subplot(grid[i * per_run + per_run - 1, 1])
+        if gpu:
+            _utilisation(fig.add_subplot(grid[i * per_run, 1], sharex=tl), run, window)
         t = 0.0
         waits, computes = [], []
         # from the end of the first batch: worker start-up is not part of the sawtooth
@@ -83,7 +97,27 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
             fontsize=9,
             loc="left",
         )
-        if i == rows - 1:
+        if i == len(report.training) - 1:
             tl.set_xlabel("seconds of the training loop (red: waiting for data, blue: step)")
     fig.savefig(os.fspath(path), format="png", bbox_inches="tight")
     plt.close(fig)
+
+
+def _utilisation(ax: Any, run: Run, window: float) -> None:
+    """NVML utilisation (percent) over the same window as the run's timeline (which starts after the first
+    batch and step), or why it was not measured."""
+    ax.set_ylim(0, 105)
+    ax.set_yticks([0, 50, 100])
+    ax.tick_params(labelbottom=False, labelsize=7)
+    ax.set_ylabel("GPU %", fontsize=8)
+    timeline = run.gpu
+    if timeline is None or not timeline.measured:
+        why = timeline.not_measured if timeline is not None else "not sampled"
+        ax.text(0.01, 0.5, f"GPU utilisation not measured: {why}", transform=ax.transAxes, fontsize=8)
+        return
+    shift = (run.waits[0] + run.computes[0]) if run.waits and run.computes else 0.0
+    points = [(s.t_s - shift, s.util_pct) for s in timeline.samples if 0 <= s.t_s - shift <= window]
+    if points:
+        ax.step([p[0] for p in points], [p[1] for p in points], where="post", color=GPU_COLOUR, lw=1.2)
+    ax.set_title(f"{run.variant}: {timeline.summary()}", fontsize=8, loc="left")
+    ax.grid(True, alpha=0.3)

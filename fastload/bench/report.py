@@ -112,6 +112,8 @@ def table(report: BenchReport) -> str:
                 f"{r.variant:<28}{r.batches_per_s:>10.1f}{r.samples_per_s:>10,.0f}{r.mb_per_s:>8.1f}"
                 f"{r.wait_share * 100:>8.0f}%{r.batches:>7}"
             )
+            if r.gpu is not None:
+                lines.append(f"{'':<28}{r.gpu.summary()}")
     if report.stages:
         lines += ["", "stages: µs per sample, each timed alone in one thread, no prefetch"]
         lines.append(f"{'variant':<28}" + "".join(f"{s.replace('_', '-'):>11}" for s in STAGES))

@@ -29,6 +29,8 @@ from fastload.bench.pipeline import Decode
 from fastload.bench.steps import busy_step, default_device, model_step, sleep_step
 from fastload.bench.workload import BUCKET, Endpoint, Workload, prepare
 from fastload.core.advice import Advice, Facts, advise
+from fastload.core.gpuutil import GpuTimeline
+from fastload.train.gpumon import GpuMonitor
 
 
 @dataclass
@@ -96,6 +98,18 @@ def _step(options: BenchOptions) -> tuple[Callable[[dict[str, Any]], None], dict
     if options.step_mode == "busy":
         return busy_step(step_s), {"kind": "busy", "step_ms": options.step_ms}
     return sleep_step(step_s), {"kind": "sleep", "step_ms": options.step_ms}
+
+
+def _monitor(step: dict[str, Any]) -> GpuMonitor | str | None:
+    """For a model step: an NVML monitor on its CUDA device (it says "not measured" where NVML cannot be
+    used), or why there is nothing to measure. None without a model."""
+    device = str(step.get("device") or "")
+    if step.get("kind") != "model":
+        return None
+    if not device.startswith("cuda"):
+        return f"the model step runs on {device}, not a CUDA GPU"
+    index = device.partition(":")[2]
+    return GpuMonitor(index=int(index) if index.isdigit() else 0, clock=time.monotonic)
 
 
 def _schedule(
@@ -290,6 +304,8 @@ def _advice(work: Workload, report: BenchReport, options: BenchOptions) -> None:
             packed_vs_per_file=ratio,
             prefetch_gain=prefetch_gain,
             cache_gain=cache_gain,
+            gpu_util_pct=tuple(run.gpu.utils) if run.gpu is not None and run.gpu.measured else None,
+            gpu_not_measured=None if run.gpu is None or run.gpu.measured else run.gpu.not_measured,
         )
         report.advice[tool_where] = advise(facts)
 
@@ -387,8 +403,11 @@ def run_bench(options: BenchOptions) -> BenchReport:
                 for variant in headline:
                     bar.set_postfix_str(f"training loop: {variant.name}", refresh=False)
                     run = Run(variant.name, options.num_workers or 0, 0)
+                    monitor = _monitor(report.step)
                     try:
                         loader = variant.make(options.num_workers or 0)
+                        if isinstance(monitor, GpuMonitor):
+                            monitor.start()
                         consume(
                             loader,
                             run,
@@ -401,6 +420,11 @@ def run_bench(options: BenchOptions) -> BenchReport:
                             run.loader_stats = stats.as_dict()
                     except Exception as exc:
                         run.error = f"{type(exc).__name__}: {exc}"
+                    finally:
+                        if isinstance(monitor, GpuMonitor):
+                            run.gpu = monitor.stop()
+                        elif monitor is not None:
+                            run.gpu = GpuTimeline(not_measured=monitor)
                     report.training.append(run)
                     bar.update()
                 report.timings["training_s"] = time.perf_counter() - t

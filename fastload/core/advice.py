@@ -14,6 +14,10 @@ The rules, in order:
 - **Packing.** For data stored as one object per sample: with the measured packed/per-file ratio above
   ``PACK_WORTH`` (1.2x) "these N files average X KiB: pack them — expected Yx"; below it, that packing
   would gain little here.
+- **GPU utilisation.** With an NVML timeline (``gpu_util_pct``), :func:`fastload.core.gpuutil.read_pattern`
+  says whether it saws between high and near zero while the loop waits (loader-bound), stays high (the
+  model is the limit) or stays low without waits (the step, not the loader); without one, why it was not
+  measured (``gpu_not_measured``).
 - **Prefetch and cache.** A measured gain of ``PACK_WORTH`` or more from shard prefetch or a warm local
   cache is worth a sentence, as is a loss (both read what the benchmark saw, nothing is assumed).
 """
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from fastload.core.gpuutil import read_pattern
 
 LOADER_BOUND_SHARE = 0.10
 HEADROOM = 1.2
@@ -75,6 +81,8 @@ class Facts:
     ``files``/``file_bytes_mean`` describe data stored as one object per sample (None when packed);
     ``packed_vs_per_file`` is the measured throughput ratio packed / per-file on this data.
     ``prefetch_gain`` is throughput with shard prefetch / without; ``cache_gain`` warm / cold local cache.
+    ``gpu_util_pct`` is NVML's utilisation sampled during the training loop; ``gpu_not_measured`` why it
+    could not be (both None: not asked for).
     """
 
     batch_size: int
@@ -90,6 +98,8 @@ class Facts:
     packed_vs_per_file: float | None = None
     prefetch_gain: float | None = None
     cache_gain: float | None = None
+    gpu_util_pct: tuple[float, ...] | None = None
+    gpu_not_measured: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.num_workers < 0 or self.cores < 1:
@@ -258,6 +268,11 @@ def advise(facts: Facts) -> Advice:
         lines.append(
             f"compute-bound: the loader keeps up; {_pct(facts.wait_share)} of wall time waits for data"
         )
+    if facts.gpu_util_pct is not None or facts.gpu_not_measured is not None:
+        pattern = read_pattern(
+            facts.gpu_util_pct or (), facts.wait_share, not_measured=facts.gpu_not_measured
+        )
+        lines.append(pattern.line)
     suggested, workers_line = _workers_line(facts, needed)
     fewer = suggested is not None and suggested < facts.num_workers
     if workers_line and (verdict != "compute-bound" or fewer):

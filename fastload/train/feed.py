@@ -19,7 +19,9 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from fastload.core.gpuutil import GpuTimeline
 from fastload.errors import ConfigError
+from fastload.train.gpumon import GpuMonitor
 
 _END = object()
 
@@ -63,37 +65,62 @@ def _record_stream(batch: Any, stream: Any) -> None:
 class DevicePrefetcher:
     """The items of ``iterable`` with their tensors on ``device``, one item ahead: the next item is fetched
     (and on CUDA copied on a side stream) before the current one is handed out, so the copy overlaps the
-    step. Non-tensor parts pass through unchanged."""
+    step. Non-tensor parts pass through unchanged. ``after`` runs on each copied item on the same side
+    stream (``decode="cuda"`` decodes there). The host item stays referenced until its device item has
+    been handed out and the loop asks for the next, so a batch buffer (a shared-memory slot) is never
+    reused while an asynchronous copy may still read it. ``copy`` replaces :func:`to_device` (tests)."""
 
-    def __init__(self, iterable: Iterable[Any], device: str | torch.device, *, non_blocking: bool = True):
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        device: str | torch.device,
+        *,
+        non_blocking: bool = True,
+        after: Callable[[Any], Any] | None = None,
+        copy: Callable[[Any, torch.device, bool], Any] | None = None,
+    ):
         self.iterable = iterable
         self.device = torch.device(device)
         self.non_blocking = non_blocking
+        self.after = after
+        self.copy = copy
 
     def __iter__(self) -> Iterator[Any]:
         cuda = self.device.type == "cuda"
         stream = torch.cuda.Stream(device=self.device) if cuda else None  # type: ignore[no-untyped-call]
         source = iter(self.iterable)
+        copy = self.copy or (lambda item, device, nb: to_device(item, device, non_blocking=nb))
+        after = self.after
 
-        def load() -> Any:
+        def load() -> tuple[Any, Any]:
             try:
                 item = next(source)
             except StopIteration:
-                return _END
+                return _END, None
             if stream is None:
-                return to_device(item, self.device, non_blocking=False)
+                moved = copy(item, self.device, False)
+                return (moved if after is None else after(moved)), item
             with torch.cuda.stream(stream):
-                return to_device(item, self.device, non_blocking=self.non_blocking)
+                moved = copy(item, self.device, self.non_blocking)
+                return (moved if after is None else after(moved)), item
 
-        upcoming = load()
+        upcoming, host = load()
         while upcoming is not _END:
-            item = upcoming
+            item, held = upcoming, host  # ``held``: the host batch, alive until this item was used
             if stream is not None:
                 current_stream = torch.cuda.current_stream(self.device)
                 current_stream.wait_stream(stream)  # the step waits for the copy, not the host
                 _record_stream(item, current_stream)
-            upcoming = load()  # the next copy starts before this item is used
+            upcoming, host = load()  # the next copy starts before this item is used
             yield item
+            del item, held
+
+
+def _first(fn: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
+    """``fn`` applied to the batch of a ``(batch, state)`` pair."""
+    if fn is None:
+        return None
+    return lambda pair: (fn(pair[0]), pair[1])
 
 
 @dataclass
@@ -106,6 +133,7 @@ class LoaderStats:
     step_s: float = 0.0
     first_batch_s: float | None = None
     recent_waits_s: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    gpu: GpuTimeline | None = None  # with monitor_gpu: NVML utilisation over the last pass, or why not
 
     @property
     def wait_share(self) -> float:
@@ -120,13 +148,15 @@ class LoaderStats:
             "step_s": self.step_s,
             "wait_share": self.wait_share,
             "first_batch_s": self.first_batch_s,
+            **({"gpu": self.gpu.as_dict()} if self.gpu is not None else {}),
         }
 
     def summary(self) -> str:
-        return (
+        text = (
             f"{self.batches} batches; waited {self.wait_s:.2f}s for data, {self.step_s:.2f}s in steps "
             f"({100 * self.wait_share:.0f}% waiting); first batch after {self.first_batch_s or 0:.2f}s"
         )
+        return text if self.gpu is None else f"{text}; {self.gpu.summary()}"
 
 
 class Loader:
@@ -141,10 +171,17 @@ class Loader:
         device: str | torch.device | None = None,
         non_blocking: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        monitor_gpu: bool | GpuMonitor = False,
+        on_device: Callable[[Any], Any] | None = None,
     ) -> None:
         self.dataloader = dataloader
         self.device = None if device is None else checked_device(device)
         self.non_blocking = non_blocking
+        if monitor_gpu is True:
+            index = self.device.index if self.device is not None and self.device.type == "cuda" else None
+            monitor_gpu = GpuMonitor(index=index or 0)
+        self.monitor = monitor_gpu or None
+        self.on_device = on_device
         self.stats = LoaderStats()
         self._clock = clock
         self._state: dict[str, Any] | None = None
@@ -196,9 +233,23 @@ class Loader:
             yield batch, (self._loader_state() if resumable else None)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.monitor is None:
+            yield from self._timed()
+            return
+        self.monitor.start()
+        try:
+            yield from self._timed()
+        finally:
+            self.stats.gpu = self.monitor.stop()
+
+    def _timed(self) -> Iterator[Any]:
         source: Iterable[tuple[Any, dict[str, Any] | None]] = self._with_state()
         if self.device is not None:
-            source = DevicePrefetcher(source, self.device, non_blocking=self.non_blocking)
+            source = DevicePrefetcher(
+                source, self.device, non_blocking=self.non_blocking, after=_first(self.on_device)
+            )
+        elif self.on_device is not None:
+            source = ((self.on_device(batch), state) for batch, state in source)
         stats = self.stats
         clock = self._clock
         started = clock()
@@ -260,6 +311,7 @@ def loader(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     drop_last: bool = False,
     non_blocking: bool = True,
+    monitor_gpu: bool = False,
     **dataset_kwargs: Any,
 ) -> Loader:
     """A ready-to-train :class:`Loader` over ``source``: a dataset folder or ``s3://`` prefix (opened as a
@@ -269,6 +321,9 @@ def loader(
     Defaults: ``num_workers`` from the cores (:func:`default_workers`), ``pin_memory`` when CUDA is
     available, ``prefetch_factor=4`` and ``persistent_workers=True`` with workers. ``device`` (e.g.
     ``"cuda"``) moves each batch there ahead of time on a side stream; None leaves batches on the CPU.
+    ``monitor_gpu=True`` samples NVML utilisation while iterating (``loader.stats.gpu``; "not measured"
+    without NVML or a GPU). ``decode="cuda"`` (with ``device="cuda"``) keeps images as bytes in the workers
+    and decodes JPEGs in batches on the GPU after the transfer (:mod:`fastload.train.gpudecode`).
     """
     from fastload.train.dataset import ShardDataset
     from fastload.train.loader import DataLoader
@@ -278,6 +333,19 @@ def loader(
         raise ConfigError(f"batch_size={batch_size} must be >= 1")
     if device is not None:
         device = checked_device(device)
+    on_device = None
+    if dataset_kwargs.get("decode") == "cuda":
+        from fastload.train.gpudecode import DeviceImageDecoder
+
+        if device is None or torch.device(device).type != "cuda":
+            raise ConfigError(
+                f'decode="cuda" decodes on the GPU after the transfer: it needs device="cuda" (got '
+                f"device={device!r}); or leave decode at its default to decode on the CPU workers"
+            )
+        on_device = DeviceImageDecoder(device)
+        del dataset_kwargs["decode"]
+        if isinstance(source, (str, os.PathLike)):
+            dataset_kwargs["images"] = False  # the workers keep images as bytes
     if isinstance(source, (str, os.PathLike)):
         dataset: Any = ShardDataset(source, **dataset_kwargs)
     else:
@@ -308,4 +376,4 @@ def loader(
         dl = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last, **kwargs
         )
-    return Loader(dl, device=device, non_blocking=non_blocking)
+    return Loader(dl, device=device, non_blocking=non_blocking, monitor_gpu=monitor_gpu, on_device=on_device)
