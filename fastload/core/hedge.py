@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -155,18 +156,21 @@ class HedgePolicy:
 
 
 class Patience:
-    """How many times the model's deadlines a lagging request is given: ``grow`` x after a hedge the
-    original GET beat, ``shrink`` x after a hedge that won, within ``[1, most]``. Not thread-safe."""
+    """How many times the model's deadline of each kind (:class:`Lag`) a lagging request is given:
+    ``grow`` x after a hedge of that kind the original GET beat, ``shrink`` x after one that won, within
+    ``[1, most]`` (by kind: hedges of slow but healthy transfers that lose must not delay the rescue of
+    silent ones). Not thread-safe."""
 
     def __init__(self, *, grow: float = 2.0, shrink: float = 0.5, most: float = 8.0) -> None:
         if grow < 1 or not 0 < shrink <= 1 or most < 1:
             raise ValueError(f"need {grow=} >= 1, 0 < {shrink=} <= 1, {most=} >= 1")
         self.grow, self.shrink, self.most = grow, shrink, most
-        self.factor = 1.0
+        self.factors: dict[Lag, float] = dict.fromkeys(Lag, 1.0)
 
-    def hedge_ended(self, *, won: bool) -> None:
-        """A race with hedges closed: ``won`` when a hedge had the bytes first."""
-        self.factor = max(1.0, self.factor * self.shrink) if won else min(self.most, self.factor * self.grow)
+    def hedge_ended(self, why: Lag, *, won: bool) -> None:
+        """A race hedged because it lagged ``why`` closed: ``won`` when a hedge had the bytes first."""
+        f = self.factors[why]
+        self.factors[why] = max(1.0, f * self.shrink) if won else min(self.most, f * self.grow)
 
 
 @dataclass(frozen=True)
@@ -180,30 +184,35 @@ class Deadlines:
     first_byte_p95_s: float | None
     slow_rates: dict[int, float]  # p5 throughput by size class (classes with enough samples)
     slow_rate: float | None  # p5 throughput over every size
-    stretch: float = 1.0  # the patience factor (already in first_byte_s and progress_s)
+    slow_stretch: float = 1.0  # the patience for Lag.SLOW (the others are in first_byte_s, progress_s)
 
     def completion_s(self, nbytes: int) -> float:
         rate = self.slow_rates.get(size_class(nbytes), self.slow_rate)
         first = self.first_byte_p95_s
         seconds = self.policy.bound(None if first is None or rate is None else first + nbytes / rate)
-        return min(self.policy.ceiling_s, seconds * self.stretch)
+        return min(self.policy.ceiling_s, seconds * self.slow_stretch)
 
 
-def deadlines(model: LatencyModel, policy: HedgePolicy, stretch: float = 1.0) -> Deadlines:
-    """The deadlines ``model`` and ``policy`` give now, each ``stretch`` x (a :class:`Patience` factor)
-    within the ceiling (compute once per check, not per request)."""
+def deadlines(
+    model: LatencyModel, policy: HedgePolicy, stretch: Mapping[Lag, float] | None = None
+) -> Deadlines:
+    """The deadlines ``model`` and ``policy`` give now, each ``stretch[kind]`` x (the :class:`Patience`
+    factors; none: 1) within the ceiling (compute once per check, not per request)."""
+    times = stretch or {}
     gap = model.gap_s(0.99)
     if gap is None:
         slow_rate = model.rate(PIECE_BYTES, 0.05)
         gap = None if slow_rate is None else PIECE_BYTES / slow_rate
     return Deadlines(
-        first_byte_s=min(policy.ceiling_s, policy.bound(model.first_byte_s(0.99)) * stretch),
-        progress_s=min(policy.ceiling_s, policy.bound(gap) * stretch),
+        first_byte_s=min(
+            policy.ceiling_s, policy.bound(model.first_byte_s(0.99)) * times.get(Lag.FIRST_BYTE, 1)
+        ),
+        progress_s=min(policy.ceiling_s, policy.bound(gap) * times.get(Lag.STALLED, 1)),
         policy=policy,
         first_byte_p95_s=model.first_byte_s(0.95),
         slow_rates=model.slow_rates(0.05),
         slow_rate=model.all_rates(0.05),
-        stretch=stretch,
+        slow_stretch=times.get(Lag.SLOW, 1),
     )
 
 

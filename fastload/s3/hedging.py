@@ -91,6 +91,7 @@ class Race:
         self.hedger, self.policy = hedger, policy
         self.primary = Runner(0, size, now)
         self.hedges: list[Runner] = []
+        self.why: policy_mod.Lag | None = None  # why its first hedge was sent
         self.winner: Runner | None = None
         self.closed = False
         self.suppressed = False  # a suppressed hedge was counted once already
@@ -191,7 +192,7 @@ class Hedger:
 
     def deadlines(self, policy: HedgePolicy) -> policy_mod.Deadlines:
         with self._lock:
-            return policy_mod.deadlines(self.model, policy, self.patience.factor)
+            return policy_mod.deadlines(self.model, policy, self.patience.factors)
 
     def race(self, policy: HedgePolicy, size: int, start_hedge: Callable[[Race, Runner], None]) -> Race:
         """Open a race for a GET of ``size`` bytes (``start_hedge(race, runner)`` runs a hedge)."""
@@ -210,8 +211,8 @@ class Hedger:
         won = race.winner is not None and race.winner is not race.primary
         with self._lock:
             self._races.discard(race)
-            if race.hedges and race.winner is not None:  # (a race that failed says nothing)
-                self.patience.hedge_ended(won=won)
+            if race.hedges and race.winner is not None and race.why is not None:  # (a failed race: nothing)
+                self.patience.hedge_ended(race.why, won=won)
         if race.hedges:
             self.stats.hedge_event(won=int(won), wasted_bytes=wasted_bytes)
 
@@ -229,7 +230,7 @@ class Hedger:
                         return
                     continue
                 idle_since = None
-                stretch = self.patience.factor
+                stretch = dict(self.patience.factors)
                 limits = {p: policy_mod.deadlines(self.model, p, stretch) for p in {r.policy for r in races}}
                 tick = min(0.1, min(p.floor_s for p in limits) / 4)
             now = self.clock()
@@ -257,6 +258,8 @@ class Hedger:
                 self.hedges += 1
         if verdict is policy_mod.Verdict.HEDGE:
             self.stats.hedge_event(sent=1)
+            if race.why is None:
+                race.why = why
             race.launch(now)
             return
         no_hedge = verdict in (policy_mod.Verdict.NO_BUDGET, policy_mod.Verdict.ENOUGH)

@@ -222,24 +222,31 @@ def test_shard_dataset_reads_are_hedged(
 
 def test_hedges_that_lose_make_the_hedger_patient_and_winning_ones_undo_it() -> None:
     """The hedger's wiring of core.hedge.Patience: a race whose original GET beat its hedge stretches the
-    deadlines it hands out; a race a hedge won shrinks them; a race without hedges changes nothing."""
-    from fastload.core.hedge import HedgePolicy
+    deadline of the kind of lag it was hedged for; a race a hedge won shrinks it; a race without hedges,
+    or one that failed, changes nothing."""
+    from fastload.core.hedge import HedgePolicy, Lag
     from fastload.s3.hedging import Hedger
     from fastload.s3.stats import S3Stats
 
     class Ended:  # what Hedger.closed reads of a race
-        def __init__(self, hedged: bool, hedge_won: bool) -> None:
+        def __init__(self, why: Lag | None, hedge_won: bool | None) -> None:
             self.primary, hedge = object(), object()
-            self.hedges = [hedge] if hedged else []
-            self.winner = hedge if hedge_won else self.primary
+            self.hedges = [hedge] if why is not None else []
+            self.why = why
+            self.winner = None if hedge_won is None else hedge if hedge_won else self.primary
 
     hedger = Hedger(S3Stats())
     policy = HedgePolicy()
-    base = hedger.deadlines(policy).first_byte_s
-    hedger.closed(Ended(hedged=False, hedge_won=False), 0)  # type: ignore[arg-type]
-    assert hedger.deadlines(policy).first_byte_s == base
-    hedger.closed(Ended(hedged=True, hedge_won=False), 0)  # type: ignore[arg-type]
-    hedger.closed(Ended(hedged=True, hedge_won=False), 0)  # type: ignore[arg-type]
-    assert hedger.deadlines(policy).first_byte_s == pytest.approx(min(policy.ceiling_s, 4 * base))
-    hedger.closed(Ended(hedged=True, hedge_won=True), 0)  # type: ignore[arg-type]
-    assert hedger.deadlines(policy).first_byte_s == pytest.approx(min(policy.ceiling_s, 2 * base))
+    base = hedger.deadlines(policy)
+    for race in (Ended(None, False), Ended(Lag.FIRST_BYTE, None)):
+        hedger.closed(race, 0)  # type: ignore[arg-type]
+        assert hedger.deadlines(policy) == base
+    hedger.closed(Ended(Lag.FIRST_BYTE, False), 0)  # type: ignore[arg-type]
+    hedger.closed(Ended(Lag.FIRST_BYTE, False), 0)  # type: ignore[arg-type]
+    now = hedger.deadlines(policy)
+    assert now.first_byte_s == pytest.approx(min(policy.ceiling_s, 4 * base.first_byte_s))
+    assert now.progress_s == base.progress_s  # another kind: untouched
+    hedger.closed(Ended(Lag.FIRST_BYTE, True), 0)  # type: ignore[arg-type]
+    assert hedger.deadlines(policy).first_byte_s == pytest.approx(
+        min(policy.ceiling_s, 2 * base.first_byte_s)
+    )

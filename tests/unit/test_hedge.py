@@ -173,24 +173,28 @@ def test_policy_validates_its_bounds() -> None:
 
 def test_patience_stretches_deadlines_after_lost_hedges_and_shrinks_after_won_ones() -> None:
     patience = Patience(grow=2.0, shrink=0.5, most=8.0)
-    for want in (2.0, 4.0, 8.0, 8.0):  # hedges the original GETs beat: sent too early
-        patience.hedge_ended(won=False)
-        assert patience.factor == want
-    patience.hedge_ended(won=True)
-    assert patience.factor == 4.0
+    for want in (2.0, 4.0, 8.0, 8.0):  # hedges of slow transfers the original GETs beat: sent too early
+        patience.hedge_ended(Lag.SLOW, won=False)
+        assert patience.factors[Lag.SLOW] == want
+    assert patience.factors[Lag.FIRST_BYTE] == patience.factors[Lag.STALLED] == 1.0  # by kind
+    patience.hedge_ended(Lag.SLOW, won=True)
+    assert patience.factors[Lag.SLOW] == 4.0
     for _ in range(5):
-        patience.hedge_ended(won=True)
-    assert patience.factor == 1.0  # never below the model's own deadlines
+        patience.hedge_ended(Lag.SLOW, won=True)
+        patience.hedge_ended(Lag.STALLED, won=True)
+    assert set(patience.factors.values()) == {1.0}  # never below the model's own deadlines
     with pytest.raises(ValueError):
         Patience(shrink=0.0)
 
 
-def test_a_stretch_scales_every_deadline_within_the_ceiling() -> None:
+def test_a_stretch_scales_each_kind_of_deadline_within_the_ceiling() -> None:
     policy = HedgePolicy(floor_s=0.1, ceiling_s=10.0, multiplier=3.0)
     model = warm_model(first_byte_s=0.05, rate=50e6)
-    plain, stretched = deadlines(model, policy), deadlines(model, policy, 4.0)
+    plain = deadlines(model, policy)
+    stretched = deadlines(model, policy, {Lag.FIRST_BYTE: 4.0, Lag.STALLED: 2.0, Lag.SLOW: 3.0})
     assert stretched.first_byte_s == pytest.approx(4 * plain.first_byte_s)
-    assert stretched.progress_s == pytest.approx(4 * plain.progress_s)
-    assert stretched.completion_s(4 * MIB) == pytest.approx(4 * plain.completion_s(4 * MIB))
-    capped = deadlines(warm_model(first_byte_s=2.0, rate=1e5), policy, 8.0)
+    assert stretched.progress_s == pytest.approx(2 * plain.progress_s)
+    assert stretched.completion_s(4 * MIB) == pytest.approx(3 * plain.completion_s(4 * MIB))
+    assert deadlines(model, policy, {Lag.SLOW: 5.0}).first_byte_s == plain.first_byte_s
+    capped = deadlines(warm_model(first_byte_s=2.0, rate=1e5), policy, dict.fromkeys(Lag, 8.0))
     assert capped.first_byte_s == capped.progress_s == capped.completion_s(MIB) == 10.0
