@@ -10,7 +10,6 @@ out (reported like a pack's other skipped inputs).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ from fastload.config import PackConfig, S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.plan import ShardPlan, plan_row_groups
 from fastload.errors import Skip
-from fastload.formats.parquet.writer import KEY_COLUMN, finish_entry
+from fastload.formats.parquet.writer import KEY_COLUMN, finish_entry, write_row_groups
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.engine import Advance
 from fastload.storage import access as storage
@@ -128,27 +127,12 @@ def write_rows(
     the rows of each group. Statistics and dictionaries on every column but binary ones; page checksums."""
     typed = [f.name for f in schema if not pa.types.is_binary(f.type)]
     sorting = [pq.SortingColumn(schema.get_field_index(sort_by))] if sort_by is not None else None
-    rows_per_group: list[int] = []
-    writer = None
-    try:
-        writer = pq.ParquetWriter(
-            tmp_path,
-            schema,
-            compression=config.compression,
-            use_dictionary=typed,
-            write_statistics=typed,
-            write_page_checksum=True,
-            sorting_columns=sorting,
-        )
-        for table in tables:
-            writer.write_table(table, row_group_size=table.num_rows)
-            rows_per_group.append(table.num_rows)
-        writer.close()
-    except BaseException:
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                writer.close()
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_path)
-        raise
-    return rows_per_group
+    return write_row_groups(
+        tmp_path,
+        schema,
+        tables,
+        compression=config.compression,
+        use_dictionary=typed,
+        write_statistics=typed,
+        sorting_columns=sorting,
+    )

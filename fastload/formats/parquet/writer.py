@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -121,19 +122,28 @@ def write_tables(
     and only with ``key_stats`` (sample shards), none otherwise (token shards); statistics for ``__key__``
     (with ``key_stats``) and ``stats_columns`` (fields whose values are all short: what filters prune
     by); page checksums always. The file is removed on any error, including one raised by ``tables``."""
+    key_only: list[str] | bool = [KEY_COLUMN] if key_stats else False
+    with_stats = ([KEY_COLUMN] if key_stats else []) + list(stats_columns)
+    return write_row_groups(
+        tmp_path,
+        schema,
+        tables,
+        compression=compression,
+        use_dictionary=key_only,
+        write_statistics=with_stats or False,
+    )
+
+
+def write_row_groups(
+    tmp_path: str, schema: pa.Schema, tables: Iterable[pa.Table], **options: Any
+) -> list[int]:
+    """Write each of ``tables`` as one row group of a Parquet file at ``tmp_path`` with page checksums and
+    ``options`` for ``pyarrow.parquet.ParquetWriter``; return the rows of each group. The file is removed
+    on any error, including one raised by ``tables``."""
     rows_per_group: list[int] = []
     writer = None
     try:
-        key_only: list[str] | bool = [KEY_COLUMN] if key_stats else False
-        with_stats = ([KEY_COLUMN] if key_stats else []) + list(stats_columns)
-        writer = pq.ParquetWriter(
-            tmp_path,
-            schema,
-            compression=compression,
-            use_dictionary=key_only,
-            write_statistics=with_stats or False,
-            write_page_checksum=True,
-        )
+        writer = pq.ParquetWriter(tmp_path, schema, write_page_checksum=True, **options)
         for table in tables:
             writer.write_table(table, row_group_size=table.num_rows)
             rows_per_group.append(table.num_rows)
