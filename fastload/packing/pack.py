@@ -17,13 +17,13 @@ from dataclasses import fields, replace
 from typing import Any
 
 from fastload.config import PackConfig, S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
+from fastload.core.index import INDEX_NAME, parse_index
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
 from fastload.gcpause import gc_paused
 from fastload.packing.dest import destination
 from fastload.packing.engine import Engine, LocalEngine
-from fastload.packing.journal import STATE_DIR, PackJournal, kept_shards, prepare_destination
+from fastload.packing.journal import STATE_DIR, PackJournal, finish_pack, kept_shards, prepare_destination
 from fastload.packing.plan import plan_pack, shard_sizes, source_and_target
 from fastload.packing.progress import Progress
 from fastload.packing.report import PackReport
@@ -186,27 +186,17 @@ def pack(
             dest.cleanup()
             raise
 
-    written_skips = [s for n in sorted(results) for s in results[n].skipped]
-    index = DatasetIndex(
+    return finish_pack(
+        dest,
+        journal,
+        results,
+        numbers=[p.number for p in plan.shards],
         shard_format=config.shard_format,
         fields=plan.fields,
-        shards=[results[p.number].entry for p in plan.shards],
         options={**config.output_options(), "layout": plan.layout},
-        skipped=[{"path": s.path, "reason": s.reason} for s in plan.skipped + written_skips],
-        payload_bytes=sum(r.payload_bytes for r in results.values()),
-    )
-    dest.write_bytes(INDEX_NAME, index.to_json())
-    journal.remove()
-    report = PackReport(
-        dest.url,
-        index,
-        skipped=plan.skipped + written_skips,
-        shards_written=len(plan.shards) - len(kept),
-        shards_kept=len(kept),
-        files=sum(r.files for r in results.values()),
-        empty_files=plan.empty_files,
+        planned_skips=plan.skipped,
+        kept=len(kept),
+        allow_skip=config.allow_skip,
         seconds=time.monotonic() - began,
+        empty_files=plan.empty_files,
     )
-    if written_skips and not config.allow_skip:
-        raise SkippedInputError(written_skips, written=True)
-    return report

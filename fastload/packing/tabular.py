@@ -30,14 +30,14 @@ import numpy as np
 import pyarrow as pa
 
 from fastload.config import PackConfig, S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
+from fastload.core.index import INDEX_NAME, parse_index
 from fastload.core.plan import ShardPlan, plan_shards, sample_order
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.parquet.writer import KEY_COLUMN
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.dest import destination
 from fastload.packing.engine import LocalEngine
-from fastload.packing.journal import STATE_DIR, PackJournal, kept_shards, prepare_destination
+from fastload.packing.journal import STATE_DIR, PackJournal, finish_pack, kept_shards, prepare_destination
 from fastload.packing.progress import Progress
 from fastload.packing.report import PackReport
 from fastload.packing.table_shards import TableShard
@@ -360,26 +360,16 @@ def pack_table(
         except BaseException:
             dest.cleanup()
             raise
-    written_skips = [s for n in sorted(results) for s in results[n].skipped]
-    index = DatasetIndex(
+    return finish_pack(
+        dest,
+        journal,
+        results,
+        numbers=[p.number for p in plan.shards],
         shard_format="parquet",
         fields=plan.fields,
-        shards=[results[p.number].entry for p in plan.shards],
         options={**config.output_options(), "kind": "table", **options.to_dict(), "layout": plan.layout},
-        skipped=[{"path": s.path, "reason": s.reason} for s in plan.skipped + written_skips],
-        payload_bytes=sum(r.payload_bytes for r in results.values()),
-    )
-    dest.write_bytes(INDEX_NAME, index.to_json())
-    journal.remove()
-    report = PackReport(
-        dest.url,
-        index,
-        skipped=plan.skipped + written_skips,
-        shards_written=len(plan.shards) - len(kept),
-        shards_kept=len(kept),
-        files=sum(r.files for r in results.values()),
+        planned_skips=plan.skipped,
+        kept=len(kept),
+        allow_skip=config.allow_skip,
         seconds=time.monotonic() - began,
     )
-    if written_skips and not config.allow_skip:
-        raise SkippedInputError(written_skips, written=True)
-    return report
