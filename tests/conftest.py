@@ -16,6 +16,8 @@ from types import SimpleNamespace
 import pytest
 from moto.server import ThreadedMotoServer
 
+TESTS = Path(__file__).resolve().parent
+
 # A name whose full member path is well over 100 bytes (the ustar name field), so it needs a pax header.
 LONG_DIR = "a-folder-name-that-is-rather-long-" + "x" * 40
 LONG_STEM = "a-file-name-that-is-also-long-" + "y" * 40
@@ -153,6 +155,17 @@ def split_tree(make_tree) -> Tree:
 def many_tree(make_tree) -> Tree:
     """200 single-field samples, enough for dozens of small shards."""
     return make_tree(many_files(200))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``-n``, ``--dist loadgroup``): each test file runs whole on one worker, so its
+    module fixtures are built once; every test of ``tests/s3`` on one worker, so one Ceph RGW starts for the
+    session instead of one per worker; and the Ray tests on one worker (one local Ray cluster at a time)."""
+    for item in items:
+        path = Path(item.path).resolve()
+        rel = path.relative_to(TESTS).as_posix() if TESTS in path.parents else str(path)
+        top = rel.split("/", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(top if top in ("s3", "ray") else rel))
 
 
 @pytest.fixture(scope="session")
