@@ -25,7 +25,9 @@ def slot_files() -> set[str]:
 
 def left_behind(before: set[str]) -> set[str]:
     """New slot files that nobody holds (a live owner holds its flock): leaks, not another test's loader."""
-    return {n for n in slot_files() - before if shmfiles.unheld(os.path.join(shmfiles.SHM_DIR, n), older_than=0)}
+    return {
+        n for n in slot_files() - before if shmfiles.unheld(os.path.join(shmfiles.SHM_DIR, n), older_than=0)
+    }
 
 
 def close_both(worker: WorkerSlots, main: MainSlots) -> None:

@@ -105,7 +105,9 @@ def test_one_writer_and_three_writers_give_the_same_bytes(
 ) -> None:
     cli(src, tmp_path / "3", *OPTIONS, "--workers", "3")
     three = snapshot(tmp_path / "3")
-    assert len([n for n in clean if n.endswith(".parquet")]) > 100, "many shards, or parallelism means nothing"
+    assert len([n for n in clean if n.endswith(".parquet")]) > 100, (
+        "many shards, or parallelism means nothing"
+    )
     assert three == clean
     assert not (tmp_path / "3" / STATE_DIR).exists()
     assert fastload.verify(tmp_path / "3").ok
