@@ -825,31 +825,35 @@ typedef struct {
     Py_ssize_t pos;
 } Mt;
 
-static void mt_twist(Mt *g) {
-    static const uint32_t mag01[2] = {0x0u, 0x9908b0dfu};
-    uint32_t *mt = g->mt, y;
+/* gcc: vectorise the Mersenne Twister's word loops (the build's -O2 does not); other compilers ignore it */
+#if defined(__GNUC__) && !defined(__clang__)
+#define VECTORISE __attribute__((optimize("O3")))
+#else
+#define VECTORISE
+#endif
+
+/* one step of the recurrence, branch-free (as mag01[y & 1]) */
+#define MT_STEP(a, b, c) ((c) ^ ((((a) & 0x80000000u) | ((b) & 0x7fffffffu)) >> 1) ^ (-((b) & 1u) & 0x9908b0dfu))
+
+VECTORISE static void mt_twist(Mt *g) {
+    uint32_t *mt = g->mt;
     int k;
-    for (k = 0; k < MT_N - MT_M; k++) {
-        y = (mt[k] & 0x80000000u) | (mt[k + 1] & 0x7fffffffu);
-        mt[k] = mt[k + MT_M] ^ (y >> 1) ^ mag01[y & 1u];
-    }
-    for (; k < MT_N - 1; k++) {
-        y = (mt[k] & 0x80000000u) | (mt[k + 1] & 0x7fffffffu);
-        mt[k] = mt[k + (MT_M - MT_N)] ^ (y >> 1) ^ mag01[y & 1u];
-    }
-    y = (mt[MT_N - 1] & 0x80000000u) | (mt[0] & 0x7fffffffu);
-    mt[MT_N - 1] = mt[MT_M - 1] ^ (y >> 1) ^ mag01[y & 1u];
+    for (k = 0; k < MT_N - MT_M; k++) mt[k] = MT_STEP(mt[k], mt[k + 1], mt[k + MT_M]);
+    for (; k < MT_N - 1; k++) mt[k] = MT_STEP(mt[k], mt[k + 1], mt[k + (MT_M - MT_N)]);
+    mt[MT_N - 1] = MT_STEP(mt[MT_N - 1], mt[0], mt[MT_M - 1]);
     g->pos = 0;
+}
+
+static inline uint32_t mt_temper(uint32_t y) {
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    return y ^ (y >> 18);
 }
 
 static inline uint32_t mt_next(Mt *g) {
     if (g->pos >= MT_N) mt_twist(g);
-    uint32_t y = g->mt[g->pos++];
-    y ^= y >> 11;
-    y ^= (y << 7) & 0x9d2c5680u;
-    y ^= (y << 15) & 0xefc60000u;
-    y ^= y >> 18;
-    return y;
+    return mt_temper(g->mt[g->pos++]);
 }
 
 /* CPython's _randbelow_with_getrandbits for 2 <= m < 2**32 */
@@ -858,6 +862,31 @@ static inline uint32_t mt_below(Mt *g, uint32_t m, int shift) {
     do r = mt_next(g) >> shift;
     while (r >= m);
     return r;
+}
+
+/* The next `need` values of mt_below(g, m, shift) into d, without a branch per word: the words of a block
+ * are tempered and shifted at once (vectorised), then each one's value is written and kept (k advances)
+ * when below m.  The state is left after the last word used, as mt_below leaves it. */
+VECTORISE static void mt_below_many(Mt *g, uint32_t m, int shift, uint32_t *d, Py_ssize_t need) {
+    uint32_t r[MT_N];
+    Py_ssize_t k = 0;
+    while (k < need) {
+        if (g->pos >= MT_N) mt_twist(g);
+        Py_ssize_t p = g->pos, q;
+        for (q = p; q < MT_N; q++) r[q] = mt_temper(g->mt[q]) >> shift;
+        if (need - k >= MT_N - p) { /* every word left in this block is used: no check per word */
+            for (; p < MT_N; p++) {
+                d[k] = r[p];
+                k += r[p] < m;
+            }
+        } else {
+            for (; p < MT_N && k < need; p++) {
+                d[k] = r[p];
+                k += r[p] < m;
+            }
+        }
+        g->pos = p;
+    }
 }
 
 static int bit_length(uint64_t m) {
@@ -869,52 +898,108 @@ static int bit_length(uint64_t m) {
     return k;
 }
 
-/* buffer_shuffle(n, buffer, key, pos) -> (order, key, pos): order is a bytearray of n native int64 */
+#define DRAWS 4096 /* slots drawn per block */
+
+/* The buffer is full: step i (sample i, i >= last) draws a slot j; slot `last` is sample i itself (given out
+ * at once), any other gives out what it holds and keeps sample i.  Writing i to slot `last` first makes both
+ * one branch-free step.  Output o = i - last goes to out[o]. */
+static void shuffle_steps(Mt *g, int64_t *pending, int64_t last, int64_t n, uint32_t *draws, int64_t *out) {
+    const int shift = 32 - bit_length((uint64_t)last + 1);
+    for (int64_t i = last; i < n;) {
+        Py_ssize_t got = n - i < DRAWS ? (Py_ssize_t)(n - i) : DRAWS;
+        mt_below_many(g, (uint32_t)(last + 1), shift, draws, got);
+        for (Py_ssize_t c = 0; c < got; c++, i++) {
+            uint32_t j = draws[c];
+            pending[last] = i;
+            *out++ = pending[j];
+            pending[j] = i;
+        }
+    }
+}
+
+/* shuffle_steps giving out only outputs at[0..nat) (ascending) into vals: between two of them a step only
+ * stores (no load, no output), so the outputs nobody asked for cost little.  Returns how many were set. */
+static Py_ssize_t shuffle_steps_at(Mt *g, int64_t *pending, int64_t last, int64_t n, uint32_t *draws,
+                                   const int64_t *at, Py_ssize_t nat, int64_t *vals) {
+    const int shift = 32 - bit_length((uint64_t)last + 1);
+    Py_ssize_t w = 0;
+    for (int64_t i = last; i < n;) {
+        Py_ssize_t got = n - i < DRAWS ? (Py_ssize_t)(n - i) : DRAWS, c = 0;
+        mt_below_many(g, (uint32_t)(last + 1), shift, draws, got);
+        while (c < got) {
+            Py_ssize_t stop = got; /* the block's next wanted step, or its end */
+            if (w < nat && at[w] - (i - last) < (int64_t)(got - c)) stop = c + (Py_ssize_t)(at[w] - (i - last));
+            for (; c < stop; c++, i++) pending[draws[c]] = i;
+            if (c < got) {
+                uint32_t j = draws[c];
+                int64_t v = j == last ? i : pending[j];
+                while (w < nat && at[w] == i - last) vals[w++] = v;
+                pending[j] = i;
+                c++;
+                i++;
+            }
+        }
+    }
+    return w;
+}
+
+/* buffer_shuffle(n, buffer, key, pos[, at]) -> (order, key, pos): order is a bytearray of n native int64, or
+ * with `at` (native int64 positions, ascending) only the order's values at those positions. */
 static PyObject *buffer_shuffle_py(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n, buffer, pos;
-    Py_buffer key;
-    if (!PyArg_ParseTuple(args, "nny*n", &n, &buffer, &key, &pos)) return NULL;
+    Py_buffer key, atbuf = {0};
+    if (!PyArg_ParseTuple(args, "nny*n|y*", &n, &buffer, &key, &pos, &atbuf)) return NULL;
     Mt g;
+    const int64_t *at = atbuf.buf;
+    Py_ssize_t nat = atbuf.buf != NULL ? atbuf.len / 8 : 0;
+    int bad_at = atbuf.buf != NULL && atbuf.len % 8 != 0;
+    for (Py_ssize_t w = 0; w < nat && !bad_at; w++)
+        bad_at = at[w] < 0 || at[w] >= n || (w > 0 && at[w] < at[w - 1]);
     if (key.len != (Py_ssize_t)sizeof(g.mt) || pos < 0 || pos > MT_N || n < 0 || buffer < 2 ||
-        (uint64_t)buffer > 0xffffffffu || n > PY_SSIZE_T_MAX / 8) {
+        (uint64_t)buffer > 0xffffffffu || n > PY_SSIZE_T_MAX / 8 || bad_at) {
         PyBuffer_Release(&key);
-        PyErr_SetString(PyExc_ValueError, "buffer_shuffle: need n >= 0, 2 <= buffer < 2**32, a 624-word key");
+        if (atbuf.buf != NULL) PyBuffer_Release(&atbuf);
+        PyErr_SetString(PyExc_ValueError, "buffer_shuffle: need n >= 0, 2 <= buffer < 2**32, a 624-word key, "
+                                          "positions (native int64) ascending within [0, n)");
         return NULL;
     }
     memcpy(g.mt, key.buf, sizeof(g.mt));
     PyBuffer_Release(&key);
     g.pos = pos;
-    PyObject *order = PyByteArray_FromStringAndSize(NULL, n * 8);
+    PyObject *order = PyByteArray_FromStringAndSize(NULL, (atbuf.buf != NULL ? nat : n) * 8);
     int64_t *pending = PyMem_RawMalloc((size_t)buffer * sizeof(int64_t));
-    if (order == NULL || pending == NULL) {
+    uint32_t *draws = PyMem_RawMalloc(DRAWS * sizeof(uint32_t));
+    if (order == NULL || pending == NULL || draws == NULL) {
         Py_XDECREF(order);
         PyMem_RawFree(pending);
+        PyMem_RawFree(draws);
+        if (atbuf.buf != NULL) PyBuffer_Release(&atbuf);
         return PyErr_NoMemory();
     }
     int64_t *out = (int64_t *)PyByteArray_AS_STRING(order);
     Py_BEGIN_ALLOW_THREADS
     const int64_t last = buffer - 1;
-    const int shift = 32 - bit_length((uint64_t)buffer);
-    int64_t cnt = n < last ? n : last, o = 0;
+    const int64_t cnt = n < last ? n : last, steps = n - cnt;
     for (int64_t i = 0; i < cnt; i++) pending[i] = i;
-    for (int64_t i = last; i < n; i++) { /* the buffer is full: draw a slot; the last one is sample i */
-        int64_t j = mt_below(&g, (uint32_t)buffer, shift);
-        if (j == last) {
-            out[o++] = i;
-        } else {
-            out[o++] = pending[j];
-            pending[j] = i;
-        }
-    }
+    Py_ssize_t w = 0;
+    if (atbuf.buf == NULL)
+        shuffle_steps(&g, pending, last, n, draws, out);
+    else
+        w = shuffle_steps_at(&g, pending, last, n, draws, at, nat, out);
     for (int64_t i = cnt - 1; i >= 1; i--) { /* random.shuffle of what is left */
         int64_t j = mt_below(&g, (uint32_t)(i + 1), 32 - bit_length((uint64_t)(i + 1)));
         int64_t t = pending[i];
         pending[i] = pending[j];
         pending[j] = t;
     }
-    memcpy(out + o, pending, (size_t)cnt * sizeof(int64_t));
+    if (atbuf.buf == NULL)
+        memcpy(out + steps, pending, (size_t)cnt * sizeof(int64_t));
+    else
+        for (; w < nat; w++) out[w] = pending[at[w] - steps];
     Py_END_ALLOW_THREADS
     PyMem_RawFree(pending);
+    PyMem_RawFree(draws);
+    if (atbuf.buf != NULL) PyBuffer_Release(&atbuf);
     PyObject *newkey = PyBytes_FromStringAndSize((const char *)g.mt, sizeof(g.mt));
     if (newkey == NULL) {
         Py_DECREF(order);
@@ -934,9 +1019,10 @@ static PyMethodDef methods[] = {
      "crc32c(data, value=0, level=crc32c_hardware) -> int: the CRC32C of data continuing value (as the "
      "crc32c package's), by a method of at most that level (0: a table, 1: crc32, 2: VPCLMULQDQ)."},
     {"buffer_shuffle", buffer_shuffle_py, METH_VARARGS,
-     "buffer_shuffle(n, buffer, key, pos) -> (order, key, pos): the bounded sample shuffle's permutation "
-     "(fastload.core.shuffle) from a Mersenne Twister state (624 native uint32 words and a position) as "
-     "random.Random draws, and the state it leaves."},
+     "buffer_shuffle(n, buffer, key, pos[, at]) -> (order, key, pos): the bounded sample shuffle's "
+     "permutation (fastload.core.shuffle) from a Mersenne Twister state (624 native uint32 words and a "
+     "position) as random.Random draws, and the state it leaves; with at (native int64 positions, "
+     "ascending) only the permutation's values there."},
     {NULL, NULL, 0, NULL},
 };
 
