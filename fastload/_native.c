@@ -43,7 +43,8 @@ static int header_matches(const char *hdr, const char *key, Py_ssize_t key_len, 
     if (memcmp(hdr, key, (size_t)key_len) != 0 || memcmp(hdr + key_len, dot, (size_t)dot_len) != 0)
         return 0;
     if (name_len < 100 && hdr[name_len] != 0) return 0;
-    if (snprintf(want, sizeof want, "%011llo", size) != 11) return 0; /* >= 8 GiB: not a plain header */
+    if (size >= (1LL << 33)) return 0; /* >= 8 GiB: not a plain header */
+    for (int d = 10; d >= 0; d--, size >>= 3) want[d] = (char)('0' + (size & 7)); /* "%011llo" */
     if (memcmp(hdr + 124, want, 11) != 0 || hdr[135] != 0) return 0;
     return hdr[156] == '0' && hdr[345] == 0; /* other types, a ustar prefix: the parser's */
 }

@@ -130,6 +130,13 @@ def _plan_run(
 
 def runs(positions: Sequence[int]) -> list[tuple[int, int]]:
     """Consecutive ascending positions grouped as ``(first, last + 1)`` runs, in the given order."""
+    n = len(positions)
+    if (
+        n
+        and positions[-1] - positions[0] == n - 1
+        and list(positions) == list(range(positions[0], n + positions[0]))
+    ):
+        return [(positions[0], positions[0] + n)]  # one run (the usual task): compared in C
     out: list[tuple[int, int]] = []
     for p in positions:
         if out and out[-1][1] == p:
