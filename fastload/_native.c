@@ -30,7 +30,6 @@
 static PyObject *str_key; /* "__key__" */
 static PyObject *str_index; /* "__index__" */
 
-static char pad_sink[BLOCK]; /* padding not kept (no CRC to check) */
 static uint32_t crc32c_update(uint32_t crc, const void *data, size_t n); /* below, with TFRecord's */
 
 /* Whether hdr is the plain ustar header of a regular file named key + dotfield with size bytes, exactly as
@@ -49,11 +48,16 @@ static int header_matches(const char *hdr, const char *key, Py_ssize_t key_len, 
     return hdr[156] == '0' && hdr[345] == 0; /* other types, a ustar prefix: the parser's */
 }
 
+/* A member's data smaller than this is read with the headers and padding around it into the batch's
+ * scratch buffer and copied out (a small copy costs less than an I/O vector of its own); bigger data is
+ * read straight into its bytes object. */
+#define DIRECT_BYTES 4096
+
 typedef struct {
     Py_ssize_t count;
     PyObject **values; /* count * nfields new references (NULL where not yet made) */
-    char *headers;     /* count * nfields * BLOCK */
-    char *pads;        /* count * nfields * BLOCK: each member's padding, kept for the CRC (NULL: none) */
+    Py_ssize_t *at;    /* per member: its header's offset in scratch; its padding follows its data */
+    char *scratch;     /* every byte of the batch not read into a value: headers, small data, padding */
     struct iovec *iov;
 } Batch;
 
@@ -61,12 +65,21 @@ static void batch_clear(Batch *b, Py_ssize_t nvalues) {
     for (Py_ssize_t v = 0; v < nvalues; v++) Py_CLEAR(b->values[v]);
 }
 
+/* Where member m's data and padding lie: in scratch after its header when small, else in its value. */
+static inline const char *member_data(const Batch *b, Py_ssize_t m, long long size) {
+    return size < DIRECT_BYTES ? b->scratch + b->at[m] + BLOCK : PyBytes_AS_STRING(b->values[m]);
+}
+static inline const char *member_pad(const Batch *b, Py_ssize_t m, long long size) {
+    return b->scratch + b->at[m] + BLOCK + (size < DIRECT_BYTES ? size : 0);
+}
+
 /* layout_run(fd, offsets, keys, key_base, rows, fields, dot_fields, crcs, first, stop, max_bytes)
  *   -> (samples, next, ok)
  * samples: dicts {"__key__", "__index__", field: bytes...} for first..next-1 (one batch of at most about
  * max_bytes); ok False: sample `next` did not match the index (its headers, or its CRC32C in crcs), or the
  * file ended early (read it with the parsing reader).  keys[i - key_base] is sample i's key; crcs empty:
- * no CRC check. */
+ * no CRC check.  One preadv() per batch: each big member's data into its own bytes object, everything
+ * between two of them (headers, small members, padding) into one stretch of scratch. */
 static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd;
     PyObject *offsets, *keys, *rows, *fields, *dot_fields, *crcs;
@@ -95,17 +108,18 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
     int niov = 0;
     int ok = 1;
     b.values = PyMem_Calloc((size_t)(cap * nf), sizeof(PyObject *));
-    b.headers = PyMem_Malloc((size_t)(cap * nf * BLOCK));
-    b.pads = check ? PyMem_Malloc((size_t)(cap * nf * BLOCK)) : NULL;
+    b.at = PyMem_Malloc((size_t)(cap * nf) * sizeof(Py_ssize_t));
     b.iov = PyMem_Malloc((size_t)(cap * nf * 3) * sizeof(struct iovec));
     PyObject *result = NULL, *samples = NULL;
-    if (b.values == NULL || b.headers == NULL || (check && b.pads == NULL) || b.iov == NULL) {
+    if (b.values == NULL || b.at == NULL || b.iov == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     long long start = PyLong_AsLongLong(PyList_GET_ITEM(offsets, first));
     if (start < 0 && PyErr_Occurred()) goto done;
     long long pos = start;
+    Py_ssize_t scratch_bytes = 0;
+    /* first pass: the samples of the batch, each member's place in scratch, the big members' values */
     for (; last < first + cap; last++) {
         if (last > first) {
             long long off = PyLong_AsLongLong(PyList_GET_ITEM(offsets, last));
@@ -126,19 +140,13 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
                 PyErr_SetString(PyExc_ValueError, "layout_run: negative member size");
                 goto done;
             }
-            PyObject *value = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-            if (value == NULL) goto done;
-            b.values[s * nf + k] = value;
-            b.iov[niov].iov_base = b.headers + (s * nf + k) * BLOCK;
-            b.iov[niov++].iov_len = BLOCK;
-            if (size > 0) {
-                b.iov[niov].iov_base = PyBytes_AS_STRING(value);
-                b.iov[niov++].iov_len = (size_t)size;
-            }
             long long pad = (BLOCK - size % BLOCK) % BLOCK;
-            if (pad) {
-                b.iov[niov].iov_base = check ? b.pads + (s * nf + k) * BLOCK : pad_sink;
-                b.iov[niov++].iov_len = (size_t)pad;
+            b.at[s * nf + k] = scratch_bytes;
+            scratch_bytes += BLOCK + pad + (size < DIRECT_BYTES ? (Py_ssize_t)size : 0);
+            if (size >= DIRECT_BYTES) {
+                PyObject *value = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+                if (value == NULL) goto done;
+                b.values[s * nf + k] = value;
             }
             pos += BLOCK + size + pad;
         }
@@ -147,6 +155,29 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
     if (b.count == 0) { /* the first row is malformed: hand it over */
         result = Py_BuildValue("([]nO)", first, Py_False);
         goto done;
+    }
+    b.scratch = PyMem_Malloc((size_t)scratch_bytes);
+    if (b.scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* the I/O vectors, in file order: scratch stretches between the big members' data */
+    {
+        Py_ssize_t from = 0; /* the scratch stretch not yet given a vector */
+        for (Py_ssize_t m = 0; m < b.count * nf; m++) {
+            PyObject *value = b.values[m];
+            if (value == NULL) continue; /* small: header, data and padding in scratch */
+            Py_ssize_t upto = b.at[m] + BLOCK; /* this member's header included */
+            b.iov[niov].iov_base = b.scratch + from;
+            b.iov[niov++].iov_len = (size_t)(upto - from);
+            b.iov[niov].iov_base = PyBytes_AS_STRING(value);
+            b.iov[niov++].iov_len = (size_t)PyBytes_GET_SIZE(value);
+            from = upto;
+        }
+        if (scratch_bytes > from) {
+            b.iov[niov].iov_base = b.scratch + from;
+            b.iov[niov++].iov_len = (size_t)(scratch_bytes - from);
+        }
     }
     long long want = pos - start, got = 0;
     {
@@ -186,6 +217,7 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
             Py_ssize_t key_len;
             const char *key = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(keys, i - key_base), &key_len);
             if (key == NULL) goto done;
+            PyObject *row = PyList_GET_ITEM(rows, i);
             int match = 1;
             for (Py_ssize_t k = 0; k < nf && match; k++) {
                 PyObject *dot = PyList_GET_ITEM(dot_fields, k);
@@ -193,22 +225,27 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
                     PyErr_SetString(PyExc_TypeError, "layout_run: dot_fields must be bytes");
                     goto done;
                 }
-                Py_ssize_t size = PyBytes_GET_SIZE(b.values[good * nf + k]);
+                long long size = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(row, k));
                 end += BLOCK + size + (BLOCK - size % BLOCK) % BLOCK;
                 match = end <= start + got &&
-                        header_matches(b.headers + (good * nf + k) * BLOCK, key, key_len,
-                                       PyBytes_AS_STRING(dot), PyBytes_GET_SIZE(dot), (long long)size);
+                        header_matches(b.scratch + b.at[good * nf + k], key, key_len, PyBytes_AS_STRING(dot),
+                                       PyBytes_GET_SIZE(dot), size);
             }
             if (match && check) { /* every byte of the sample's range, in order */
                 unsigned long want_crc = PyLong_AsUnsignedLong(PyList_GET_ITEM(crcs, i));
                 if (want_crc == (unsigned long)-1 && PyErr_Occurred()) goto done;
                 uint32_t crc = 0;
                 for (Py_ssize_t k = 0; k < nf; k++) {
-                    PyObject *value = b.values[good * nf + k];
-                    Py_ssize_t size = PyBytes_GET_SIZE(value);
-                    crc = crc32c_update(crc, b.headers + (good * nf + k) * BLOCK, BLOCK);
-                    crc = crc32c_update(crc, PyBytes_AS_STRING(value), (size_t)size);
-                    crc = crc32c_update(crc, b.pads + (good * nf + k) * BLOCK, (size_t)((BLOCK - size % BLOCK) % BLOCK));
+                    Py_ssize_t m = good * nf + k;
+                    long long size = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(row, k));
+                    size_t pad = (size_t)((BLOCK - size % BLOCK) % BLOCK);
+                    if (size < DIRECT_BYTES) { /* header, data and padding: one stretch of scratch */
+                        crc = crc32c_update(crc, b.scratch + b.at[m], BLOCK + (size_t)size + pad);
+                        continue;
+                    }
+                    crc = crc32c_update(crc, b.scratch + b.at[m], BLOCK);
+                    crc = crc32c_update(crc, member_data(&b, m, size), (size_t)size);
+                    crc = crc32c_update(crc, member_pad(&b, m, size), pad);
                 }
                 match = crc == (uint32_t)want_crc;
             }
@@ -228,16 +265,24 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
                   PyDict_SetItem(d, str_index, index);
         Py_DECREF(index);
         if (err) goto done;
-        for (Py_ssize_t k = 0; k < nf; k++)
-            if (PyDict_SetItem(d, PyList_GET_ITEM(fields, k), b.values[s * nf + k])) goto done;
+        PyObject *row = PyList_GET_ITEM(rows, first + s);
+        for (Py_ssize_t k = 0; k < nf; k++) {
+            Py_ssize_t m = s * nf + k;
+            if (b.values[m] == NULL) { /* small: copied out of scratch */
+                Py_ssize_t size = (Py_ssize_t)PyLong_AsLongLong(PySequence_Fast_GET_ITEM(row, k));
+                b.values[m] = PyBytes_FromStringAndSize(b.scratch + b.at[m] + BLOCK, size);
+                if (b.values[m] == NULL) goto done;
+            }
+            if (PyDict_SetItem(d, PyList_GET_ITEM(fields, k), b.values[m])) goto done;
+        }
     }
     result = Py_BuildValue("(OnO)", samples, first + good, ok ? Py_True : Py_False);
 done:
     Py_XDECREF(samples);
     if (b.values) batch_clear(&b, cap * nf);
     PyMem_Free(b.values);
-    PyMem_Free(b.headers);
-    PyMem_Free(b.pads);
+    PyMem_Free(b.at);
+    PyMem_Free(b.scratch);
     PyMem_Free(b.iov);
     return result;
 }
