@@ -367,10 +367,7 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
     straight into its own ``bytes`` (one copy, like ``cat``); small samples are read several at a time.
     At the first header that does not match, the rest of the run goes through the parsing reader,
     which names the problem."""
-    if native.layout_run is not None:  # the same, in C (fastload/_native.c), a batch of samples per call
-        for batch in _native_batches(fd, entry, first, stop, shard):
-            yield from batch
-        return
+    # (with the C reader built, read_run uses _native_batches instead: the same, a batch per call)
     keys, offsets, sizes, rows = entry.keys, entry.offsets, entry.sizes, entry.member_sizes
     fields, crcs = entry.member_fields, entry.crcs
     dots = _dotted(fields)
