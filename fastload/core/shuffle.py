@@ -168,7 +168,7 @@ def buffer_shuffle_array(n: int, buffer: int, rng: random.Random) -> Ints:
 
 def buffer_shuffle_at(n: int, buffer: int, rng: random.Random, positions: Ints) -> Ints:
     """``buffer_shuffle_array(n, buffer, rng)[positions]``, leaving ``rng`` in the same state; on the
-    accelerator without the whole permutation (a few positions of a long order cost ~1/3 of it)."""
+    accelerator without the whole permutation (a few positions of a long order cost about a quarter)."""
     pos = np.asarray(positions, dtype=np.int64)
     if len(pos) and (pos.min() < 0 or pos.max() >= n):
         raise IndexError(f"positions outside [0, {n=})")
