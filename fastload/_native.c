@@ -30,7 +30,6 @@
 static PyObject *str_key; /* "__key__" */
 static PyObject *str_index; /* "__index__" */
 
-static char pad_sink[BLOCK]; /* padding not kept (no CRC to check) */
 static uint32_t crc32c_update(uint32_t crc, const void *data, size_t n); /* below, with TFRecord's */
 
 /* Whether hdr is the plain ustar header of a regular file named key + dotfield with size bytes, exactly as
@@ -43,16 +42,22 @@ static int header_matches(const char *hdr, const char *key, Py_ssize_t key_len, 
     if (memcmp(hdr, key, (size_t)key_len) != 0 || memcmp(hdr + key_len, dot, (size_t)dot_len) != 0)
         return 0;
     if (name_len < 100 && hdr[name_len] != 0) return 0;
-    if (snprintf(want, sizeof want, "%011llo", size) != 11) return 0; /* >= 8 GiB: not a plain header */
+    if (size >= (1LL << 33)) return 0; /* >= 8 GiB: not a plain header */
+    for (int d = 10; d >= 0; d--, size >>= 3) want[d] = (char)('0' + (size & 7)); /* "%011llo" */
     if (memcmp(hdr + 124, want, 11) != 0 || hdr[135] != 0) return 0;
     return hdr[156] == '0' && hdr[345] == 0; /* other types, a ustar prefix: the parser's */
 }
 
+/* A member's data smaller than this is read with the headers and padding around it into the batch's
+ * scratch buffer and copied out (a small copy costs less than an I/O vector of its own); bigger data is
+ * read straight into its bytes object. */
+#define DIRECT_BYTES 4096
+
 typedef struct {
     Py_ssize_t count;
     PyObject **values; /* count * nfields new references (NULL where not yet made) */
-    char *headers;     /* count * nfields * BLOCK */
-    char *pads;        /* count * nfields * BLOCK: each member's padding, kept for the CRC (NULL: none) */
+    Py_ssize_t *at;    /* per member: its header's offset in scratch; its padding follows its data */
+    char *scratch;     /* every byte of the batch not read into a value: headers, small data, padding */
     struct iovec *iov;
 } Batch;
 
@@ -60,12 +65,21 @@ static void batch_clear(Batch *b, Py_ssize_t nvalues) {
     for (Py_ssize_t v = 0; v < nvalues; v++) Py_CLEAR(b->values[v]);
 }
 
+/* Where member m's data and padding lie: in scratch after its header when small, else in its value. */
+static inline const char *member_data(const Batch *b, Py_ssize_t m, long long size) {
+    return size < DIRECT_BYTES ? b->scratch + b->at[m] + BLOCK : PyBytes_AS_STRING(b->values[m]);
+}
+static inline const char *member_pad(const Batch *b, Py_ssize_t m, long long size) {
+    return b->scratch + b->at[m] + BLOCK + (size < DIRECT_BYTES ? size : 0);
+}
+
 /* layout_run(fd, offsets, keys, key_base, rows, fields, dot_fields, crcs, first, stop, max_bytes)
  *   -> (samples, next, ok)
  * samples: dicts {"__key__", "__index__", field: bytes...} for first..next-1 (one batch of at most about
  * max_bytes); ok False: sample `next` did not match the index (its headers, or its CRC32C in crcs), or the
  * file ended early (read it with the parsing reader).  keys[i - key_base] is sample i's key; crcs empty:
- * no CRC check. */
+ * no CRC check.  One preadv() per batch: each big member's data into its own bytes object, everything
+ * between two of them (headers, small members, padding) into one stretch of scratch. */
 static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd;
     PyObject *offsets, *keys, *rows, *fields, *dot_fields, *crcs;
@@ -94,17 +108,18 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
     int niov = 0;
     int ok = 1;
     b.values = PyMem_Calloc((size_t)(cap * nf), sizeof(PyObject *));
-    b.headers = PyMem_Malloc((size_t)(cap * nf * BLOCK));
-    b.pads = check ? PyMem_Malloc((size_t)(cap * nf * BLOCK)) : NULL;
+    b.at = PyMem_Malloc((size_t)(cap * nf) * sizeof(Py_ssize_t));
     b.iov = PyMem_Malloc((size_t)(cap * nf * 3) * sizeof(struct iovec));
     PyObject *result = NULL, *samples = NULL;
-    if (b.values == NULL || b.headers == NULL || (check && b.pads == NULL) || b.iov == NULL) {
+    if (b.values == NULL || b.at == NULL || b.iov == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     long long start = PyLong_AsLongLong(PyList_GET_ITEM(offsets, first));
     if (start < 0 && PyErr_Occurred()) goto done;
     long long pos = start;
+    Py_ssize_t scratch_bytes = 0;
+    /* first pass: the samples of the batch, each member's place in scratch, the big members' values */
     for (; last < first + cap; last++) {
         if (last > first) {
             long long off = PyLong_AsLongLong(PyList_GET_ITEM(offsets, last));
@@ -125,19 +140,13 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
                 PyErr_SetString(PyExc_ValueError, "layout_run: negative member size");
                 goto done;
             }
-            PyObject *value = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-            if (value == NULL) goto done;
-            b.values[s * nf + k] = value;
-            b.iov[niov].iov_base = b.headers + (s * nf + k) * BLOCK;
-            b.iov[niov++].iov_len = BLOCK;
-            if (size > 0) {
-                b.iov[niov].iov_base = PyBytes_AS_STRING(value);
-                b.iov[niov++].iov_len = (size_t)size;
-            }
             long long pad = (BLOCK - size % BLOCK) % BLOCK;
-            if (pad) {
-                b.iov[niov].iov_base = check ? b.pads + (s * nf + k) * BLOCK : pad_sink;
-                b.iov[niov++].iov_len = (size_t)pad;
+            b.at[s * nf + k] = scratch_bytes;
+            scratch_bytes += BLOCK + pad + (size < DIRECT_BYTES ? (Py_ssize_t)size : 0);
+            if (size >= DIRECT_BYTES) {
+                PyObject *value = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+                if (value == NULL) goto done;
+                b.values[s * nf + k] = value;
             }
             pos += BLOCK + size + pad;
         }
@@ -146,6 +155,29 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
     if (b.count == 0) { /* the first row is malformed: hand it over */
         result = Py_BuildValue("([]nO)", first, Py_False);
         goto done;
+    }
+    b.scratch = PyMem_Malloc((size_t)scratch_bytes);
+    if (b.scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* the I/O vectors, in file order: scratch stretches between the big members' data */
+    {
+        Py_ssize_t from = 0; /* the scratch stretch not yet given a vector */
+        for (Py_ssize_t m = 0; m < b.count * nf; m++) {
+            PyObject *value = b.values[m];
+            if (value == NULL) continue; /* small: header, data and padding in scratch */
+            Py_ssize_t upto = b.at[m] + BLOCK; /* this member's header included */
+            b.iov[niov].iov_base = b.scratch + from;
+            b.iov[niov++].iov_len = (size_t)(upto - from);
+            b.iov[niov].iov_base = PyBytes_AS_STRING(value);
+            b.iov[niov++].iov_len = (size_t)PyBytes_GET_SIZE(value);
+            from = upto;
+        }
+        if (scratch_bytes > from) {
+            b.iov[niov].iov_base = b.scratch + from;
+            b.iov[niov++].iov_len = (size_t)(scratch_bytes - from);
+        }
     }
     long long want = pos - start, got = 0;
     {
@@ -185,6 +217,7 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
             Py_ssize_t key_len;
             const char *key = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(keys, i - key_base), &key_len);
             if (key == NULL) goto done;
+            PyObject *row = PyList_GET_ITEM(rows, i);
             int match = 1;
             for (Py_ssize_t k = 0; k < nf && match; k++) {
                 PyObject *dot = PyList_GET_ITEM(dot_fields, k);
@@ -192,22 +225,27 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
                     PyErr_SetString(PyExc_TypeError, "layout_run: dot_fields must be bytes");
                     goto done;
                 }
-                Py_ssize_t size = PyBytes_GET_SIZE(b.values[good * nf + k]);
+                long long size = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(row, k));
                 end += BLOCK + size + (BLOCK - size % BLOCK) % BLOCK;
                 match = end <= start + got &&
-                        header_matches(b.headers + (good * nf + k) * BLOCK, key, key_len,
-                                       PyBytes_AS_STRING(dot), PyBytes_GET_SIZE(dot), (long long)size);
+                        header_matches(b.scratch + b.at[good * nf + k], key, key_len, PyBytes_AS_STRING(dot),
+                                       PyBytes_GET_SIZE(dot), size);
             }
             if (match && check) { /* every byte of the sample's range, in order */
                 unsigned long want_crc = PyLong_AsUnsignedLong(PyList_GET_ITEM(crcs, i));
                 if (want_crc == (unsigned long)-1 && PyErr_Occurred()) goto done;
                 uint32_t crc = 0;
                 for (Py_ssize_t k = 0; k < nf; k++) {
-                    PyObject *value = b.values[good * nf + k];
-                    Py_ssize_t size = PyBytes_GET_SIZE(value);
-                    crc = crc32c_update(crc, b.headers + (good * nf + k) * BLOCK, BLOCK);
-                    crc = crc32c_update(crc, PyBytes_AS_STRING(value), (size_t)size);
-                    crc = crc32c_update(crc, b.pads + (good * nf + k) * BLOCK, (size_t)((BLOCK - size % BLOCK) % BLOCK));
+                    Py_ssize_t m = good * nf + k;
+                    long long size = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(row, k));
+                    size_t pad = (size_t)((BLOCK - size % BLOCK) % BLOCK);
+                    if (size < DIRECT_BYTES) { /* header, data and padding: one stretch of scratch */
+                        crc = crc32c_update(crc, b.scratch + b.at[m], BLOCK + (size_t)size + pad);
+                        continue;
+                    }
+                    crc = crc32c_update(crc, b.scratch + b.at[m], BLOCK);
+                    crc = crc32c_update(crc, member_data(&b, m, size), (size_t)size);
+                    crc = crc32c_update(crc, member_pad(&b, m, size), pad);
                 }
                 match = crc == (uint32_t)want_crc;
             }
@@ -227,16 +265,24 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
                   PyDict_SetItem(d, str_index, index);
         Py_DECREF(index);
         if (err) goto done;
-        for (Py_ssize_t k = 0; k < nf; k++)
-            if (PyDict_SetItem(d, PyList_GET_ITEM(fields, k), b.values[s * nf + k])) goto done;
+        PyObject *row = PyList_GET_ITEM(rows, first + s);
+        for (Py_ssize_t k = 0; k < nf; k++) {
+            Py_ssize_t m = s * nf + k;
+            if (b.values[m] == NULL) { /* small: copied out of scratch */
+                Py_ssize_t size = (Py_ssize_t)PyLong_AsLongLong(PySequence_Fast_GET_ITEM(row, k));
+                b.values[m] = PyBytes_FromStringAndSize(b.scratch + b.at[m] + BLOCK, size);
+                if (b.values[m] == NULL) goto done;
+            }
+            if (PyDict_SetItem(d, PyList_GET_ITEM(fields, k), b.values[m])) goto done;
+        }
     }
     result = Py_BuildValue("(OnO)", samples, first + good, ok ? Py_True : Py_False);
 done:
     Py_XDECREF(samples);
     if (b.values) batch_clear(&b, cap * nf);
     PyMem_Free(b.values);
-    PyMem_Free(b.headers);
-    PyMem_Free(b.pads);
+    PyMem_Free(b.at);
+    PyMem_Free(b.scratch);
     PyMem_Free(b.iov);
     return result;
 }
@@ -825,31 +871,35 @@ typedef struct {
     Py_ssize_t pos;
 } Mt;
 
-static void mt_twist(Mt *g) {
-    static const uint32_t mag01[2] = {0x0u, 0x9908b0dfu};
-    uint32_t *mt = g->mt, y;
+/* gcc: vectorise the Mersenne Twister's word loops (the build's -O2 does not); other compilers ignore it */
+#if defined(__GNUC__) && !defined(__clang__)
+#define VECTORISE __attribute__((optimize("O3")))
+#else
+#define VECTORISE
+#endif
+
+/* one step of the recurrence, branch-free (as mag01[y & 1]) */
+#define MT_STEP(a, b, c) ((c) ^ ((((a) & 0x80000000u) | ((b) & 0x7fffffffu)) >> 1) ^ (-((b) & 1u) & 0x9908b0dfu))
+
+VECTORISE static void mt_twist(Mt *g) {
+    uint32_t *mt = g->mt;
     int k;
-    for (k = 0; k < MT_N - MT_M; k++) {
-        y = (mt[k] & 0x80000000u) | (mt[k + 1] & 0x7fffffffu);
-        mt[k] = mt[k + MT_M] ^ (y >> 1) ^ mag01[y & 1u];
-    }
-    for (; k < MT_N - 1; k++) {
-        y = (mt[k] & 0x80000000u) | (mt[k + 1] & 0x7fffffffu);
-        mt[k] = mt[k + (MT_M - MT_N)] ^ (y >> 1) ^ mag01[y & 1u];
-    }
-    y = (mt[MT_N - 1] & 0x80000000u) | (mt[0] & 0x7fffffffu);
-    mt[MT_N - 1] = mt[MT_M - 1] ^ (y >> 1) ^ mag01[y & 1u];
+    for (k = 0; k < MT_N - MT_M; k++) mt[k] = MT_STEP(mt[k], mt[k + 1], mt[k + MT_M]);
+    for (; k < MT_N - 1; k++) mt[k] = MT_STEP(mt[k], mt[k + 1], mt[k + (MT_M - MT_N)]);
+    mt[MT_N - 1] = MT_STEP(mt[MT_N - 1], mt[0], mt[MT_M - 1]);
     g->pos = 0;
+}
+
+static inline uint32_t mt_temper(uint32_t y) {
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    return y ^ (y >> 18);
 }
 
 static inline uint32_t mt_next(Mt *g) {
     if (g->pos >= MT_N) mt_twist(g);
-    uint32_t y = g->mt[g->pos++];
-    y ^= y >> 11;
-    y ^= (y << 7) & 0x9d2c5680u;
-    y ^= (y << 15) & 0xefc60000u;
-    y ^= y >> 18;
-    return y;
+    return mt_temper(g->mt[g->pos++]);
 }
 
 /* CPython's _randbelow_with_getrandbits for 2 <= m < 2**32 */
@@ -858,6 +908,31 @@ static inline uint32_t mt_below(Mt *g, uint32_t m, int shift) {
     do r = mt_next(g) >> shift;
     while (r >= m);
     return r;
+}
+
+/* The next `need` values of mt_below(g, m, shift) into d, without a branch per word: the words of a block
+ * are tempered and shifted at once (vectorised), then each one's value is written and kept (k advances)
+ * when below m.  The state is left after the last word used, as mt_below leaves it. */
+VECTORISE static void mt_below_many(Mt *g, uint32_t m, int shift, uint32_t *d, Py_ssize_t need) {
+    uint32_t r[MT_N];
+    Py_ssize_t k = 0;
+    while (k < need) {
+        if (g->pos >= MT_N) mt_twist(g);
+        Py_ssize_t p = g->pos, q;
+        for (q = p; q < MT_N; q++) r[q] = mt_temper(g->mt[q]) >> shift;
+        if (need - k >= MT_N - p) { /* every word left in this block is used: no check per word */
+            for (; p < MT_N; p++) {
+                d[k] = r[p];
+                k += r[p] < m;
+            }
+        } else {
+            for (; p < MT_N && k < need; p++) {
+                d[k] = r[p];
+                k += r[p] < m;
+            }
+        }
+        g->pos = p;
+    }
 }
 
 static int bit_length(uint64_t m) {
@@ -869,52 +944,108 @@ static int bit_length(uint64_t m) {
     return k;
 }
 
-/* buffer_shuffle(n, buffer, key, pos) -> (order, key, pos): order is a bytearray of n native int64 */
+#define DRAWS 4096 /* slots drawn per block */
+
+/* The buffer is full: step i (sample i, i >= last) draws a slot j; slot `last` is sample i itself (given out
+ * at once), any other gives out what it holds and keeps sample i.  Writing i to slot `last` first makes both
+ * one branch-free step.  Output o = i - last goes to out[o]. */
+static void shuffle_steps(Mt *g, int64_t *pending, int64_t last, int64_t n, uint32_t *draws, int64_t *out) {
+    const int shift = 32 - bit_length((uint64_t)last + 1);
+    for (int64_t i = last; i < n;) {
+        Py_ssize_t got = n - i < DRAWS ? (Py_ssize_t)(n - i) : DRAWS;
+        mt_below_many(g, (uint32_t)(last + 1), shift, draws, got);
+        for (Py_ssize_t c = 0; c < got; c++, i++) {
+            uint32_t j = draws[c];
+            pending[last] = i;
+            *out++ = pending[j];
+            pending[j] = i;
+        }
+    }
+}
+
+/* shuffle_steps giving out only outputs at[0..nat) (ascending) into vals: between two of them a step only
+ * stores (no load, no output), so the outputs nobody asked for cost little.  Returns how many were set. */
+static Py_ssize_t shuffle_steps_at(Mt *g, int64_t *pending, int64_t last, int64_t n, uint32_t *draws,
+                                   const int64_t *at, Py_ssize_t nat, int64_t *vals) {
+    const int shift = 32 - bit_length((uint64_t)last + 1);
+    Py_ssize_t w = 0;
+    for (int64_t i = last; i < n;) {
+        Py_ssize_t got = n - i < DRAWS ? (Py_ssize_t)(n - i) : DRAWS, c = 0;
+        mt_below_many(g, (uint32_t)(last + 1), shift, draws, got);
+        while (c < got) {
+            Py_ssize_t stop = got; /* the block's next wanted step, or its end */
+            if (w < nat && at[w] - (i - last) < (int64_t)(got - c)) stop = c + (Py_ssize_t)(at[w] - (i - last));
+            for (; c < stop; c++, i++) pending[draws[c]] = i;
+            if (c < got) {
+                uint32_t j = draws[c];
+                int64_t v = j == last ? i : pending[j];
+                while (w < nat && at[w] == i - last) vals[w++] = v;
+                pending[j] = i;
+                c++;
+                i++;
+            }
+        }
+    }
+    return w;
+}
+
+/* buffer_shuffle(n, buffer, key, pos[, at]) -> (order, key, pos): order is a bytearray of n native int64, or
+ * with `at` (native int64 positions, ascending) only the order's values at those positions. */
 static PyObject *buffer_shuffle_py(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n, buffer, pos;
-    Py_buffer key;
-    if (!PyArg_ParseTuple(args, "nny*n", &n, &buffer, &key, &pos)) return NULL;
+    Py_buffer key, atbuf = {0};
+    if (!PyArg_ParseTuple(args, "nny*n|y*", &n, &buffer, &key, &pos, &atbuf)) return NULL;
     Mt g;
+    const int64_t *at = atbuf.buf;
+    Py_ssize_t nat = atbuf.buf != NULL ? atbuf.len / 8 : 0;
+    int bad_at = atbuf.buf != NULL && atbuf.len % 8 != 0;
+    for (Py_ssize_t w = 0; w < nat && !bad_at; w++)
+        bad_at = at[w] < 0 || at[w] >= n || (w > 0 && at[w] < at[w - 1]);
     if (key.len != (Py_ssize_t)sizeof(g.mt) || pos < 0 || pos > MT_N || n < 0 || buffer < 2 ||
-        (uint64_t)buffer > 0xffffffffu || n > PY_SSIZE_T_MAX / 8) {
+        (uint64_t)buffer > 0xffffffffu || n > PY_SSIZE_T_MAX / 8 || bad_at) {
         PyBuffer_Release(&key);
-        PyErr_SetString(PyExc_ValueError, "buffer_shuffle: need n >= 0, 2 <= buffer < 2**32, a 624-word key");
+        if (atbuf.buf != NULL) PyBuffer_Release(&atbuf);
+        PyErr_SetString(PyExc_ValueError, "buffer_shuffle: need n >= 0, 2 <= buffer < 2**32, a 624-word key, "
+                                          "positions (native int64) ascending within [0, n)");
         return NULL;
     }
     memcpy(g.mt, key.buf, sizeof(g.mt));
     PyBuffer_Release(&key);
     g.pos = pos;
-    PyObject *order = PyByteArray_FromStringAndSize(NULL, n * 8);
+    PyObject *order = PyByteArray_FromStringAndSize(NULL, (atbuf.buf != NULL ? nat : n) * 8);
     int64_t *pending = PyMem_RawMalloc((size_t)buffer * sizeof(int64_t));
-    if (order == NULL || pending == NULL) {
+    uint32_t *draws = PyMem_RawMalloc(DRAWS * sizeof(uint32_t));
+    if (order == NULL || pending == NULL || draws == NULL) {
         Py_XDECREF(order);
         PyMem_RawFree(pending);
+        PyMem_RawFree(draws);
+        if (atbuf.buf != NULL) PyBuffer_Release(&atbuf);
         return PyErr_NoMemory();
     }
     int64_t *out = (int64_t *)PyByteArray_AS_STRING(order);
     Py_BEGIN_ALLOW_THREADS
     const int64_t last = buffer - 1;
-    const int shift = 32 - bit_length((uint64_t)buffer);
-    int64_t cnt = n < last ? n : last, o = 0;
+    const int64_t cnt = n < last ? n : last, steps = n - cnt;
     for (int64_t i = 0; i < cnt; i++) pending[i] = i;
-    for (int64_t i = last; i < n; i++) { /* the buffer is full: draw a slot; the last one is sample i */
-        int64_t j = mt_below(&g, (uint32_t)buffer, shift);
-        if (j == last) {
-            out[o++] = i;
-        } else {
-            out[o++] = pending[j];
-            pending[j] = i;
-        }
-    }
+    Py_ssize_t w = 0;
+    if (atbuf.buf == NULL)
+        shuffle_steps(&g, pending, last, n, draws, out);
+    else
+        w = shuffle_steps_at(&g, pending, last, n, draws, at, nat, out);
     for (int64_t i = cnt - 1; i >= 1; i--) { /* random.shuffle of what is left */
         int64_t j = mt_below(&g, (uint32_t)(i + 1), 32 - bit_length((uint64_t)(i + 1)));
         int64_t t = pending[i];
         pending[i] = pending[j];
         pending[j] = t;
     }
-    memcpy(out + o, pending, (size_t)cnt * sizeof(int64_t));
+    if (atbuf.buf == NULL)
+        memcpy(out + steps, pending, (size_t)cnt * sizeof(int64_t));
+    else
+        for (; w < nat; w++) out[w] = pending[at[w] - steps];
     Py_END_ALLOW_THREADS
     PyMem_RawFree(pending);
+    PyMem_RawFree(draws);
+    if (atbuf.buf != NULL) PyBuffer_Release(&atbuf);
     PyObject *newkey = PyBytes_FromStringAndSize((const char *)g.mt, sizeof(g.mt));
     if (newkey == NULL) {
         Py_DECREF(order);
@@ -934,9 +1065,10 @@ static PyMethodDef methods[] = {
      "crc32c(data, value=0, level=crc32c_hardware) -> int: the CRC32C of data continuing value (as the "
      "crc32c package's), by a method of at most that level (0: a table, 1: crc32, 2: VPCLMULQDQ)."},
     {"buffer_shuffle", buffer_shuffle_py, METH_VARARGS,
-     "buffer_shuffle(n, buffer, key, pos) -> (order, key, pos): the bounded sample shuffle's permutation "
-     "(fastload.core.shuffle) from a Mersenne Twister state (624 native uint32 words and a position) as "
-     "random.Random draws, and the state it leaves."},
+     "buffer_shuffle(n, buffer, key, pos[, at]) -> (order, key, pos): the bounded sample shuffle's "
+     "permutation (fastload.core.shuffle) from a Mersenne Twister state (624 native uint32 words and a "
+     "position) as random.Random draws, and the state it leaves; with at (native int64 positions, "
+     "ascending) only the permutation's values there."},
     {NULL, NULL, 0, NULL},
 };
 

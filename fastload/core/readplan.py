@@ -17,6 +17,9 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
+
+import numpy as np
 
 from fastload.core.index import ShardEntry
 
@@ -51,14 +54,13 @@ def plan_reads(
 
 def shard_runs(refs: Sequence[tuple[int, int]]) -> Iterator[tuple[int, int, int]]:
     """``(shard, i, j)`` for each maximal run ``refs[i:j]`` of references to one shard, in order."""
-    i, n = 0, len(refs)
-    while i < n:
-        shard = refs[i][0]
-        j = i + 1
-        while j < n and refs[j][0] == shard:
-            j += 1
-        yield shard, i, j
-        i = j
+    n = len(refs)
+    if not n:
+        return
+    shards = np.fromiter(map(itemgetter(0), refs), dtype=np.int64, count=n)  # (no Python loop per ref)
+    starts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), n]
+    for i, j in itertools.pairwise(starts):
+        yield int(shards[i]), i, j
 
 
 def iter_reads(
@@ -95,6 +97,11 @@ def _plan_run(
 ) -> Iterator[ReadTask]:
     """The tasks of ``refs[i:stop]``, all references to ``shard`` (see :func:`plan_reads`)."""
     if entry.offsets:
+        positions = list(map(itemgetter(1), refs[i:stop]))
+        first = positions[0]
+        if positions == list(range(first, first + len(positions))):  # one stretch (compared in C)
+            yield from _plan_stretch(shard, first, first + len(positions), entry.sizes, max_task_bytes)
+            return
         while i < stop:
             first = refs[i][1]
             end = first + 1
@@ -128,8 +135,28 @@ def _plan_run(
         i = j
 
 
+def _plan_stretch(
+    shard: int, a: int, b: int, sizes: Sequence[int], max_task_bytes: int
+) -> Iterator[ReadTask]:
+    """:func:`_plan_run`'s tasks for positions ``a..b-1`` in order: each from a running total of sizes."""
+    ends = list(itertools.accumulate(sizes[a:b]))
+    k = 0
+    while k < len(ends):
+        base = ends[k - 1] if k else 0
+        j = max(k + 1, bisect.bisect_right(ends, base + max_task_bytes, lo=k))
+        yield ReadTask(shard, tuple(range(a + k, a + j)), ends[j - 1] - base)
+        k = j
+
+
 def runs(positions: Sequence[int]) -> list[tuple[int, int]]:
     """Consecutive ascending positions grouped as ``(first, last + 1)`` runs, in the given order."""
+    n = len(positions)
+    if (
+        n
+        and positions[-1] - positions[0] == n - 1
+        and list(positions) == list(range(positions[0], n + positions[0]))
+    ):
+        return [(positions[0], positions[0] + n)]  # one run (the usual task): compared in C
     out: list[tuple[int, int]] = []
     for p in positions:
         if out and out[-1][1] == p:

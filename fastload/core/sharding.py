@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fastload.core.refs import Ints, Refs
-from fastload.core.shuffle import buffer_shuffle, buffer_shuffle_array
+from fastload.core.shuffle import buffer_shuffle, buffer_shuffle_array, buffer_shuffle_at
 
 EVEN_POLICIES = ("split", "drop", "pad", "none")
 __all__ = [
@@ -73,12 +73,18 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7_919 + 12_345) % (2**63)
 
 
+def _shard_order_array(shards: int, *, seed: int | None, epoch: int) -> Ints:
+    if seed is None:
+        return np.arange(shards, dtype=np.int64)
+    # random.Random(epoch_seed(seed, epoch)).shuffle(list(range(shards))): a buffer larger than the input
+    # only shuffles it at the end, so this is that shuffle (in C when the accelerator is in use)
+    return buffer_shuffle_array(shards, shards + 1, random.Random(epoch_seed(seed, epoch)))
+
+
 def shard_order(shards: int, *, seed: int | None, epoch: int) -> list[int]:
-    """Shard numbers in this epoch's order (index order when ``seed`` is None)."""
-    order = list(range(shards))
-    if seed is not None:
-        random.Random(epoch_seed(seed, epoch)).shuffle(order)
-    return order
+    """Shard numbers in this epoch's order (index order when ``seed`` is None; else shuffled by
+    ``random.Random(epoch_seed(seed, epoch)).shuffle``)."""
+    return _shard_order_array(shards, seed=seed, epoch=epoch).tolist()  # type: ignore[no-any-return]
 
 
 def split_rotation(total: int, *, world_size: int, seed: int | None, epoch: int) -> int:
@@ -106,7 +112,7 @@ class EpochLayout:
         if len(c) and c.min() < 0:
             raise ValueError("sample counts must be >= 0")
         self.counts, self.world, self.even, self.seed, self.epoch = c, world_size, even, seed, epoch
-        order = np.asarray(shard_order(len(c), seed=seed, epoch=epoch), dtype=np.int64)
+        order = _shard_order_array(len(c), seed=seed, epoch=epoch)
         self.total = int(c.sum())
         if even == "split":
             shards, firsts, lens = order, np.zeros(len(order), dtype=np.int64), c[order]
@@ -161,13 +167,28 @@ class EpochLayout:
             return RankPlan(padded, repeated=padded[len(samples) :])
         return RankPlan(samples)
 
+    def _shuffles(self, shuffle_buffer: int) -> bool:
+        return self.seed is not None and shuffle_buffer > 1
+
+    def _rng(self, rank: int) -> random.Random:
+        """The random stream of rank ``rank``'s sample shuffle (seeded from (seed, epoch, rank))."""
+        return random.Random(epoch_seed(self.seed or 0, self.epoch) ^ (rank * 0x9E3779B97F4A7C15 % 2**63))
+
     def order_of(self, rank: int, shuffle_buffer: int) -> RankPlan:
         """:meth:`plan` with the sample shuffle (see :func:`rank_order`)."""
         plan = self.plan(rank)
-        if self.seed is not None and shuffle_buffer > 1:
-            rng = random.Random(epoch_seed(self.seed, self.epoch) ^ (rank * 0x9E3779B97F4A7C15 % 2**63))
-            plan.samples = plan.samples.permuted(buffer_shuffle_array(len(plan.samples), shuffle_buffer, rng))
+        if self._shuffles(shuffle_buffer):
+            perm = buffer_shuffle_array(len(plan.samples), shuffle_buffer, self._rng(rank))
+            plan.samples = plan.samples.permuted(perm)
         return plan
+
+    def take(self, rank: int, shuffle_buffer: int, positions: Ints) -> tuple[Ints, Ints]:
+        """``order_of(rank, shuffle_buffer).samples.take(positions)`` without building the whole shuffled
+        order (:func:`~fastload.core.shuffle.buffer_shuffle_at`)."""
+        samples = self.plan(rank).samples
+        if self._shuffles(shuffle_buffer):
+            positions = buffer_shuffle_at(len(samples), shuffle_buffer, self._rng(rank), positions)
+        return samples.take(positions)
 
 
 def rank_plan(
@@ -304,8 +325,7 @@ def resumed_rank_order(
         cuts = np.flatnonzero(np.diff(olds[by_old])) + 1
         for picked in np.split(by_old, cuts) if len(q) else []:  # the old ranks read from, one at a time
             old = int(olds[picked[0]])
-            got = layout.order_of(old, shuffle_buffer).samples.take(delivered + at[picked])
-            shards[picked], pos[picked] = got
+            shards[picked], pos[picked] = layout.take(old, shuffle_buffer, delivered + at[picked])
         return Refs.from_arrays(shards, pos)
 
     if even in ("split", "drop"):

@@ -7,6 +7,8 @@ Mersenne Twister stream by numpy's MT19937, and which sample each draw gives out
 Checked once per process against the loop (a Python whose ``randrange`` draws otherwise gets the loop).
 An accelerator (the C loop of ``fastload._native``, registered by ``fastload.formats.native``) can be given
 with :func:`use_native`; it is used only once it gives the loop's permutation and state on the same checks.
+:func:`buffer_shuffle_at` is the permutation at a few positions (a resume on another world size needs a few
+of each old rank's): the accelerator then keeps only those outputs, which makes the steps between them cheap.
 """
 
 from __future__ import annotations
@@ -96,22 +98,39 @@ def _matches_loop(shuffle: Callable[[int, int, random.Random], Ints]) -> bool:
     return True
 
 
+def _at_matches_loop(shuffle_at: Callable[[int, int, random.Random, Ints], Ints]) -> bool:
+    """Whether ``shuffle_at`` (ascending positions) gives the loop's permutation there and its state."""
+    for n, b, seed in _CASES:
+        at = np.unique(np.asarray([0, 1, b - 2, b - 1, b, n // 2, n - b, n - 2, n - 1], dtype=np.int64))
+        at = np.repeat(at[(at >= 0) & (at < n)], 2)  # each asked for twice
+        mine, theirs = random.Random(seed), random.Random(seed)
+        if shuffle_at(n, b, mine, at).tolist() != np.asarray(_buffer_shuffle_loop(n, b, theirs))[at].tolist():
+            return False
+        if mine.getstate() != theirs.getstate():
+            return False
+    return True
+
+
 def _vectorised_matches_loop() -> bool:
     """Whether this Python's ``randrange``/``shuffle`` draw as :func:`_draws` assumes (checked once)."""
     return _matches_loop(_buffer_shuffle_vectorised)
 
 
 _VECTORISED: list[bool] = []
-# the accelerator: (n, buffer, key, pos) -> (order as native int64 bytes, key, pos); see use_native
-NativeShuffle = Callable[[int, int, bytes, int], tuple[bytearray, bytes, int]]
+# the accelerator: (n, buffer, key, pos[, at]) -> (order as native int64 bytes, key, pos), with ``at``
+# (ascending native int64 positions) only the order's values there; see use_native
+NativeShuffle = Callable[..., tuple[bytearray, bytes, int]]
 _NATIVE: list[NativeShuffle] = []  # given by use_native
 _NATIVE_OK: list[bool] = []  # whether it passed the checks (done at its first use)
 
 
-def _with_native(native: NativeShuffle, n: int, buffer: int, rng: random.Random) -> Ints:
+def _with_native(
+    native: NativeShuffle, n: int, buffer: int, rng: random.Random, at: Ints | None = None
+) -> Ints:
     version, words, gauss = rng.getstate()
     key = np.asarray(words[:624], dtype=np.uint32).tobytes()
-    order, key, pos = native(n, buffer, key, int(words[624]))
+    wanted = () if at is None else (np.ascontiguousarray(at, dtype=np.int64),)
+    order, key, pos = native(n, buffer, key, int(words[624]), *wanted)
     rng.setstate((version, (*np.frombuffer(key, dtype=np.uint32).tolist(), pos), gauss))
     return np.frombuffer(order, dtype=np.int64)
 
@@ -127,7 +146,10 @@ def native_in_use() -> bool:
     """Whether :func:`buffer_shuffle` runs on the accelerator given to :func:`use_native`."""
     if _NATIVE and not _NATIVE_OK:
         native = _NATIVE[0]
-        _NATIVE_OK.append(_matches_loop(lambda n, b, rng: _with_native(native, n, b, rng)))
+        ok = _matches_loop(lambda n, b, rng: _with_native(native, n, b, rng)) and _at_matches_loop(
+            lambda n, b, rng, at: _with_native(native, n, b, rng, at)
+        )
+        _NATIVE_OK.append(ok)
     return bool(_NATIVE) and _NATIVE_OK[0]
 
 
@@ -142,6 +164,22 @@ def buffer_shuffle_array(n: int, buffer: int, rng: random.Random) -> Ints:
     if _VECTORISED[0] and buffer.bit_length() <= 32:
         return _buffer_shuffle_vectorised(n, buffer, rng)
     return np.asarray(_buffer_shuffle_loop(n, buffer, rng), dtype=np.int64)
+
+
+def buffer_shuffle_at(n: int, buffer: int, rng: random.Random, positions: Ints) -> Ints:
+    """``buffer_shuffle_array(n, buffer, rng)[positions]``, leaving ``rng`` in the same state; on the
+    accelerator without the whole permutation (a few positions of a long order cost about a quarter)."""
+    pos = np.asarray(positions, dtype=np.int64)
+    if len(pos) and (pos.min() < 0 or pos.max() >= n):
+        raise IndexError(f"positions outside [0, {n=})")
+    if buffer <= 1 or buffer.bit_length() > 32 or not native_in_use():
+        return buffer_shuffle_array(n, buffer, rng)[pos]
+    if np.all(pos[1:] >= pos[:-1]):
+        return _with_native(_NATIVE[0], n, buffer, rng, pos)
+    order = np.argsort(pos, kind="stable")
+    out = np.empty(len(pos), dtype=np.int64)
+    out[order] = _with_native(_NATIVE[0], n, buffer, rng, pos[order])
+    return out
 
 
 def buffer_shuffle(n: int, buffer: int, rng: random.Random) -> list[int]:

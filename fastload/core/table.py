@@ -63,7 +63,10 @@ class Keys(Sequence[str]):
     def __getitem__(self, i: slice) -> list[str]: ...
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                return [self[j] for j in range(a, b, step)]
+            return self._run(a, b)
         n = len(self._ends)
         if i < 0:
             i += n
@@ -71,6 +74,19 @@ class Keys(Sequence[str]):
             raise IndexError(f"key {i} of {n}")
         start = self._ends[i - 1] if i else 0
         return self._blob[start : self._ends[i]].decode("utf-8")
+
+    def _run(self, a: int, b: int) -> list[str]:
+        """Keys ``a..b-1``: their bytes decoded at once (ASCII keys: cut by byte offsets)."""
+        if b <= a:
+            return []
+        ends = self._ends
+        base = ends[a - 1] if a else 0
+        chunk = self._blob[base : ends[b - 1]]
+        if not chunk.isascii():
+            return [self[j] for j in range(a, b)]
+        text = chunk.decode("ascii")
+        cuts = [e - base for e in ends[a:b]]
+        return [text[x:y] for x, y in zip([0, *cuts[:-1]], cuts, strict=True)]
 
     def __iter__(self) -> Iterator[str]:
         blob, start = self._blob, 0
@@ -155,6 +171,14 @@ def encode_table(table: SampleTable, *, crc: Callable[[bytes], int]) -> bytes:
     return bytes(out)
 
 
+def _rows(sizes: np.ndarray) -> list[Any]:
+    """The member sizes as one tuple per sample, made column-wise (tuples of ints leave the cyclic
+    collector's care at its next young collection; lists would reach its oldest generation)."""
+    if sizes.shape[1] == 0:
+        return [()] * len(sizes)
+    return list(zip(*(sizes[:, k].tolist() for k in range(sizes.shape[1])), strict=True))
+
+
 def decode_table(data: bytes, *, where: str, crc: Callable[[bytes], int] | None = None) -> SampleTable:
     """Parse a table written by :func:`encode_table`; :class:`IndexFormatError` naming ``where`` if it is
     not one, damaged (``crc``: check its trailing CRC32C) or inconsistent."""
@@ -196,24 +220,27 @@ def decode_table(data: bytes, *, where: str, crc: Callable[[bytes], int] | None 
             raise bad(f"column {name} has {len(arrays[name])} rows for {n} samples")
     if "key_ends" not in arrays or "key_blob" not in arrays:
         raise bad("no keys")
-    ends = arrays["key_ends"].tolist()
+    key_ends = arrays["key_ends"]
     blob = arrays["key_blob"].tobytes()
-    if ends and (ends[-1] != len(blob) or any(b < a for a, b in zip([0, *ends], ends, strict=False))):
+    if len(key_ends) and (
+        int(key_ends[-1]) != len(blob) or bool(np.any(np.diff(key_ends.astype(np.int64)) < 0))
+    ):
         raise bad("key ends do not fit the key blob")
+    sizes = arrays.get("member_sizes")
+    if sizes is not None and (sizes.ndim != 2 or sizes.shape[1] != len(fields)):
+        raise bad("member_sizes rows do not match fields")
     table = SampleTable(
         samples=n,
-        keys=Keys(blob, ends),
+        keys=Keys(blob, key_ends.tolist()),
         offsets=arrays["offsets"].tolist() if "offsets" in arrays else [],
         sizes=arrays["sizes"].tolist() if "sizes" in arrays else [],
         crcs=arrays["crcs"].tolist() if "crcs" in arrays else [],
         member_fields=fields,
-        member_sizes=arrays["member_sizes"].tolist() if "member_sizes" in arrays else [],
+        member_sizes=_rows(sizes) if sizes is not None else [],
         row_groups=[(a, b, c) for a, b, c in arrays["row_groups"].tolist()] if "row_groups" in arrays else [],
         footer=arrays["footer"].tobytes() if "footer" in arrays else b"",
         arrays={k: v for k, v in arrays.items() if k in ("sizes", "member_sizes")},
     )
-    if table.member_sizes and any(len(r) != len(fields) for r in table.member_sizes):
-        raise bad("member_sizes rows do not match fields")
     if table.row_groups and sum(rg[2] for rg in table.row_groups) != n:
         raise bad("row group rows do not add up to the sample count")
     return table

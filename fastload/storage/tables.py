@@ -4,9 +4,6 @@ records, through the shard cache when there is one."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import cast
-
 import crc32c
 
 from fastload.config import S3Config
@@ -61,11 +58,6 @@ def fetch_table(
             f"bytes with {ref.checksum}: damaged or from another packing; re-run `fastload index --upgrade` "
             "(or re-pack)"
         )
-    table = decode_table(data, where=url)
-    if table.member_sizes:
-        # rows as tuples: tuples of ints leave the cyclic collector's care at its next young collection,
-        # while tens of thousands of lists per table would reach the oldest generation and trigger full
-        # collections (~70 ms each once torch is imported) every few shards
-        rows = list(map(tuple, table.member_sizes))  # (read-only rows: the readers only index them)
-        table = dataclasses.replace(table, member_sizes=cast(list[list[int]], rows))
-    return attach(entry, table, where=url)
+    # (member_sizes rows come as tuples: tens of thousands of lists per table would reach the cyclic
+    # collector's oldest generation and trigger full collections, ~70 ms each once torch is imported)
+    return attach(entry, decode_table(data, where=url), where=url)

@@ -11,6 +11,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastload import formats
@@ -155,7 +156,7 @@ class ShardReaders:
         self.root, self.shards, self.columns = root, shards, columns
         self.shard_format = shard_format
         self.config, self.cache, self.defer, self.verify = config, cache, defer, verify
-        self._left = Counter(shard for shard, _ in refs)  # references not yet consumed, per shard
+        self._left = Counter(map(itemgetter(0), refs))  # references not yet consumed, per shard
         self._entries: dict[int, ShardEntry] = {}  # full entries of the shards in flight
         self._ahead: dict[int, Future[ShardEntry]] = {}
         self._tables: ThreadPoolExecutor | None = None

@@ -80,7 +80,8 @@ def read_all(path: Path, ix: dict[str, Any], max_bytes: int) -> Iterator[dict[st
 @needs_c
 def test_every_size_around_the_block_comes_back_exact(tmp_path: Path) -> None:
     rng = random.Random(5)
-    sizes = [0, 1, 2, 511, 512, 513, 1023, 1024, 1025, 16_383, 16_384, 100_000, 300_001]
+    # (around 4096 too: smaller data is read with the headers into scratch and copied out, bigger straight)
+    sizes = [0, 1, 2, 511, 512, 513, 1023, 1024, 1025, 4095, 4096, 4097, 16_383, 16_384, 100_000, 300_001]
     samples = [(f"s/{i:03d}", [b"%d" % i, rng.randbytes(n)]) for i, n in enumerate(sizes)]
     ix = write_tar(tmp_path / "a.tar", samples, ["cls", "bin"])
     for max_bytes in (1, 4096, 1 << 20):
@@ -183,6 +184,8 @@ def test_each_sample_is_checked_against_its_crc_headers_and_padding_included(tmp
         "data": bin_data + 7,
         "padding": bin_data + ix["rows"][5][1] + 3,  # (not a member's bytes: only the CRC sees it)
         "header": ix["offsets"][5] + 300,  # an unused header byte (past the name, before the mode)
+        "small data": ix["offsets"][5] + BLOCK,  # (the cls member: read with the headers, copied out)
+        "small padding": ix["offsets"][5] + BLOCK + ix["rows"][5][0] + 3,
     }
     for where, at in places.items():
         data = bytearray(good)

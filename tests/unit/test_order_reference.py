@@ -28,8 +28,15 @@ COUNTS = st.lists(st.one_of(st.just(0), st.integers(1, 3), st.integers(0, 40)), 
 Pairs = list[tuple[int, int]]
 
 
+def ref_shard_order(shards: int, seed: int | None, epoch: int) -> list[int]:
+    order = list(range(shards))
+    if seed is not None:
+        random.Random(epoch_seed(seed, epoch)).shuffle(order)
+    return order
+
+
 def ref_plan(counts: list[int], rank: int, world: int, seed: int | None, epoch: int, even: str):
-    order = shard_order(len(counts), seed=seed, epoch=epoch)
+    order = ref_shard_order(len(counts), seed, epoch)
     if even == "split":
         seq = [(s, i) for s in order for i in range(counts[s])]
         turn = epoch * (len(seq) % world) % len(seq) if seed is None and seq else 0
@@ -94,7 +101,7 @@ def ref_resumed(counts, rank, world, old_world, delivered, seed, epoch, even, bu
 
 def pads_ok(counts: list[int], world: int, seed: int | None, epoch: int) -> bool:
     """Whether even='pad' has something to repeat on every rank (else it is refused, tested elsewhere)."""
-    order = shard_order(len(counts), seed=seed, epoch=epoch)
+    order = ref_shard_order(len(counts), seed, epoch)
     sizes = [sum(counts[s] for s in order[r::world]) for r in range(world)]
     return not (max(sizes) and min(sizes) == 0)
 
@@ -184,6 +191,48 @@ def test_the_c_shuffle_is_used_once_it_passes_its_checks() -> None:
     finally:
         shuffle.use_native(_native.buffer_shuffle)
     assert shuffle.native_in_use()
+
+
+def _native_shuffle_at(n: int, buffer: int, rng: random.Random, at: np.ndarray) -> np.ndarray:
+    from fastload import _native
+
+    return shuffle._with_native(_native.buffer_shuffle, n, buffer, rng, np.sort(at))
+
+
+@pytest.mark.parametrize("impl", [shuffle.buffer_shuffle_at, _native_shuffle_at], ids=lambda f: f.__name__)
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 300), buffer=st.integers(0, 80), rng_seed=st.integers(0, 2**64), data=st.data())
+def test_the_shuffle_at_some_positions_is_the_loop_there(impl, n, buffer, rng_seed, data) -> None:
+    # positions in any order, repeated, before, inside and after the steps (the last buffer - 1 outputs
+    # come from the final shuffle of what is left)
+    at = np.asarray(data.draw(st.lists(st.integers(0, n - 1), max_size=12)), dtype=np.int64)
+    if impl is _native_shuffle_at and buffer <= 1:
+        return  # (buffer_shuffle_at answers these itself)
+    a, b = random.Random(rng_seed), random.Random(rng_seed)
+    want = np.asarray(ref_buffer_shuffle(n, buffer, b), dtype=np.int64)
+    got = impl(n, buffer, a, at)
+    assert got.tolist() == (want[np.sort(at)] if impl is _native_shuffle_at else want[at]).tolist()
+    assert a.random() == b.random()
+
+
+def test_the_c_shuffle_refuses_positions_out_of_order_or_range() -> None:
+    from fastload import _native
+
+    key = np.zeros(624, dtype=np.uint32).tobytes()
+    for at in ([3, 1], [0, 10], [-1], [2**40]):
+        with pytest.raises(ValueError, match="ascending within"):
+            _native.buffer_shuffle(10, 4, key, 624, np.asarray(at, dtype=np.int64))
+    with pytest.raises(ValueError, match="ascending within"):
+        _native.buffer_shuffle(10, 4, key, 624, b"\0" * 12)  # not whole int64s
+    with pytest.raises(IndexError):
+        shuffle.buffer_shuffle_at(10, 4, random.Random(0), np.asarray([10]))
+
+
+def test_shard_order_is_random_shuffle_of_the_shards() -> None:
+    # (computed as a shuffle buffer larger than the input: in C, past the accelerator's checked sizes)
+    for shards in (0, 1, 2, 7, 5_000):
+        for seed, epoch in ((None, 3), (0, 0), (11, 4)):
+            assert shard_order(shards, seed=seed, epoch=epoch) == ref_shard_order(shards, seed, epoch)
 
 
 @SETTINGS

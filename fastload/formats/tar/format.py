@@ -4,6 +4,7 @@ change beneath it."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -45,7 +46,9 @@ class TarSamples:
         entry, fd, name = self.entry, self._fd, self.entry.name
         if defer and fd is not None and entry.member_fields:
             spans = runs(positions)
-            return lambda: (s for first, stop in spans for s in read_run(fd, entry, first, stop, shard=name))
+            return lambda: itertools.chain.from_iterable(
+                read_run(fd, entry, first, stop, shard=name) for first, stop in spans
+            )
         read = self._read
         pieces: list[tuple[int, int, bytes]] = []
         for first, stop in runs(positions):

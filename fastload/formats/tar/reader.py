@@ -25,6 +25,7 @@ kept side by side, so that what each fast path takes is visibly what the parser 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -60,6 +61,9 @@ def read_run(
     match the index.
     """
     if isinstance(source, int):
+        if entry.member_fields and native.layout_run is not None:
+            # the C reader's batches chained in C: no Python frame resumed per sample
+            return itertools.chain.from_iterable(_native_batches(source, entry, first, stop, shard))
         if entry.member_fields:
             return _direct_run(source, entry, first, stop, shard)
         return _file_run(source, entry, first, stop, shard)
@@ -322,6 +326,40 @@ def _file_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -> 
         yield from samples_of_bytes(data, entry, a, b, shard=shard)
 
 
+def _native_batches(
+    fd: int, entry: ShardEntry, first: int, stop: int, shard: str
+) -> Iterator[Iterable[RawSample]]:
+    """:func:`_direct_run` in C: lists of samples, each from one ``preadv`` of about ``NATIVE_BATCH_BYTES``
+    (a batch is dropped before the next is read, so the allocator hands the same, cached, memory back);
+    at the first sample that does not match, the parsing reader's samples from there on."""
+    layout_run = native.layout_run
+    if layout_run is None:
+        raise RuntimeError("fastload._native is not in use")  # (read_run calls this only with it)
+    dots = _dotted(entry.member_fields)
+    keys = entry.keys[first:stop]  # (a list: a v2 table's keys are decoded when asked for)
+    crcs = entry.crcs if entry.crcs else []
+    i = first
+    while i < stop:
+        samples, i, whole = layout_run(
+            fd,
+            entry.offsets,
+            keys,
+            first,
+            entry.member_sizes,
+            entry.member_fields,
+            dots,
+            crcs,
+            i,
+            stop,
+            NATIVE_BATCH_BYTES,
+        )
+        yield samples
+        del samples
+        if not whole:
+            yield _file_run(fd, entry, i, stop, shard)
+            return
+
+
 def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -> Iterator[RawSample]:
     """Samples ``first..stop-1`` of a local tar shard whose index has the member layout, read with no
     header parsing: each member's header is checked against the index (:func:`is_header_of`), small
@@ -329,31 +367,7 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
     straight into its own ``bytes`` (one copy, like ``cat``); small samples are read several at a time.
     At the first header that does not match, the rest of the run goes through the parsing reader,
     which names the problem."""
-    layout_run = native.layout_run
-    if layout_run is not None:  # the same, in C (fastload/_native.c), a batch of samples per call
-        dots = _dotted(entry.member_fields)
-        keys = entry.keys[first:stop]  # (a list: a v2 table's keys are decoded when asked for)
-        crcs = entry.crcs if entry.crcs else []
-        i = first
-        while i < stop:
-            samples, i, whole = layout_run(
-                fd,
-                entry.offsets,
-                keys,
-                first,
-                entry.member_sizes,
-                entry.member_fields,
-                dots,
-                crcs,
-                i,
-                stop,
-                NATIVE_BATCH_BYTES,
-            )
-            yield from samples
-            if not whole:
-                yield from _file_run(fd, entry, i, stop, shard)
-                return
-        return
+    # (with the C reader built, read_run uses _native_batches instead: the same, a batch per call)
     keys, offsets, sizes, rows = entry.keys, entry.offsets, entry.sizes, entry.member_sizes
     fields, crcs = entry.member_fields, entry.crcs
     dots = _dotted(fields)
