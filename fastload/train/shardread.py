@@ -24,6 +24,7 @@ from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 
 TABLES_AHEAD = 4  # sample tables of the shards of the next runs fetched at once, while a run is read
+RANGE_THREADS = 16  # the ranges of reads of remote shards (Parquet column chunks) in flight at once
 
 if TYPE_CHECKING:
     from fastload.storage.cache import ShardCache
@@ -51,6 +52,29 @@ def _read_range(
     return data
 
 
+class ShardRead:
+    """A shard's ``read(offset, size)`` (:func:`_read_range`) and, for a remote shard given a pool,
+    ``many(ranges)``: several ranges fetched at once on that pool (each a round trip: one pool for a pass
+    over the shards, not threads started per read)."""
+
+    def __init__(self, file: BinaryIO, fd: int | None, name: str, pool: ThreadPoolExecutor | None) -> None:
+        self._args = (file, fd, threading.Lock(), name)
+        if pool is not None and fd is None:
+            self.many = functools.partial(_read_many, pool, self)
+
+    def __call__(self, offset: int, size: int) -> bytes:
+        return _read_range(*self._args, offset, size)
+
+
+def _read_many(pool: ThreadPoolExecutor, read: ShardRead, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    futures = [pool.submit(read, start, end - start) for start, end in ranges]
+    try:
+        return [f.result() for f in futures]
+    finally:
+        for f in futures:
+            f.cancel()
+
+
 class ShardReader:
     """Random access to one shard's samples (local file or S3 object); open it, read runs, close it. The
     shard's format (:func:`fastload.formats.for_path`, once per shard) turns bytes into samples
@@ -63,8 +87,11 @@ class ShardReader:
         *,
         config: S3Config | None = None,
         file: BinaryIO | None = None,
+        pool: ThreadPoolExecutor | None = None,
     ) -> None:
-        """``file``: the shard already open (a local file, e.g. from the cache); the reader closes it."""
+        """``file``: the shard already open (a local file, e.g. from the cache); the reader closes it.
+        ``pool``: where a remote shard's several ranges of one read are fetched at once (:class:`ShardRead`;
+        the caller owns it)."""
         self.url = url
         self.entry = entry
         self.name = entry.name
@@ -86,7 +113,7 @@ class ShardReader:
             ) from None
         self._fd = self._file.fileno() if file is not None or not storage.is_remote(url) else None
         # (a function of the file, not of this reader: no reference cycle keeps a closed shard's table)
-        read = functools.partial(_read_range, self._file, self._fd, threading.Lock(), self.name)
+        read = ShardRead(self._file, self._fd, self.name, pool)
         try:
             self._samples = fmt.samples(entry, read=read, file=self._file, fd=self._fd)
         except BaseException:
@@ -159,6 +186,7 @@ class ShardReaders:
         self._entries: dict[int, ShardEntry] = {}  # full entries of the shards in flight
         self._ahead: dict[int, Future[ShardEntry]] = {}
         self._tables: ThreadPoolExecutor | None = None
+        self._ranges: ThreadPoolExecutor | None = None  # remote shards' ranges of one read, fetched at once
         self._open: dict[int, ShardReader] = {}
         self._retired: dict[int, list[ShardReader]] = {}  # replaced after a heal, closed with the shard
         self._healed: set[int] = set()
@@ -166,6 +194,8 @@ class ShardReaders:
         self._lock = threading.Lock()
         self._closed = False
         self.tables_fetched = 0
+        # its shards' reads take any positions (Parquet): those that fit in a task are planned table-less
+        self._any_positions = bool(getattr(formats.by_name(shard_format), "any_positions", False))
 
     def tasks(
         self, refs: Sequence[tuple[int, int]], *, max_task_bytes: int, ahead: bool = False
@@ -182,6 +212,7 @@ class ShardReaders:
             max_task_bytes=max_task_bytes,
             ahead=self.ahead if ahead else None,
             depth=TABLES_AHEAD,
+            whole=self._whole if self._any_positions else None,
         )
         while True:
             with gc_paused():
@@ -190,13 +221,21 @@ class ShardReaders:
                 return
             yield task
 
+    def _whole(self, shard: int) -> int | None:
+        """A shard's size when its table is yet to be fetched (so its reader, not the planner, fetches it)."""
+        entry = self.shards[shard]
+        return entry.bytes if entry.detached else None
+
     def entry(self, shard: int) -> ShardEntry:
-        """Shard ``shard``'s full entry (its sample table fetched once while the shard is in flight)."""
+        """Shard ``shard``'s full entry (its sample table fetched once while the shard is in flight; a
+        fetch ahead that has not started yet is done in this thread instead of waited for)."""
         with self._lock:
             full = self._entries.get(shard)
             pending = self._ahead.pop(shard, None)
         if full is not None:
             return full
+        if pending is not None and pending.cancel():
+            pending = None
         full = pending.result() if pending is not None else self._full_entry(shard)
         with self._lock:
             if self._left[shard] > 0:
@@ -299,13 +338,22 @@ class ShardReaders:
             readers += [r for rs in self._retired.values() for r in rs]
             self._retired, self._entries = {}, {}
             pending, self._ahead = list(self._ahead.values()), {}
-            tables, self._tables = self._tables, None
+            pools = [p for p in (self._tables, self._ranges) if p is not None]
+            self._tables = self._ranges = None
         for future in pending:
             future.cancel()
-        if tables is not None:
-            tables.shutdown(wait=False, cancel_futures=True)
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
         for reader in readers:
             reader.close()
+
+    def _range_pool(self) -> ThreadPoolExecutor | None:
+        with self._lock:
+            if self._ranges is None and not self._closed:
+                self._ranges = ThreadPoolExecutor(
+                    max_workers=RANGE_THREADS, thread_name_prefix="fastload-ranges"
+                )
+            return self._ranges
 
     def _reader(self, shard: int, stop: threading.Event | None = None) -> tuple[ShardReader, bool]:
         """The open reader of ``shard`` and whether it reads a cached copy."""
@@ -324,7 +372,8 @@ class ShardReaders:
             cached = None
             if self.cache is not None and storage.is_remote(url) and self.cache.cacheable(entry):
                 cached = self.cache.open(url, entry, stop=stop)
-            reader = ShardReader(url, entry, config=self.config, file=cached)
+            pool = self._range_pool() if cached is None and storage.is_remote(url) else None
+            reader = ShardReader(url, entry, config=self.config, file=cached, pool=pool)
             reader.cached = cached is not None
             with self._lock:
                 if self._closed:

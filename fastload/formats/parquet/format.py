@@ -103,10 +103,13 @@ class ParquetSamples:
         """``(offset, bytes)`` of the coalesced column-chunk ranges of ``cols`` in row groups ``groups``."""
         wanted = [r for g in groups for r in footer.column_chunks(meta, g, cols)]
         ranges = coalesce(wanted, gap_bytes=self.gap_bytes)
-        if len(ranges) < 2 or not self._concurrent:
+        many = getattr(self._read, "many", None)  # the caller's pool (ShardReaders: one for a pass)
+        if len(ranges) < 2 or not (self._concurrent or many is not None):
             return [(a, self._read(a, b - a)) for a, b in ranges]
         # several ranges (projected chunks of several row groups): fetched at once, not a round trip each
         # one after another (``read`` is thread-safe; the store's gate bounds S3 requests)
+        if many is not None:
+            return list(zip((a for a, _ in ranges), many(ranges), strict=True))
         with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(ranges))) as pool:
             got = list(pool.map(lambda r: self._read(r[0], r[1] - r[0]), ranges))
         return [(a, data) for (a, _), data in zip(ranges, got, strict=True)]
@@ -168,6 +171,9 @@ class ParquetFormat:
     foreign = True
     projects_columns = True
     selects_rows = True  # ParquetSamples.select: the rows a filter keeps, by statistics and filter columns
+    # ParquetSamples.load takes any positions in any order (it reads their row groups): a shard that fits in
+    # one read task is planned without its sample table (core.readplan.iter_reads(whole=))
+    any_positions = True
 
     def matches(self, name: str) -> bool:
         return name.endswith(self.suffixes)
