@@ -45,6 +45,8 @@ from fastload.s3.client import (
     is_no_credentials,
     no_credentials_error,
     resolve_target,
+    target_template,
+    templated_target,
     tls_verify,
 )
 from fastload.s3.hedging import Abort
@@ -222,6 +224,7 @@ class DirectTransport:
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._lock = threading.Lock()
         self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY, as botocore reads them
+        self._templates: dict[str, tuple[str, str] | None] = {}  # bucket -> client.target_template
 
     def proxied(self, url: str) -> bool:
         """Whether botocore would send requests for ``url`` through an HTTP proxy (not spoken here)."""
@@ -235,7 +238,18 @@ class DirectTransport:
     def target(self, bucket: str, key: str, version_id: str | None) -> ObjectTarget:
         if not self._signer.has_credentials:
             raise no_credentials_error(bucket, key)
-        return resolve_target(self._client, bucket, key, version_id)
+        if version_id:
+            return resolve_target(self._client, bucket, key, version_id)
+        with self._lock:
+            known = bucket in self._templates
+            template = self._templates.get(bucket)
+        if not known:  # (two threads may both learn it: same answer)
+            template = target_template(self._client, bucket)
+            with self._lock:
+                self._templates[bucket] = template
+        if template is None:
+            return resolve_target(self._client, bucket, key)
+        return templated_target(template, key)
 
     def pool(self, url: str) -> _Pool:
         parts = urlsplit(url)

@@ -119,25 +119,44 @@ class ParquetSamples:
     ) -> Any:
         """Row group ``group`` (its chunks among ``pieces``) as a pyarrow table; a page that fails its
         checksum raises :class:`VerifyError`."""
+        return self.decode_groups(meta, pieces, [group], cols)
+
+    def decode_groups(
+        self,
+        meta: Any,
+        pieces: Sequence[tuple[int, bytes]],
+        groups: Sequence[int],
+        cols: Sequence[str] | None,
+    ) -> Any:
+        """Row groups ``groups`` (ascending; their chunks among ``pieces``) as one pyarrow table, decoded in
+        one call; a page that fails its checksum raises :class:`VerifyError` naming its row group."""
         from fastload.formats.parquet.arrowfile import open_parquet
 
         sparse = SparseFile(self.entry.bytes, pieces, self._read)
         parquet = open_parquet(sparse, metadata=meta, page_checksum_verification=True)
         try:
-            return parquet.read_row_group(group, columns=cols, use_threads=False)  # (see arrowfile)
+            if len(groups) == 1:
+                return parquet.read_row_group(groups[0], columns=cols, use_threads=False)  # (see arrowfile)
+            return parquet.read_row_groups(groups, columns=cols, use_threads=False)
         except OSError as exc:
             if "checksum" not in str(exc).lower():
                 raise
-            keys, starts = self.entry.keys, self._starts
-            first, last = keys[starts[group]], keys[starts[group + 1] - 1]
-            raise VerifyError(
-                f"row group {group} (keys {first!r}..{last!r}) has a page that fails its checksum ({exc}): "
-                "the shard was damaged after packing; run `fastload verify` and re-pack or re-download it "
-                "(with cache_dir=, a damaged cached copy is fetched again)",
-                shard=self.entry.name,
-                key=first,
-                offset=self.entry.row_groups[group][0],
-            ) from None
+            if len(groups) > 1:  # which one: each decoded alone (only on this error path)
+                for g in groups:
+                    self.decode_groups(meta, pieces, [g], cols)
+            raise self._damaged(groups[0], exc) from None
+
+    def _damaged(self, group: int, exc: OSError) -> VerifyError:
+        keys, starts = self.entry.keys, self._starts
+        first, last = keys[starts[group]], keys[starts[group + 1] - 1]
+        return VerifyError(
+            f"row group {group} (keys {first!r}..{last!r}) has a page that fails its checksum ({exc}): "
+            "the shard was damaged after packing; run `fastload verify` and re-pack or re-download it "
+            "(with cache_dir=, a damaged cached copy is fetched again)",
+            shard=self.entry.name,
+            key=first,
+            offset=self.entry.row_groups[group][0],
+        )
 
     def _rows(
         self,
@@ -147,18 +166,14 @@ class ParquetSamples:
         positions: Sequence[int],
         cols: Sequence[str] | None,
     ) -> list[RawSample]:
+        """The samples at ``positions``: their row groups decoded in one call, the rows made in bulk."""
         from fastload.formats.parquet.values import sample_rows
 
-        wanted = set(positions)
+        starts = self._starts
+        rows = [p for g in groups for p in range(starts[g], starts[g + 1])]  # the decoded table's rows
+        table = self.decode_groups(meta, pieces, groups, cols)
         keep_nulls = KEY_COLUMN not in self.names(meta)  # (a foreign file: nulls are values)
-        rows: dict[int, RawSample] = {}
-        for g in groups:
-            table = self.decode(meta, pieces, g, cols)
-            first = self._starts[g]
-            rows.update(
-                sample_rows(table, first=first, wanted=wanted, keys=self.entry.keys, keep_nulls=keep_nulls)
-            )
-        return [rows[p] for p in positions]
+        return sample_rows(table, rows=rows, positions=positions, keys=self.entry.keys, keep_nulls=keep_nulls)
 
 
 class ParquetFormat:
