@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
+
+import crc32c
 
 from fastload import formats
 from fastload.config import S3Config
@@ -52,6 +55,14 @@ def _read_range(
     return data
 
 
+def missing_shard(url: str, name: str) -> NotFoundError:
+    return NotFoundError(
+        f"{url}: shard {name}, listed in the dataset's index, is missing (deleted or moved since the "
+        "dataset was opened?); restore it, or re-pack the dataset (`fastload verify` checks every shard)",
+        path=url,
+    )
+
+
 class ShardRead:
     """A shard's ``read(offset, size)`` (:func:`_read_range`) and, for a remote shard given a pool,
     ``many(ranges)``: several ranges fetched at once on that pool (each a round trip: one pool for a pass
@@ -59,11 +70,17 @@ class ShardRead:
 
     def __init__(self, file: BinaryIO, fd: int | None, name: str, pool: ThreadPoolExecutor | None) -> None:
         self._args = (file, fd, threading.Lock(), name)
-        if pool is not None and fd is None:
+        if isinstance(file, io.BytesIO):  # the shard in memory: nothing to wait for
+            self.many = functools.partial(_read_each, self)
+        elif pool is not None and fd is None:
             self.many = functools.partial(_read_many, pool, self)
 
     def __call__(self, offset: int, size: int) -> bytes:
         return _read_range(*self._args, offset, size)
+
+
+def _read_each(read: ShardRead, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    return [read(start, end - start) for start, end in ranges]
 
 
 def _read_many(pool: ThreadPoolExecutor, read: ShardRead, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
@@ -88,10 +105,11 @@ class ShardReader:
         config: S3Config | None = None,
         file: BinaryIO | None = None,
         pool: ThreadPoolExecutor | None = None,
+        data: bytes | None = None,
     ) -> None:
         """``file``: the shard already open (a local file, e.g. from the cache); the reader closes it.
         ``pool``: where a remote shard's several ranges of one read are fetched at once (:class:`ShardRead`;
-        the caller owns it)."""
+        the caller owns it). ``data``: the whole shard's bytes, fetched already (read from memory)."""
         self.url = url
         self.entry = entry
         self.name = entry.name
@@ -103,15 +121,17 @@ class ShardReader:
                 f"{', '.join(formats.names())})"
             )
         try:
-            self._file: BinaryIO = file if file is not None else storage.open_read(url, config=config)
+            self._file: BinaryIO = (
+                io.BytesIO(data)
+                if data is not None
+                else file
+                if file is not None
+                else storage.open_read(url, config=config)
+            )
         except FileNotFoundError:  # (NotFoundError and S3's included)
-            raise NotFoundError(
-                f"{url}: shard {self.name}, listed in the dataset's index, is missing (deleted or moved "
-                "since the dataset was opened?); restore it, or re-pack the dataset (`fastload verify` "
-                "checks every shard)",
-                path=url,
-            ) from None
-        self._fd = self._file.fileno() if file is not None or not storage.is_remote(url) else None
+            raise missing_shard(url, self.name) from None
+        local = file is not None or not storage.is_remote(url)
+        self._fd = self._file.fileno() if local and data is None else None
         # (a function of the file, not of this reader: no reference cycle keeps a closed shard's table)
         read = ShardRead(self._file, self._fd, self.name, pool)
         try:
@@ -195,7 +215,11 @@ class ShardReaders:
         self._closed = False
         self.tables_fetched = 0
         # its shards' reads take any positions (Parquet): those that fit in a task are planned table-less
-        self._any_positions = bool(getattr(formats.by_name(shard_format), "any_positions", False))
+        fmt = formats.by_name(shard_format)
+        self._any_positions = bool(getattr(fmt, "any_positions", False))
+        # a detached entry completed from its shard's whole bytes (Parquet): a whole-shard read needs no table
+        self._whole_entry: Callable[[ShardEntry, bytes], ShardEntry | None] | None
+        self._whole_entry = getattr(fmt, "whole_entry", None) if self._any_positions else None
 
     def tasks(
         self, refs: Sequence[tuple[int, int]], *, max_task_bytes: int, ahead: bool = False
@@ -270,6 +294,8 @@ class ShardReaders:
 
     def fetch(self, task: ReadTask, stop: threading.Event | None = None) -> Callable[[], Iterable[RawSample]]:
         """Do the I/O of ``task``; the returned function gives its samples, in its order."""
+        if self._reads_whole(task):
+            self._open_whole(task.shard)
         reader, cached = self._reader(task.shard, stop)
         try:
             parse = reader.load(task.positions, self.columns, defer=self.defer)
@@ -280,6 +306,55 @@ class ShardReaders:
         if not cached:
             return parse
         return lambda: self._healing(task, reader, parse, stop)
+
+    def _reads_whole(self, task: ReadTask) -> bool:
+        """Whether ``task`` reads every row, every column, of a remote shard whose table is not fetched (a
+        shard planned whole, see :meth:`tasks`, not cached locally): then the shard is fetched in one GET
+        and its format completes its entry from its bytes (:meth:`_open_whole`), no table fetched."""
+        entry = self.shards[task.shard]
+        if self._whole_entry is None or self.columns is not None or not entry.detached:
+            return False
+        if len(task.positions) < entry.samples or not storage.is_remote(self.root):
+            return False
+        if self.cache is not None and self.cache.cacheable(entry):
+            return False
+        return len(set(task.positions)) == entry.samples
+
+    def _open_whole(self, shard: int) -> None:
+        """Open ``shard`` from its whole bytes, fetched now and checked against the manifest (size and
+        CRC32C of the file), its entry completed by its format (else from its table, as usual)."""
+        assert self._whole_entry is not None
+        with self._lock:
+            if shard in self._open:
+                return
+            opening = self._opening.setdefault(shard, threading.Lock())
+        with opening:
+            with self._lock:
+                if shard in self._open:
+                    return
+            entry = self.shards[shard]
+            url = storage.join(self.root, entry.name)
+            try:
+                data = storage.read_bytes(url, config=self.config)
+            except FileNotFoundError:  # (NotFoundError and S3's included)
+                raise missing_shard(url, entry.name) from None
+            crc = f"{crc32c.crc32c(data):08x}"
+            if len(data) != entry.bytes or (entry.checksum and crc != entry.checksum):
+                raise VerifyError(
+                    f"{url}: {len(data)} bytes with CRC32C {crc}, index.json says {entry.bytes} bytes with "
+                    f"{entry.checksum}: the shard changed or was damaged since it was packed; run "
+                    "`fastload verify` and re-pack or restore it",
+                    shard=entry.name,
+                )
+            full = self._whole_entry(entry, data) or self.entry(shard)
+            reader = ShardReader(url, full, config=self.config, data=data)
+            with self._lock:
+                if self._closed:
+                    reader.close()
+                    raise RuntimeError("shard readers closed")
+                self._open[shard] = reader
+                if self._left[shard] > 0:
+                    self._entries.setdefault(shard, full)
 
     def _healing(
         self,

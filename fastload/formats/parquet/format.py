@@ -10,6 +10,7 @@ indexed from their footers (:mod:`.foreign`) and read the same way; column value
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -245,6 +246,31 @@ class ParquetFormat:
         self, entry: ShardEntry, *, read: Callable[[int, int], bytes], file: BinaryIO, fd: int | None
     ) -> ParquetSamples:
         return ParquetSamples(entry, read, concurrent=fd is None)  # (a remote shard: round trips)
+
+    def whole_entry(self, entry: ShardEntry, data: bytes) -> ShardEntry | None:
+        """``entry`` (detached) completed from the whole shard's bytes ``data`` (the caller checked them
+        against the entry's size and CRC32C), as its sample table would: the footer, the row groups and the
+        keys (its ``__key__`` column), so a read of all of a shard fetches it in one request and no table.
+        None for a file without a ``__key__`` column (a foreign file's keys are in its table only)."""
+        import pyarrow as pa
+
+        from fastload.formats.parquet.arrowfile import open_parquet
+
+        raw = footer.read_footer(lambda at, n: data[at : at + n], len(data), where=entry.name)
+        key = footer.cache_key(entry.name, entry.bytes, entry.checksum, raw)
+        meta = footer.metadata(key, entry.bytes, raw, lambda at, n: data[at : at + n], where=entry.name)
+        if KEY_COLUMN not in meta.schema.to_arrow_schema().names:
+            return None
+        parquet = open_parquet(pa.BufferReader(data), metadata=meta, page_checksum_verification=True)
+        keys = parquet.read(columns=[KEY_COLUMN], use_threads=False).column(0).to_pylist()
+        groups = footer.row_groups_of(meta)
+        if len(keys) != entry.samples or sum(rows for _, _, rows in groups) != entry.samples:
+            raise VerifyError(
+                f"{len(keys)} rows, index.json says {entry.samples}: the shard is not the one indexed; "
+                "run `fastload verify` and re-pack",
+                shard=entry.name,
+            )
+        return dataclasses.replace(entry, keys=keys, count=None, row_groups=groups, footer=raw)
 
     def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
         from fastload.formats.parquet.check import verify_parquet
