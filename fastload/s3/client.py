@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import http.client
 import ssl
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -217,6 +218,29 @@ def target_template(client: Any, bucket: str) -> tuple[str, str] | None:
 def templated_target(template: tuple[str, str], key: str) -> ObjectTarget:
     """The target of ``key`` from its bucket's :func:`target_template`."""
     return ObjectTarget(template[0] + quote(key.encode("utf-8"), safe="/~"), template[1])
+
+
+class Targets:
+    """Object targets of one client: a bucket's :func:`target_template` learnt once, each key's target
+    derived from it (a pinned version, or a client whose URLs are not of that form: presigned each)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._templates: dict[str, tuple[str, str] | None] = {}
+        self._lock = threading.Lock()
+
+    def target(self, bucket: str, key: str, version_id: str | None = None) -> ObjectTarget:
+        if version_id:
+            return resolve_target(self._client, bucket, key, version_id)
+        with self._lock:
+            known, template = bucket in self._templates, self._templates.get(bucket)
+        if not known:  # (two threads may both learn it: the same answer)
+            template = target_template(self._client, bucket)
+            with self._lock:
+                self._templates[bucket] = template
+        if template is None:
+            return resolve_target(self._client, bucket, key)
+        return templated_target(template, key)
 
 
 def is_no_credentials(exc: BaseException) -> bool:
