@@ -55,11 +55,20 @@ def missing_shard(url: str, name: str) -> NotFoundError:
 class ShardRead:
     """A shard's ``read(offset, size)`` (:func:`_read_range`) and, for a remote shard given a pool,
     ``many(ranges)``: several ranges fetched at once on that pool (each a round trip: one pool for a pass
-    over the shards, not threads started per read)."""
+    over the shards, not threads started per read). ``data``: the whole shard, in memory, its bytes checked
+    against the index's CRC32C by the caller (a format may read it directly and skip checks of its own)."""
 
-    def __init__(self, file: BinaryIO, fd: int | None, name: str, pool: ThreadPoolExecutor | None) -> None:
+    def __init__(
+        self,
+        file: BinaryIO,
+        fd: int | None,
+        name: str,
+        pool: ThreadPoolExecutor | None,
+        data: bytes | None = None,
+    ) -> None:
         self._args = (file, fd, threading.Lock(), name)
-        if isinstance(file, io.BytesIO):  # the shard in memory: nothing to wait for
+        self.data = data
+        if data is not None:  # in memory: nothing to wait for
             self.many = functools.partial(_read_each, self)
         elif pool is not None and fd is None:
             self.many = functools.partial(_read_many, pool, self)
@@ -98,7 +107,8 @@ class ShardReader:
     ) -> None:
         """``file``: the shard already open (a local file, e.g. from the cache); the reader closes it.
         ``pool``: where a remote shard's several ranges of one read are fetched at once (:class:`ShardRead`;
-        the caller owns it). ``data``: the whole shard's bytes, fetched already (read from memory)."""
+        the caller owns it). ``data``: the whole shard's bytes, fetched and checked against the entry's size
+        and CRC32C already (read from memory)."""
         self.url = url
         self.entry = entry
         self.name = entry.name
@@ -122,7 +132,7 @@ class ShardReader:
         local = file is not None or not storage.is_remote(url)
         self._fd = self._file.fileno() if local and data is None else None
         # (a function of the file, not of this reader: no reference cycle keeps a closed shard's table)
-        read = ShardRead(self._file, self._fd, self.name, pool)
+        read = ShardRead(self._file, self._fd, self.name, pool, data)
         try:
             self._samples = fmt.samples(entry, read=read, file=self._file, fd=self._fd)
         except BaseException:
