@@ -77,6 +77,9 @@ def child_fastload(spec: dict[str, Any]) -> dict[str, Any]:
     import pyarrow.compute
     import pyarrow.parquet  # (imported lazily by fastload: before the clock, as the others')
 
+    # fastload's lazily imported modules, before the clock (pyarrow.dataset imports its own at import)
+    import fastload.formats.parquet.values
+    import fastload.storage.s3source  # noqa: F401
     from fastload import S3Config, ShardDataset  # (torch imported before the clock)
     from fastload.storage import access
 

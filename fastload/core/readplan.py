@@ -7,7 +7,10 @@ samples they return, concatenated, are the references' samples in order.
 
 A task never spans two shards, so the references can be planned one run of a shard at a time
 (:func:`iter_reads`), each when its shard's per-sample columns are at hand (index v2 fetches a shard's
-sample table only when the reader reaches it): the tasks are the same as :func:`plan_reads` gives.
+sample table only when the reader reaches it): the tasks are the same as :func:`plan_reads` gives. A run of
+a shard read by row groups whose whole file fits in one task is one task whatever its row groups, so it is
+planned without its per-sample columns (``whole`` in :func:`iter_reads`): its reader fetches the table, not
+the planner.
 """
 
 from __future__ import annotations
@@ -70,26 +73,43 @@ def iter_reads(
     max_task_bytes: int,
     ahead: Callable[[int], None] | None = None,
     depth: int = 1,
+    whole: Callable[[int], int | None] | None = None,
 ) -> Iterator[ReadTask]:
     """The tasks of :func:`plan_reads`, planned lazily one run of a shard at a time: ``entry_of(shard)``
     (the shard's full entry, with its per-sample columns) is called when the run is reached, and
     ``ahead(shard)`` (if given) with the shards of the next ``depth`` runs, each once, before this run's
-    tasks, so that a caller can start fetching those shards' columns while this run is read."""
+    tasks, so that a caller can start fetching those shards' columns while this run is read.
+
+    ``whole(shard)``: the byte size of a shard read by row groups (no byte offsets), else None. A run of
+    such a shard of at most ``max_task_bytes`` bytes is one task of that many bytes (the task
+    :func:`plan_reads` gives, as its row groups cannot add up to more than the file), planned without
+    ``entry_of`` and not announced to ``ahead``: nothing waits for its per-sample columns."""
     if max_task_bytes < 1 or depth < 1:
         raise ValueError(f"need max_task_bytes={max_task_bytes} >= 1 and depth={depth} >= 1")
+
+    def size_of(shard: int) -> int | None:
+        size = whole(shard) if whole is not None else None
+        return size if size is not None and size <= max_task_bytes else None
+
+    def announce(shard: int) -> None:
+        if ahead is not None and size_of(shard) is None:
+            ahead(shard)
+
     pending = shard_runs(refs)
     window: deque[tuple[int, int, int]] = deque(itertools.islice(pending, depth + 1))
-    if ahead is not None:
-        for later in itertools.islice(window, 1, None):
-            ahead(later[0])
+    for later in itertools.islice(window, 1, None):
+        announce(later[0])
     while window:
         shard, i, stop = window.popleft()
-        yield from _plan_run(refs, i, stop, shard, entry_of(shard), max_task_bytes)
+        size = size_of(shard)
+        if size is not None:
+            yield ReadTask(shard, tuple(p for _, p in refs[i:stop]), size)
+        else:
+            yield from _plan_run(refs, i, stop, shard, entry_of(shard), max_task_bytes)
         following = next(pending, None)
         if following is not None:
             window.append(following)
-            if ahead is not None:
-                ahead(following[0])
+            announce(following[0])
 
 
 def _plan_run(

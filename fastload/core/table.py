@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -87,6 +87,11 @@ class Keys(Sequence[str]):
         text = chunk.decode("ascii")
         cuts = [e - base for e in ends[a:b]]
         return [text[x:y] for x, y in zip([0, *cuts[:-1]], cuts, strict=True)]
+
+    def take(self, positions: Iterable[int]) -> list[str]:
+        """The keys at ``positions`` (each in ``range(len(self))``), decoded in one loop."""
+        blob, ends = self._blob, self._ends
+        return [blob[ends[i - 1] if i else 0 : ends[i]].decode("utf-8") for i in positions]
 
     def __iter__(self) -> Iterator[str]:
         blob, start = self._blob, 0

@@ -95,7 +95,10 @@ class ShardFormat(Protocol):
         fd: int | None,
     ) -> SampleSource:
         """The read path of one open shard: ``read(offset, size)`` returns exactly those bytes (thread
-        safe), ``file`` is the open shard, ``fd`` its descriptor when it is a local file."""
+        safe), ``file`` is the open shard, ``fd`` its descriptor when it is a local file. ``read.many``,
+        where the caller has it (a remote shard read by ``ShardDataset``), takes ``[(start, end)]`` ranges
+        and returns their bytes, fetched at once on the caller's pool; ``read.data``, where not None, is the
+        whole shard in memory, checked against the entry's CRC32C."""
         ...
 
     def verify(self, file: BinaryIO, shard: ShardEntry) -> list[Problem]:

@@ -3,10 +3,10 @@
 Two implementations behind one interface, chosen by ``S3Config.transport``:
 
 - ``"direct"`` (default), :class:`DirectTransport`: pooled keep-alive ``http.client`` connections (checked
-  for a closed peer before reuse); requests signed with botocore's SigV4 signer and the client's own
-  credentials (its session's), endpoint, addressing style and region (resolved once per object, see
-  :func:`~fastload.s3.client.resolve_target`), TLS verified with the client's CA bundle; bodies read with
-  ``HTTPResponse.readinto`` straight into the caller's buffer in pieces of ``core.hedge.PIECE_BYTES``
+  for a closed peer before reuse); requests signed (:mod:`fastload.core.sigv4`, botocore's headers) with
+  the client's own credentials (its session's), endpoint, addressing style and region (resolved once per
+  bucket: :class:`~fastload.s3.client.Targets`), TLS verified with the client's CA bundle; bodies read
+  with ``HTTPResponse.readinto`` straight into the caller's buffer in pieces of ``core.hedge.PIECE_BYTES``
   (progress the hedging watchdog sees). A fraction of botocore's CPU per GiB, one copy less. Requests can
   be cut short from another thread (:class:`~fastload.s3.hedging.Abort`). The one ``http.client`` detail
   beyond its documented API, a connection's socket, is read by :func:`connection_socket` only.
@@ -39,12 +39,12 @@ from fastload.s3.client import (
     Failure,
     ObjectTarget,
     Signer,
+    Targets,
     classify_exception,
     credentials,
     get_client,
     is_no_credentials,
     no_credentials_error,
-    resolve_target,
     tls_verify,
 )
 from fastload.s3.hedging import Abort
@@ -222,6 +222,7 @@ class DirectTransport:
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._lock = threading.Lock()
         self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY, as botocore reads them
+        self._targets = Targets(client)
 
     def proxied(self, url: str) -> bool:
         """Whether botocore would send requests for ``url`` through an HTTP proxy (not spoken here)."""
@@ -235,7 +236,7 @@ class DirectTransport:
     def target(self, bucket: str, key: str, version_id: str | None) -> ObjectTarget:
         if not self._signer.has_credentials:
             raise no_credentials_error(bucket, key)
-        return resolve_target(self._client, bucket, key, version_id)
+        return self._targets.target(bucket, key, version_id)
 
     def pool(self, url: str) -> _Pool:
         parts = urlsplit(url)

@@ -38,7 +38,13 @@ from fastload.errors import ConfigError, VerifyError
 from fastload.formats import by_name
 from fastload.gcpause import gc_paused
 from fastload.storage.cache import ShardCache
-from fastload.train.filtering import FilteredView, partition_filter, partition_parent, plan_filter
+from fastload.train.filtering import (
+    FilteredView,
+    partition_filter,
+    partition_parent,
+    partition_values_of,
+    plan_filter,
+)
 from fastload.train.mapshards import RawSample, ShardHandle, ShardHandles
 from fastload.train.options import CacheConfig, DecodeConfig
 from fastload.train.reading import SKIPPED, finish
@@ -86,7 +92,9 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     Decoding as :class:`~fastload.ShardDataset`: ``decode``, ``images``, ``allow_pickle``, ``map``,
     ``columns`` (Parquet), ``on_error`` (``"skip"``: a sample that fails to decode is left out of a batch,
     counted in :attr:`skipped`; ``ds[i]`` alone raises, having nothing to return), ``verify_samples`` (each
-    tar sample's CRC32C checked; a mismatch raises ``VerifyError`` naming shard, key and byte offset).
+    tar sample's CRC32C checked; a mismatch raises ``VerifyError`` naming shard, key and byte offset),
+    ``partition_columns`` (each shard's hive partition values added to its samples, typed as filters
+    compare them).
     Remote shards: ``cache_dir`` (whole shards and tables kept on disk, ``cache_limit_bytes``,
     ``cache_verify``), ``s3_config``. Bounds, per process: ``max_open_shards`` shards with their tables
     and open files; ``row_group_cache_bytes`` of Parquet row groups (by stored size; the last one is always
@@ -106,6 +114,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         filters: Any = None,
         on_error: str = "raise",
         verify_samples: bool = True,
+        partition_columns: bool = False,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
         cache_verify: bool = True,
@@ -128,6 +137,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             columns=columns,
             on_error=on_error,
             verify_samples=verify_samples,
+            partition_columns=partition_columns,
         )
         self.caching = CacheConfig(path=cache_dir, limit_bytes=cache_limit_bytes, verify=cache_verify)
         self.s3_config = s3_config
@@ -148,6 +158,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
                 self.filtered = plan_filter(
                     self.root, self.index, self.filters, s3_config=s3_config, cache=self._cache()
                 )
+        self.partitions = partition_values_of(self.index) if partition_columns else None
         counts = self.filtered.counts if self.filtered is not None else [s.samples for s in self.index.shards]
         self.starts = sample_starts(counts)
         self.skipped = 0
@@ -278,6 +289,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
                 raw = dict(raw)
             seen.add((s, p))
             raw["__shard__"] = name_of[s].name
+            if self.partitions is not None:
+                raw.update(self.partitions[s])
             sample = raw if self.decoding.plain else finish(raw, self.decoding)
             if sample is SKIPPED:
                 if single:  # nothing to return: the error itself

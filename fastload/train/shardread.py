@@ -1,129 +1,37 @@
-"""Reading samples out of shards: one open shard (local file or S3 object) per :class:`ShardReader`, whose
-format (through :mod:`fastload.formats`) makes its bytes into samples: tar runs with one ranged read each,
-Parquet rows by row group, TFRecord records; and :class:`ShardReaders`, the readers of a list of tasks."""
+"""Reading samples out of shards: :class:`ShardReaders`, the readers of a list of tasks (one
+:class:`~fastload.train.shardreader.ShardReader` per open shard, whose format makes its bytes into samples:
+tar runs with one ranged read each, Parquet rows by row group, TFRecord records): tables fetched when a
+shard is reached (or ahead), shards opened on first use, whole shards read in one request where their format
+allows it, and each dropped when its last reference is consumed."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING
+
+import crc32c
 
 from fastload import formats
 from fastload.config import S3Config
-from fastload.core.filters import Filter
 from fastload.core.index import ShardEntry
-from fastload.core.readplan import ReadTask, iter_reads, runs
-from fastload.errors import ConfigError, NotFoundError, VerifyError
-from fastload.formats.tar.reader import short_read
+from fastload.core.readplan import ReadTask, iter_reads
+from fastload.errors import VerifyError
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
+from fastload.train.shardreader import RawSample, ShardReader, missing_shard
+
+__all__ = ["RANGE_THREADS", "TABLES_AHEAD", "RawSample", "ShardReader", "ShardReaders"]
 
 TABLES_AHEAD = 4  # sample tables of the shards of the next runs fetched at once, while a run is read
+RANGE_THREADS = 16  # the ranges of reads of remote shards (Parquet column chunks) in flight at once
 
 if TYPE_CHECKING:
     from fastload.storage.cache import ShardCache
-
-RawSample = dict[str, Any]
-
-
-def _read_range(
-    file: BinaryIO, fd: int | None, lock: threading.Lock, name: str, offset: int, size: int
-) -> bytes:
-    """Exactly ``size`` bytes of the shard ``file`` at ``offset``; safe to call from several threads at once
-    (``lock`` guards reads that go through the file position)."""
-    if fd is not None:
-        data = os.pread(fd, size, offset)
-    else:
-        fetch_range = getattr(file, "fetch_range", None)
-        if fetch_range is not None:
-            data = fetch_range(offset, offset + size)
-        else:
-            with lock:
-                file.seek(offset)
-                data = file.read(size)
-    if len(data) != size:
-        raise short_read(name, size, offset)
-    return data
-
-
-class ShardReader:
-    """Random access to one shard's samples (local file or S3 object); open it, read runs, close it. The
-    shard's format (:func:`fastload.formats.for_path`, once per shard) turns bytes into samples
-    (:meth:`~fastload.formats.ShardFormat.samples`); this class owns the file and its ranged reads."""
-
-    def __init__(
-        self,
-        url: str,
-        entry: ShardEntry,
-        *,
-        config: S3Config | None = None,
-        file: BinaryIO | None = None,
-    ) -> None:
-        """``file``: the shard already open (a local file, e.g. from the cache); the reader closes it."""
-        self.url = url
-        self.entry = entry
-        self.name = entry.name
-        self.cached = False  # reads a copy from the shard cache (set by ShardReaders)
-        fmt = formats.for_path(self.name)
-        if fmt is None:
-            raise ConfigError(
-                f"{self.name}: no shard format reads files named so (registered formats: "
-                f"{', '.join(formats.names())})"
-            )
-        try:
-            self._file: BinaryIO = file if file is not None else storage.open_read(url, config=config)
-        except FileNotFoundError:  # (NotFoundError and S3's included)
-            raise NotFoundError(
-                f"{url}: shard {self.name}, listed in the dataset's index, is missing (deleted or moved "
-                "since the dataset was opened?); restore it, or re-pack the dataset (`fastload verify` "
-                "checks every shard)",
-                path=url,
-            ) from None
-        self._fd = self._file.fileno() if file is not None or not storage.is_remote(url) else None
-        # (a function of the file, not of this reader: no reference cycle keeps a closed shard's table)
-        read = functools.partial(_read_range, self._file, self._fd, threading.Lock(), self.name)
-        try:
-            self._samples = fmt.samples(entry, read=read, file=self._file, fd=self._fd)
-        except BaseException:
-            self._file.close()
-            raise
-
-    def close(self) -> None:
-        self._samples.close()
-        self._file.close()
-
-    def read_samples(
-        self, positions: Sequence[int], columns: Sequence[str] | None = None
-    ) -> Iterator[list[RawSample]]:
-        """The samples at index ``positions`` of this shard, in that order, as lists (one per run of
-        consecutive samples); ``columns`` projects fields where the format can (Parquet)."""
-        for first, stop in runs(positions):
-            yield list(self.load(range(first, stop), columns)())
-
-    def select(self, flt: Filter, partition: Mapping[str, Any]) -> tuple[list[tuple[int, int]], int]:
-        """``(runs of the rows filter flt keeps, bytes fetched to decide)``, for formats that select rows
-        (Parquet: ``ParquetSamples.select``); ``partition``: the shard's typed partition values."""
-        select = getattr(self._samples, "select", None)
-        if select is None:
-            raise ConfigError(f"{self.name}: its format cannot filter rows; filter on partition columns")
-        return select(flt, partition)  # type: ignore[no-any-return]
-
-    def load(
-        self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False
-    ) -> Callable[[], Iterable[RawSample]]:
-        """Do the I/O for the samples at ``positions`` now and return a function that makes them into
-        samples (:meth:`fastload.formats.SampleSource.load`). For tar shards that second step (parsing,
-        pure Python) is left to the caller's thread, so prefetch threads spend their time in I/O that
-        releases the GIL instead of competing for it. ``defer``: the caller calls the function at once, in
-        its own thread (no prefetch), so local shards with a member layout may do their I/O there too, and
-        so may plain local TFRecord shards."""
-        return self._samples.load(positions, columns, defer=defer)
 
 
 class ShardReaders:
@@ -160,6 +68,7 @@ class ShardReaders:
         self._entries: dict[int, ShardEntry] = {}  # full entries of the shards in flight
         self._ahead: dict[int, Future[ShardEntry]] = {}
         self._tables: ThreadPoolExecutor | None = None
+        self._ranges: ThreadPoolExecutor | None = None  # remote shards' ranges of one read, fetched at once
         self._open: dict[int, ShardReader] = {}
         self._retired: dict[int, list[ShardReader]] = {}  # replaced after a heal, closed with the shard
         self._healed: set[int] = set()
@@ -167,6 +76,12 @@ class ShardReaders:
         self._lock = threading.Lock()
         self._closed = False
         self.tables_fetched = 0
+        # its shards' reads take any positions (Parquet): those that fit in a task are planned table-less
+        fmt = formats.by_name(shard_format)
+        self._any_positions = bool(getattr(fmt, "any_positions", False))
+        # a detached entry completed from its shard's whole bytes (Parquet): a whole-shard read needs no table
+        self._whole_entry: Callable[[ShardEntry, bytes], ShardEntry | None] | None
+        self._whole_entry = getattr(fmt, "whole_entry", None) if self._any_positions else None
 
     def tasks(
         self, refs: Sequence[tuple[int, int]], *, max_task_bytes: int, ahead: bool = False
@@ -183,6 +98,7 @@ class ShardReaders:
             max_task_bytes=max_task_bytes,
             ahead=self.ahead if ahead else None,
             depth=TABLES_AHEAD,
+            whole=self._whole if self._any_positions else None,
         )
         while True:
             with gc_paused():
@@ -191,13 +107,21 @@ class ShardReaders:
                 return
             yield task
 
+    def _whole(self, shard: int) -> int | None:
+        """A shard's size when its table is yet to be fetched (so its reader, not the planner, fetches it)."""
+        entry = self.shards[shard]
+        return entry.bytes if entry.detached else None
+
     def entry(self, shard: int) -> ShardEntry:
-        """Shard ``shard``'s full entry (its sample table fetched once while the shard is in flight)."""
+        """Shard ``shard``'s full entry (its sample table fetched once while the shard is in flight; a
+        fetch ahead that has not started yet is done in this thread instead of waited for)."""
         with self._lock:
             full = self._entries.get(shard)
             pending = self._ahead.pop(shard, None)
         if full is not None:
             return full
+        if pending is not None and pending.cancel():
+            pending = None
         full = pending.result() if pending is not None else self._full_entry(shard)
         with self._lock:
             if self._left[shard] > 0:
@@ -232,6 +156,8 @@ class ShardReaders:
 
     def fetch(self, task: ReadTask, stop: threading.Event | None = None) -> Callable[[], Iterable[RawSample]]:
         """Do the I/O of ``task``; the returned function gives its samples, in its order."""
+        if self._reads_whole(task):
+            self._open_whole(task.shard)
         reader, cached = self._reader(task.shard, stop)
         try:
             parse = reader.load(task.positions, self.columns, defer=self.defer)
@@ -242,6 +168,55 @@ class ShardReaders:
         if not cached:
             return parse
         return lambda: self._healing(task, reader, parse, stop)
+
+    def _reads_whole(self, task: ReadTask) -> bool:
+        """Whether ``task`` reads every row, every column, of a remote shard whose table is not fetched (a
+        shard planned whole, see :meth:`tasks`, not cached locally): then the shard is fetched in one GET
+        and its format completes its entry from its bytes (:meth:`_open_whole`), no table fetched."""
+        entry = self.shards[task.shard]
+        if self._whole_entry is None or self.columns is not None or not entry.detached:
+            return False
+        if len(task.positions) < entry.samples or not storage.is_remote(self.root):
+            return False
+        if self.cache is not None and self.cache.cacheable(entry):
+            return False
+        return len(set(task.positions)) == entry.samples
+
+    def _open_whole(self, shard: int) -> None:
+        """Open ``shard`` from its whole bytes, fetched now and checked against the manifest (size and
+        CRC32C of the file), its entry completed by its format (else from its table, as usual)."""
+        assert self._whole_entry is not None
+        with self._lock:
+            if shard in self._open:
+                return
+            opening = self._opening.setdefault(shard, threading.Lock())
+        with opening:
+            with self._lock:
+                if shard in self._open:
+                    return
+            entry = self.shards[shard]
+            url = storage.join(self.root, entry.name)
+            try:
+                data = storage.read_bytes(url, config=self.config)
+            except FileNotFoundError:  # (NotFoundError and S3's included)
+                raise missing_shard(url, entry.name) from None
+            crc = f"{crc32c.crc32c(data):08x}"
+            if len(data) != entry.bytes or (entry.checksum and crc != entry.checksum):
+                raise VerifyError(
+                    f"{url}: {len(data)} bytes with CRC32C {crc}, index.json says {entry.bytes} bytes with "
+                    f"{entry.checksum}: the shard changed or was damaged since it was packed; run "
+                    "`fastload verify` and re-pack or restore it",
+                    shard=entry.name,
+                )
+            full = self._whole_entry(entry, data) or self.entry(shard)
+            reader = ShardReader(url, full, config=self.config, data=data)
+            with self._lock:
+                if self._closed:
+                    reader.close()
+                    raise RuntimeError("shard readers closed")
+                self._open[shard] = reader
+                if self._left[shard] > 0:
+                    self._entries.setdefault(shard, full)
 
     def _healing(
         self,
@@ -300,13 +275,22 @@ class ShardReaders:
             readers += [r for rs in self._retired.values() for r in rs]
             self._retired, self._entries = {}, {}
             pending, self._ahead = list(self._ahead.values()), {}
-            tables, self._tables = self._tables, None
+            pools = [p for p in (self._tables, self._ranges) if p is not None]
+            self._tables = self._ranges = None
         for future in pending:
             future.cancel()
-        if tables is not None:
-            tables.shutdown(wait=False, cancel_futures=True)
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
         for reader in readers:
             reader.close()
+
+    def _range_pool(self) -> ThreadPoolExecutor | None:
+        with self._lock:
+            if self._ranges is None and not self._closed:
+                self._ranges = ThreadPoolExecutor(
+                    max_workers=RANGE_THREADS, thread_name_prefix="fastload-ranges"
+                )
+            return self._ranges
 
     def _reader(self, shard: int, stop: threading.Event | None = None) -> tuple[ShardReader, bool]:
         """The open reader of ``shard`` and whether it reads a cached copy."""
@@ -325,7 +309,8 @@ class ShardReaders:
             cached = None
             if self.cache is not None and storage.is_remote(url) and self.cache.cacheable(entry):
                 cached = self.cache.open(url, entry, stop=stop)
-            reader = ShardReader(url, entry, config=self.config, file=cached)
+            pool = self._range_pool() if cached is None and storage.is_remote(url) else None
+            reader = ShardReader(url, entry, config=self.config, file=cached, pool=pool)
             reader.cached = cached is not None
             with self._lock:
                 if self._closed:

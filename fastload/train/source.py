@@ -4,6 +4,7 @@ says how to avoid that cost."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import warnings
@@ -14,6 +15,24 @@ from fastload.config import S3Config
 from fastload.core.index import DatasetIndex
 from fastload.errors import ConfigError, NotFoundError
 from fastload.storage import access as storage
+
+KEPT_FOOTER_BYTES = 64 << 20  # Parquet footers an in-memory index keeps (per process that opens it)
+
+
+def cap_footers(index: DatasetIndex, limit_bytes: int) -> int:
+    """Keep the footers read to index Parquet files (so reads and filters do not read them again) in the
+    index's first entries, up to ``limit_bytes`` in all; later entries drop theirs (a read of such a file
+    reads its footer from its tail once per open, filters plan from it then). Returns the bytes kept. An
+    index of 100,000 files with 50 KB footers would otherwise hold 5 GB in every process that opens it."""
+    kept = 0
+    for i, entry in enumerate(index.shards):
+        if not entry.footer:
+            continue
+        if kept + len(entry.footer) > limit_bytes:
+            index.shards[i] = dataclasses.replace(entry, footer=b"")
+        else:
+            kept += len(entry.footer)
+    return kept
 
 
 def _is_shard_file(url: str) -> bool:
@@ -84,6 +103,7 @@ def open_index(
             raise ConfigError("the list of shards is empty")
     started = time.monotonic()
     root, index = formats.index_files(urls, s3_config=s3_config, key_column=key_column, root=folder)
+    cap_footers(index, KEPT_FOOTER_BYTES)
     seconds = time.monotonic() - started
     read = (
         f"the footers of {len(index.shards)} Parquet file(s) ({index.bytes:,} bytes) were read"

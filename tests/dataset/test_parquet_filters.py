@@ -154,6 +154,17 @@ def test_a_partition_folder_reads_as_a_filter_with_partition_values(monthly: Pac
     assert ds.root == str(monthly.root)
 
 
+def test_map_dataset_adds_partition_values_as_iteration_does(monthly: Packed) -> None:
+    """``MapDataset(partition_columns=True)``: ``ds[i]`` carries its shard's typed partition values, the
+    same samples iteration gives (a partition folder as the source included); without it, none."""
+    it = list(fastload.ShardDataset(monthly.root, decode=False, partition_columns=True, columns=["cls"]))
+    md = fastload.MapDataset(monthly.root, decode=False, partition_columns=True, columns=["cls"])
+    assert md[:] == it and {type(s["month"]) for s in it} == {int}
+    feb = fastload.MapDataset(monthly.root / "month=02", decode=False, partition_columns=True)
+    assert {s["month"] for s in feb[[0, -1, 3]]} == {2}
+    assert "month" not in fastload.MapDataset(monthly.root, decode=False)[0]
+
+
 def test_bad_filters_say_what_is_wrong(monthly: Packed, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'colour', not a column"):
         fastload.ShardDataset(monthly.root, filters=[("colour", "=", "red")])

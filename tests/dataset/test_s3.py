@@ -34,7 +34,10 @@ def test_s3_dataset_reads_like_the_local_one(uneven: Packed, uploaded: str, moto
 
 
 @pytest.fixture(scope="module")
-def uploaded_parquet(moto_url: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Packed, str]:
+def uploaded_parquet(
+    moto_url: str, uploaded: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Packed, str]:
+    """``small_files`` packed as Parquet under s3://BUCKET/pq (the bucket ``uploaded`` made)."""
     packed = pack_files(
         tmp_path_factory.mktemp("s3parquet"), small_files(), max_samples=7, shard_format="parquet"
     )
@@ -50,6 +53,14 @@ def uploaded_parquet(moto_url: str, tmp_path_factory: pytest.TempPathFactory) ->
         rel = path.relative_to(packed.root).as_posix()
         if not rel.startswith("."):
             client.put_object(Bucket=BUCKET, Key=f"pq/{rel}", Body=path.read_bytes())
+    # a copy with one byte of one shard flipped (its size, index and tables kept)
+    shard = packed.index["shards"][1]["name"]
+    for path in sorted(p for p in packed.root.rglob("*") if p.is_file()):
+        rel = path.relative_to(packed.root).as_posix()
+        data = bytearray(path.read_bytes())
+        if rel == shard:
+            data[len(data) // 2] ^= 0xFF
+        client.put_object(Bucket=BUCKET, Key=f"pq-damaged/{rel}", Body=bytes(data))
     client.close()
     return packed, f"s3://{BUCKET}/pq"
 
@@ -63,3 +74,45 @@ def test_s3_parquet_columns(uploaded_parquet: tuple[Packed, str], moto_url: str)
     for s in remote:
         assert set(s) == {"__key__", "__shard__", "__index__", "bin"}
         assert s["bin"] == packed.samples[s["__key__"]]["bin"]
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_s3_parquet_shards_read_whole_are_one_get_without_their_tables(
+    uploaded_parquet: tuple[Packed, str], moto_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task that reads every row and column of a Parquet shard fetches the shard in one GET and no sample
+    table (the entry comes from the shard's bytes, checked against index.json's CRC32C); a projected or
+    shuffled read still fetches tables; the samples are the local dataset's, in the same order, either way.
+    A shard whose bytes changed is refused, named."""
+    from collections import Counter
+
+    from fastload.errors import VerifyError
+    from fastload.storage import access
+
+    packed, url = uploaded_parquet
+    config = fastload.S3Config(endpoint_url=moto_url, addressing_style="path")
+    fetched: Counter[str] = Counter()
+    read_bytes = access.read_bytes
+
+    def counting(where: str, **kw: Any) -> bytes:
+        fetched[where.rsplit(".", 1)[-1]] += 1
+        return read_bytes(where, **kw)
+
+    monkeypatch.setattr(access, "read_bytes", counting)
+    shards = len(packed.index["shards"])
+
+    def read(source: Any, **kw: Any) -> list[dict[str, Any]]:
+        fetched.clear()
+        return list(fastload.ShardDataset(source, decode=False, **kw))
+
+    for kw in ({}, {"seed": 4}):  # in order; shuffled shard by shard (a shard's run is all its rows)
+        local = read(packed.root, **kw)
+        assert read(url, s3_config=config, **kw) == local
+        assert (fetched["parquet"], fetched["fltable"]) == (shards, 0)
+    local = read(packed.root, seed=4, shuffle_buffer=8)  # runs of a shard interleave: tables fetched
+    assert read(url, s3_config=config, seed=4, shuffle_buffer=8) == local
+    assert fetched["fltable"] == shards and fetched["parquet"] == 0
+    assert read(url, s3_config=config, columns=["cls"]) == read(packed.root, columns=["cls"])
+    with pytest.raises(VerifyError, match="CRC32C") as raised:
+        read(f"s3://{BUCKET}/pq-damaged", s3_config=config)
+    assert raised.value.shard == packed.index["shards"][1]["name"]

@@ -256,3 +256,24 @@ def test_footers_read_to_index_are_read_with_and_never_taken_for_another_files(t
     source = PARQUET.samples(entry, read=read, file=None, fd=None)  # type: ignore[arg-type]
     assert [r["x"] for r in source.load([7, 2], ["x"])()] == [1007, 1002]
     assert reads and all(o + n <= len(data) - len(entry.footer) - 8 for o, n in reads)  # (no tail)
+
+
+def test_an_in_memory_index_keeps_footers_up_to_a_cap(hive: Hive, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Footers beyond ``KEPT_FOOTER_BYTES`` are dropped from the in-memory index (the first files keep
+    theirs); files without one are read (and filtered) from their tails, with the same samples."""
+    from fastload.train import source
+
+    full, _ = opened(hive.root)
+    sizes = [len(s.footer) for s in full.index.shards]
+    monkeypatch.setattr(source, "KEPT_FOOTER_BYTES", sizes[0])
+    capped, _ = opened(hive.root)
+    assert [len(s.footer) for s in capped.index.shards] == [sizes[0], 0, 0]
+    got, want_samples = list(capped), list(full)
+    assert [s["__key__"] for s in got] == [s["__key__"] for s in want_samples] == list(hive.rows)
+    for a, b in zip(got, want_samples, strict=True):
+        assert a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    flt = [("label", ">=", 1)]
+    want = [s["__key__"] for s in opened(hive.root, filters=flt)[0]]
+    monkeypatch.setattr(source, "KEPT_FOOTER_BYTES", 0)
+    capped, _ = opened(hive.root, filters=flt)
+    assert [s["__key__"] for s in capped] == want and want

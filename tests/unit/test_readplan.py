@@ -205,3 +205,32 @@ def test_shard_runs_split_references_where_the_shard_changes() -> None:
     refs = [(0, 1), (0, 2), (1, 0), (0, 3), (0, 0), (2, 5)]
     assert list(shard_runs(refs)) == [(0, 0, 2), (1, 2, 3), (0, 3, 5), (2, 5, 6)]
     assert list(shard_runs([])) == []
+
+
+@settings(max_examples=50, deadline=None)
+@given(plans())
+def test_shards_planned_whole_are_one_task_a_run_without_their_columns(
+    plan: tuple[list[ShardEntry], list[tuple[int, int]], int],
+) -> None:
+    """``whole``: a run of a row-group shard that fits in one task is that task, as plan_reads makes it
+    (the positions, in reference order), planned without looking the shard up or announcing it ahead;
+    other shards are planned as before."""
+    entries, refs, cap = plan
+    looked_up: list[int] = []
+    announced: list[int] = []
+
+    def entry_of(shard: int) -> ShardEntry:
+        looked_up.append(shard)
+        return entries[shard]
+
+    def whole(shard: int) -> int | None:
+        return None if entries[shard].offsets else entries[shard].bytes
+
+    fits = {s for s, e in enumerate(entries) if not e.offsets and e.bytes <= cap}
+    got = list(iter_reads(refs, entry_of, max_task_bytes=cap, ahead=announced.append, whole=whole))
+    want = plan_reads(refs, entries, max_task_bytes=cap)
+    assert [(t.shard, t.positions) for t in got] == [(t.shard, t.positions) for t in want]
+    assert [t.nbytes for t in got] == [entries[t.shard].bytes if t.shard in fits else t.nbytes for t in want]
+    runs = [s for s, _, _ in shard_runs(refs)]
+    assert looked_up == [s for s in runs if s not in fits]
+    assert announced == [s for s in runs[1:] if s not in fits]

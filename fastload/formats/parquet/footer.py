@@ -132,3 +132,21 @@ def column_chunks(meta: Any, group: int, columns: Sequence[str] | None) -> list[
             start = min(start, col.dictionary_page_offset) if col.dictionary_page_offset > 0 else start
         out.append((start, start + col.total_compressed_size))
     return out
+
+
+def row_groups_of(meta: Any) -> list[tuple[int, int, int]]:
+    """Each row group's ``(first byte, bytes, rows)`` (what a shard's table records): its column chunks from
+    the first page (a dictionary page included) over their compressed sizes."""
+    out = []
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        starts, total = [], 0
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            first = col.data_page_offset
+            if col.has_dictionary_page and col.dictionary_page_offset is not None:
+                first = min(first, col.dictionary_page_offset)
+            starts.append(first)
+            total += col.total_compressed_size
+        out.append((min(starts) if starts else 4, total, rg.num_rows))
+    return out

@@ -29,6 +29,7 @@ import pyarrow as pa
 from fastload.config import S3Config
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.errors import ConfigError, FastloadError, VerifyError
+from fastload.formats.parquet.footer import row_groups_of
 from fastload.formats.parquet.values import KEY_COLUMN, column_values
 from fastload.storage import access as storage
 
@@ -173,21 +174,8 @@ class Footer:
     raw: bytes  # the footer (Thrift FileMetaData, without its length and magic): ShardEntry.footer
 
     def row_groups(self) -> list[tuple[int, int, int]]:
-        """Each row group's ``(first byte, bytes, rows)``: its column chunks from the first page (a
-        dictionary page included) over their compressed sizes."""
-        out = []
-        for g in range(self.meta.num_row_groups):
-            rg = self.meta.row_group(g)
-            starts, total = [], 0
-            for c in range(rg.num_columns):
-                col = rg.column(c)
-                first = col.data_page_offset
-                if col.has_dictionary_page and col.dictionary_page_offset is not None:
-                    first = min(first, col.dictionary_page_offset)
-                starts.append(first)
-                total += col.total_compressed_size
-            out.append((min(starts) if starts else 4, total, rg.num_rows))
-        return out
+        """Each row group's ``(first byte, bytes, rows)`` (:func:`.footer.row_groups_of`)."""
+        return row_groups_of(self.meta)
 
     def column_ranges(self, column: str) -> list[tuple[int, int]]:
         """The ``(offset, size)`` of ``column``'s chunk in each row group."""

@@ -10,6 +10,7 @@ indexed from their footers (:mod:`.foreign`) and read the same way; column value
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -53,6 +54,9 @@ class ParquetSamples:
         self.entry = entry
         self._read = read
         self._concurrent = concurrent
+        # the whole shard in memory, its CRC32C checked (ShardRead.data): decoded from it, pages not checked
+        # again (pyarrow's page CRC costs ~5 ms per 2 MB shard; the file's CRC32C covers every byte)
+        self._data: bytes | None = getattr(read, "data", None)
         self._starts = [0]
         for rg in entry.row_groups:
             self._starts.append(self._starts[-1] + rg[2])
@@ -96,17 +100,20 @@ class ParquetSamples:
         meta = self.metadata()
         cols = read_columns(self.names(meta), columns)
         groups = sorted({self.group_of(p) for p in positions})
-        pieces = self.fetch(meta, groups, cols)
+        pieces = self.fetch(meta, groups, cols) if self._data is None else []
         return lambda: self._rows(meta, pieces, groups, positions, cols)
 
     def fetch(self, meta: Any, groups: Sequence[int], cols: Sequence[str] | None) -> list[tuple[int, bytes]]:
         """``(offset, bytes)`` of the coalesced column-chunk ranges of ``cols`` in row groups ``groups``."""
         wanted = [r for g in groups for r in footer.column_chunks(meta, g, cols)]
         ranges = coalesce(wanted, gap_bytes=self.gap_bytes)
-        if len(ranges) < 2 or not self._concurrent:
+        many = getattr(self._read, "many", None)  # the caller's pool (ShardReaders: one for a pass)
+        if len(ranges) < 2 or not (self._concurrent or many is not None):
             return [(a, self._read(a, b - a)) for a, b in ranges]
         # several ranges (projected chunks of several row groups): fetched at once, not a round trip each
         # one after another (``read`` is thread-safe; the store's gate bounds S3 requests)
+        if many is not None:
+            return list(zip((a for a, _ in ranges), many(ranges), strict=True))
         with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(ranges))) as pool:
             got = list(pool.map(lambda r: self._read(r[0], r[1] - r[0]), ranges))
         return [(a, data) for (a, _), data in zip(ranges, got, strict=True)]
@@ -116,25 +123,49 @@ class ParquetSamples:
     ) -> Any:
         """Row group ``group`` (its chunks among ``pieces``) as a pyarrow table; a page that fails its
         checksum raises :class:`VerifyError`."""
+        return self.decode_groups(meta, pieces, [group], cols)
+
+    def decode_groups(
+        self,
+        meta: Any,
+        pieces: Sequence[tuple[int, bytes]],
+        groups: Sequence[int],
+        cols: Sequence[str] | None,
+    ) -> Any:
+        """Row groups ``groups`` (ascending; their chunks among ``pieces``) as one pyarrow table, decoded in
+        one call; a page that fails its checksum raises :class:`VerifyError` naming its row group."""
+        import pyarrow as pa
+
         from fastload.formats.parquet.arrowfile import open_parquet
 
-        sparse = SparseFile(self.entry.bytes, pieces, self._read)
-        parquet = open_parquet(sparse, metadata=meta, page_checksum_verification=True)
+        if self._data is not None:
+            source, check = pa.BufferReader(self._data), False
+        else:
+            source, check = SparseFile(self.entry.bytes, pieces, self._read), True
+        parquet = open_parquet(source, metadata=meta, page_checksum_verification=check)
         try:
-            return parquet.read_row_group(group, columns=cols, use_threads=False)  # (see arrowfile)
+            if len(groups) == 1:
+                return parquet.read_row_group(groups[0], columns=cols, use_threads=False)  # (see arrowfile)
+            return parquet.read_row_groups(groups, columns=cols, use_threads=False)
         except OSError as exc:
             if "checksum" not in str(exc).lower():
                 raise
-            keys, starts = self.entry.keys, self._starts
-            first, last = keys[starts[group]], keys[starts[group + 1] - 1]
-            raise VerifyError(
-                f"row group {group} (keys {first!r}..{last!r}) has a page that fails its checksum ({exc}): "
-                "the shard was damaged after packing; run `fastload verify` and re-pack or re-download it "
-                "(with cache_dir=, a damaged cached copy is fetched again)",
-                shard=self.entry.name,
-                key=first,
-                offset=self.entry.row_groups[group][0],
-            ) from None
+            if len(groups) > 1:  # which one: each decoded alone (only on this error path)
+                for g in groups:
+                    self.decode_groups(meta, pieces, [g], cols)
+            raise self._damaged(groups[0], exc) from None
+
+    def _damaged(self, group: int, exc: OSError) -> VerifyError:
+        keys, starts = self.entry.keys, self._starts
+        first, last = keys[starts[group]], keys[starts[group + 1] - 1]
+        return VerifyError(
+            f"row group {group} (keys {first!r}..{last!r}) has a page that fails its checksum ({exc}): "
+            "the shard was damaged after packing; run `fastload verify` and re-pack or re-download it "
+            "(with cache_dir=, a damaged cached copy is fetched again)",
+            shard=self.entry.name,
+            key=first,
+            offset=self.entry.row_groups[group][0],
+        )
 
     def _rows(
         self,
@@ -144,18 +175,14 @@ class ParquetSamples:
         positions: Sequence[int],
         cols: Sequence[str] | None,
     ) -> list[RawSample]:
+        """The samples at ``positions``: their row groups decoded in one call, the rows made in bulk."""
         from fastload.formats.parquet.values import sample_rows
 
-        wanted = set(positions)
+        starts = self._starts
+        rows = [p for g in groups for p in range(starts[g], starts[g + 1])]  # the decoded table's rows
+        table = self.decode_groups(meta, pieces, groups, cols)
         keep_nulls = KEY_COLUMN not in self.names(meta)  # (a foreign file: nulls are values)
-        rows: dict[int, RawSample] = {}
-        for g in groups:
-            table = self.decode(meta, pieces, g, cols)
-            first = self._starts[g]
-            rows.update(
-                sample_rows(table, first=first, wanted=wanted, keys=self.entry.keys, keep_nulls=keep_nulls)
-            )
-        return [rows[p] for p in positions]
+        return sample_rows(table, rows=rows, positions=positions, keys=self.entry.keys, keep_nulls=keep_nulls)
 
 
 class ParquetFormat:
@@ -168,6 +195,9 @@ class ParquetFormat:
     foreign = True
     projects_columns = True
     selects_rows = True  # ParquetSamples.select: the rows a filter keeps, by statistics and filter columns
+    # ParquetSamples.load takes any positions in any order (it reads their row groups): a shard that fits in
+    # one read task is planned without its sample table (core.readplan.iter_reads(whole=))
+    any_positions = True
 
     def matches(self, name: str) -> bool:
         return name.endswith(self.suffixes)
@@ -224,6 +254,31 @@ class ParquetFormat:
         self, entry: ShardEntry, *, read: Callable[[int, int], bytes], file: BinaryIO, fd: int | None
     ) -> ParquetSamples:
         return ParquetSamples(entry, read, concurrent=fd is None)  # (a remote shard: round trips)
+
+    def whole_entry(self, entry: ShardEntry, data: bytes) -> ShardEntry | None:
+        """``entry`` (detached) completed from the whole shard's bytes ``data`` (the caller checked them
+        against the entry's size and CRC32C), as its sample table would: the footer, the row groups and the
+        keys (its ``__key__`` column), so a read of all of a shard fetches it in one request and no table.
+        None for a file without a ``__key__`` column (a foreign file's keys are in its table only)."""
+        import pyarrow as pa
+
+        from fastload.formats.parquet.arrowfile import open_parquet
+
+        raw = footer.read_footer(lambda at, n: data[at : at + n], len(data), where=entry.name)
+        key = footer.cache_key(entry.name, entry.bytes, entry.checksum, raw)
+        meta = footer.metadata(key, entry.bytes, raw, lambda at, n: data[at : at + n], where=entry.name)
+        if KEY_COLUMN not in meta.schema.to_arrow_schema().names:
+            return None
+        parquet = open_parquet(pa.BufferReader(data), metadata=meta)  # (checked whole: no page CRCs)
+        keys = parquet.read(columns=[KEY_COLUMN], use_threads=False).column(0).to_pylist()
+        groups = footer.row_groups_of(meta)
+        if len(keys) != entry.samples or sum(rows for _, _, rows in groups) != entry.samples:
+            raise VerifyError(
+                f"{len(keys)} rows, index.json says {entry.samples}: the shard is not the one indexed; "
+                "run `fastload verify` and re-pack",
+                shard=entry.name,
+            )
+        return dataclasses.replace(entry, keys=keys, count=None, row_groups=groups, footer=raw)
 
     def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
         from fastload.formats.parquet.check import verify_parquet
