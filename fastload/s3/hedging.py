@@ -333,9 +333,11 @@ class Hedger:
             race.launch(now, pieces)
             return
         no_hedge = verdict in (policy_mod.Verdict.NO_BUDGET, policy_mod.Verdict.ENOUGH)
-        if no_hedge and why is not policy_mod.Lag.SLOW and race.cut_short():
+        silent = why in (policy_mod.Lag.FIRST_BYTE, policy_mod.Lag.STALLED)
+        if no_hedge and silent and race.cut_short():
             # no budget for a second GET: a silent one is cut now and retried (no more requests than
-            # waiting out read_timeout_s would make, the bytes it had are kept)
+            # waiting out read_timeout_s would make, the bytes it had are kept); not at the stranded
+            # deadline, which a busy machine's slow but healthy GET may pass: restarting it costs it all
             self.stats.hedge_event(cut=1)
         if not race.suppressed and verdict is not policy_mod.Verdict.ENOUGH:
             race.suppressed = True

@@ -139,3 +139,25 @@ def test_a_child_abort_fires_with_its_parent() -> None:
     parent.fire()
     assert first.fired and sock.shut == 1
     assert parent.child().fired  # made after the parent fired: fired at once
+
+
+def test_a_stranded_get_is_not_cut_when_the_budget_is_spent() -> None:
+    """Without budget a silent GET is cut and retried at the first-byte deadline, never at the earlier
+    stranded one: a busy machine's slow but healthy GET may pass that, and a restart would cost it all."""
+    stats = S3Stats()
+    hedger = Hedger(stats)
+    for i in range(40):
+        first = 0.5 if i % 10 == 0 else 0.02
+        hedger.observe(1 << 20, first, first + 0.02, 0.01)
+    broke = HedgePolicy(floor_s=0.05, ceiling_s=5.0, burst=0, max_fraction=0.0001)
+    group = RaceGroup()
+    races = [hedger.race(broke, 1, finishing, group) for _ in range(4)]
+    for race in races[:3]:
+        race.primary.head_at = time.monotonic()
+        assert race.claim(race.primary)
+        race.close()
+    time.sleep(0.3)  # past the stranded deadline (0.06 s), not the first-byte one (1.5 s)
+    assert not races[3].hedges and not races[3].primary.abort.fired
+    races[3].close()
+    hedges = stats.snapshot()["hedges"]
+    assert hedges["suppressed_budget"] == 1 and hedges["cut"] == 0, hedges
