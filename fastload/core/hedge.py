@@ -23,7 +23,7 @@ on a new connection):
 - **hedge** a request that has passed one of them, unless the endpoint throttled within
   ``throttle_quiet_s`` (503s: the AIMD gate is in charge, more requests would make it worse), the budget
   is spent (at most ``burst + max_fraction x requests`` hedges) or the request already has ``max_hedges``.
-- **split**: the hedge of a silent request (no head, or a stalled body) fetches its remaining bytes as up to
+- **split**: the hedge of a request without a response head fetches its remaining bytes as up to
   ``max_split`` concurrent ranges of at least ``split_min_bytes``, so many that each takes about one median
   first-byte time at the median per-connection throughput (:meth:`Deadlines.pieces`): a stalled part is
   usually the last its reader waits for, and one connection moves only so many bytes per second. Every
@@ -209,8 +209,8 @@ class Deadlines:
     bytes_per_first_byte: float | None = None  # median throughput x median first-byte time
 
     def pieces(self, nbytes: int) -> int:
-        """How many concurrent ranges the hedge of a silent request for ``nbytes`` uses (see the module
-        docstring; 1 while the model does not know this endpoint)."""
+        """How many concurrent ranges the hedge of a request without a head uses for ``nbytes`` (see the
+        module docstring; 1 while the model does not know this endpoint)."""
         policy, per = self.policy, self.bytes_per_first_byte
         most = min(policy.max_split, nbytes // policy.split_min_bytes)
         if most <= 1 or per is None:

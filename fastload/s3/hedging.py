@@ -131,6 +131,7 @@ class Race:
         self.hedger, self.policy, self.group = hedger, policy, group
         # its group's finished races when its range was first asked for (by this or an earlier attempt)
         self.baseline = baseline if baseline is not None else group.finished if group is not None else 0
+        self.retry = baseline is not None  # a later attempt at the same range
         self.primary = Runner(0, size, now)
         self.hedges: list[Runner] = []
         self.why: policy_mod.Lag | None = None  # why its first hedge was sent
@@ -325,19 +326,20 @@ class Hedger:
             if verdict is policy_mod.Verdict.HEDGE:
                 self.hedges += 1
         if verdict is policy_mod.Verdict.HEDGE:
-            silent = why is not policy_mod.Lag.SLOW  # a silent GET's hedge is split (``core.hedge``)
-            pieces = limits.pieces(race.primary.size - race.primary.got) if silent else 1
+            headless = why in (policy_mod.Lag.FIRST_BYTE, policy_mod.Lag.STRANDED)  # split (``core.hedge``)
+            pieces = limits.pieces(race.primary.size - race.primary.got) if headless else 1
             self.stats.hedge_event(sent=1, gets=pieces, stranded=int(why is policy_mod.Lag.STRANDED))
             if race.why is None:
                 race.why = why
             race.launch(now, pieces)
             return
         no_hedge = verdict in (policy_mod.Verdict.NO_BUDGET, policy_mod.Verdict.ENOUGH)
-        silent = why in (policy_mod.Lag.FIRST_BYTE, policy_mod.Lag.STALLED)
+        silent = why is not policy_mod.Lag.SLOW and (why is not policy_mod.Lag.STRANDED or not race.retry)
         if no_hedge and silent and race.cut_short():
             # no budget for a second GET: a silent one is cut now and retried (no more requests than
-            # waiting out read_timeout_s would make, the bytes it had are kept); not at the stranded
-            # deadline, which a busy machine's slow but healthy GET may pass: restarting it costs it all
+            # waiting out read_timeout_s would make, the bytes it had are kept); at the stranded deadline
+            # only once per range: a busy machine's slow but healthy GETs may pass it, and cutting their
+            # retries there again and again would only restart them
             self.stats.hedge_event(cut=1)
         if not race.suppressed and verdict is not policy_mod.Verdict.ENOUGH:
             race.suppressed = True

@@ -141,9 +141,10 @@ def test_a_child_abort_fires_with_its_parent() -> None:
     assert parent.child().fired  # made after the parent fired: fired at once
 
 
-def test_a_stranded_get_is_not_cut_when_the_budget_is_spent() -> None:
-    """Without budget a silent GET is cut and retried at the first-byte deadline, never at the earlier
-    stranded one: a busy machine's slow but healthy GET may pass that, and a restart would cost it all."""
+def test_without_budget_a_stranded_get_is_cut_once_its_retry_waits_for_the_first_byte_deadline() -> None:
+    """Without budget a stranded GET is cut and retried at the stranded deadline, but its retry is cut only
+    at the first-byte one: a busy machine's slow but healthy GET may pass the stranded deadline, and cutting
+    it there again and again would only restart it."""
     stats = S3Stats()
     hedger = Hedger(stats)
     for i in range(40):
@@ -156,8 +157,14 @@ def test_a_stranded_get_is_not_cut_when_the_budget_is_spent() -> None:
         race.primary.head_at = time.monotonic()
         assert race.claim(race.primary)
         race.close()
-    time.sleep(0.3)  # past the stranded deadline (0.06 s), not the first-byte one (1.5 s)
-    assert not races[3].hedges and not races[3].primary.abort.fired
+    began = time.monotonic()
+    while not races[3].primary.abort.fired and time.monotonic() - began < 1.0:
+        time.sleep(0.01)
+    assert races[3].primary.abort.fired and not races[3].hedges  # cut (no hedge: no budget)
     races[3].close()
+    retry = hedger.race(broke, 1, finishing, group, baseline=races[3].baseline)
+    time.sleep(0.3)  # past the stranded deadline (0.06 s), not the first-byte one (1.5 s)
+    assert not retry.primary.abort.fired and not retry.hedges
+    retry.close()
     hedges = stats.snapshot()["hedges"]
-    assert hedges["suppressed_budget"] == 1 and hedges["cut"] == 0, hedges
+    assert hedges["cut"] == 1 and hedges["suppressed_budget"] == 2, hedges
