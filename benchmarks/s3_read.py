@@ -46,11 +46,14 @@ proxy, in four scenarios: ``clean`` (no rule), ``paused`` (5% of GETs: the body 
 (12) s after 16 KiB, then the connection closes), ``stopped`` (2%: the body stops for good) and
 ``first-byte`` (5%: no response head for the pause). Readers: ``fastload`` (defaults: hedging on),
 ``fastload-nohedge`` (``S3Config(hedge=0)``: the retry path alone), ``download_fileobj`` (s3transfer,
-``read_timeout=10`` like fastload's) and ``s3torchconnector`` (when importable; a directory holding it can
-be named by ``FASTLOAD_BENCH_S3TC_PATH``). A run still going after ``--tail-timeout-s`` counts as failed.
+``read_timeout=10`` like fastload's), ``s3torchconnector`` (when importable; a directory holding it can
+be named by ``FASTLOAD_BENCH_S3TC_PATH``) and, on request, ``fastload-before`` (fastload from the checkout
+``--fastload-before`` names: before/after, interleaved). A run still going after ``--tail-timeout-s``
+counts as failed.
 Each run gets a fresh proxy seeded by the repetition: every reader meets the same sequence of fault draws::
 
     python benchmarks/s3_read.py --tail --reps 2 --json /tmp/tail.json
+    python benchmarks/s3_read.py --tail --tail-readers fastload,fastload-before --fastload-before ../main
 
 Before the readers, ``--probe`` (on by default) measures what the proxies can forward: the ceiling reader at
 1-64 connections straight at RGW, through ``latency_proxy`` without caps (splice and copy modes), through
@@ -1253,6 +1256,7 @@ TAIL_READERS = ("fastload", "fastload-nohedge", "download_fileobj", "s3torchconn
 TAIL_LABELS = {
     "fastload": "fastload.open (hedging, default)",
     "fastload-nohedge": "fastload.open, S3Config(hedge=0)",
+    "fastload-before": "fastload.open, --fastload-before checkout",
     "download_fileobj": "boto3 download_fileobj (s3transfer)",
     "s3torchconnector": "s3torchconnector S3Client.get_object",
 }
@@ -1351,6 +1355,8 @@ def run_tail(world: World, args: argparse.Namespace, small: list[Any], large: li
     repetition) in front of the capped proxy for each run, so every reader meets the same fault schedule."""
     readers = [r for r in args.tail_readers.split(",") if r]
     scenarios = [s for s in args.tail_scenarios.split(",") if s]
+    if "fastload-before" in readers and not args.fastload_before:
+        raise SystemExit("--tail-readers fastload-before needs --fastload-before PATH")
     capped = world.proxies["capped"]
     runs: list[dict[str, Any]] = []
     for rep in range(args.reps):
@@ -1369,6 +1375,8 @@ def run_tail(world: World, args: argparse.Namespace, small: list[Any], large: li
                     "large": large,
                     "read_timeout_s": 10.0,
                 }
+                if reader == "fastload-before":  # the same reader from another checkout (before/after)
+                    spec["pythonpath"] = str(Path(args.fastload_before).resolve())
                 try:
                     out = _tail_child(world, spec, args.tail_timeout_s)
                 finally:

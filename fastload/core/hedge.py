@@ -15,9 +15,20 @@ on a new connection):
 - **patience** (:class:`Patience`) stretches every deadline when hedges keep losing to the GETs they
   hedged (sent too early: the endpoint, or a busy machine's scheduling, is slower than the model says) and
   shrinks back when hedges win (a real stall), so a loaded but healthy setup stops hedging on its own.
+- **stranded**: a request without a response head is given only ``multiplier x`` the *median* first-byte
+  time when no request its reader still waits for has a head and at least ``STRANDED_RATIO x`` as many
+  GETs of that reader as there are such silent ones have finished since its range was first asked for
+  (:func:`stranded`: its reader's other GETs, sent with it, came back whole; a busy machine delays them all
+  alike, a stall only a few). Its reader is idle meanwhile, so an early hedge costs little.
 - **hedge** a request that has passed one of them, unless the endpoint throttled within
   ``throttle_quiet_s`` (503s: the AIMD gate is in charge, more requests would make it worse), the budget
   is spent (at most ``burst + max_fraction x requests`` hedges) or the request already has ``max_hedges``.
+- **split**: the hedge of a request without a response head fetches its remaining bytes as up to
+  ``max_split`` concurrent ranges of at least ``split_min_bytes``, so many that each takes about one median
+  first-byte time at the median per-connection throughput (:meth:`Deadlines.pieces`): a stalled part is
+  usually the last its reader waits for, and one connection moves only so many bytes per second. Every
+  range is a GET that can stall too, which is why ``max_split`` is 2: with 5% of GETs stalling (the tail
+  benchmark), 3-4 ranges failed a sixth of the split hedges and gained nothing overall; 2 did better.
 """
 
 from __future__ import annotations
@@ -27,8 +38,12 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from itertools import pairwise
+
+from fastload.core.ranges import ByteRange
 
 PIECE_BYTES = 256 << 10  # what one body read asks for; progress is seen (and a stall loses at most) a piece
+STRANDED_RATIO = 3  # finished GETs per silent one before a reader's silent GETs count as stranded
 
 
 def size_class(nbytes: int) -> int:
@@ -133,6 +148,8 @@ class HedgePolicy:
     burst: int = 3
     max_hedges: int = 2
     throttle_quiet_s: float = 2.0
+    max_split: int = 2
+    split_min_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         if not 0 < self.floor_s <= self.ceiling_s:
@@ -143,6 +160,8 @@ class HedgePolicy:
             raise ValueError(f"max_fraction={self.max_fraction} must be within [0, 1]")
         if self.burst < 0 or self.max_hedges < 0 or self.throttle_quiet_s < 0:
             raise ValueError(f"{self.burst=}, {self.max_hedges=} and {self.throttle_quiet_s=} must be >= 0")
+        if self.max_split < 1 or self.split_min_bytes < 1:
+            raise ValueError(f"{self.max_split=} and {self.split_min_bytes=} must be >= 1")
 
     @property
     def enabled(self) -> bool:
@@ -175,8 +194,9 @@ class Patience:
 
 @dataclass(frozen=True)
 class Deadlines:
-    """Seconds a request may take before it counts as lagging: to its response head, between two body
-    pieces, and (:meth:`completion_s`) in all for its size."""
+    """Seconds a request may take before it counts as lagging: to its response head (``stranded_s`` when
+    its reader waits for nothing else, see the module docstring), between two body pieces, and
+    (:meth:`completion_s`) in all for its size."""
 
     first_byte_s: float
     progress_s: float
@@ -185,6 +205,17 @@ class Deadlines:
     slow_rates: dict[int, float]  # p5 throughput by size class (classes with enough samples)
     slow_rate: float | None  # p5 throughput over every size
     slow_stretch: float = 1.0  # the patience for Lag.SLOW (the others are in first_byte_s, progress_s)
+    stranded_s: float | None = None  # None: no shorter first-byte deadline for a stranded request
+    bytes_per_first_byte: float | None = None  # median throughput x median first-byte time
+
+    def pieces(self, nbytes: int) -> int:
+        """How many concurrent ranges the hedge of a request without a head uses for ``nbytes`` (see the
+        module docstring; 1 while the model does not know this endpoint)."""
+        policy, per = self.policy, self.bytes_per_first_byte
+        most = min(policy.max_split, nbytes // policy.split_min_bytes)
+        if most <= 1 or per is None:
+            return 1
+        return max(1, min(most, math.ceil(nbytes / max(per, 1.0))))
 
     def completion_s(self, nbytes: int) -> float:
         rate = self.slow_rates.get(size_class(nbytes), self.slow_rate)
@@ -203,6 +234,11 @@ def deadlines(
     if gap is None:
         slow_rate = model.rate(PIECE_BYTES, 0.05)
         gap = None if slow_rate is None else PIECE_BYTES / slow_rate
+    median_first, median_rate = model.first_byte_s(0.5), model.all_rates(0.5)
+    stranded = per_first = None
+    if median_first is not None:
+        stranded = min(policy.ceiling_s, policy.bound(median_first) * times.get(Lag.STRANDED, 1))
+        per_first = None if median_rate is None else median_rate * median_first
     return Deadlines(
         first_byte_s=min(
             policy.ceiling_s, policy.bound(model.first_byte_s(0.99)) * times.get(Lag.FIRST_BYTE, 1)
@@ -213,13 +249,31 @@ def deadlines(
         slow_rates=model.slow_rates(0.05),
         slow_rate=model.all_rates(0.05),
         slow_stretch=times.get(Lag.SLOW, 1),
+        stranded_s=stranded,
+        bytes_per_first_byte=per_first,
     )
+
+
+def split_range(whole: ByteRange, pieces: int) -> list[ByteRange]:
+    """``whole`` cut into ``pieces`` consecutive ranges that differ by at most a byte (fewer when it is
+    shorter than ``pieces`` bytes): what a split hedge asks for, each piece on a connection of its own."""
+    count = max(1, min(pieces, whole.length))
+    cuts = [whole.start + whole.length * i // count for i in range(count + 1)]
+    return [ByteRange(a, b) for a, b in pairwise(cuts)]
+
+
+def stranded(*, finished: int, silent: int, answered: int) -> bool:
+    """Whether a reader's silent requests (``silent`` open ones without a response head; ``answered``:
+    open ones with one) are stranded, ``finished`` of its GETs having finished since the one asked about
+    was first sent (see the module docstring)."""
+    return answered == 0 and silent > 0 and finished >= STRANDED_RATIO * silent
 
 
 class Lag(Enum):
     """Why a request lags."""
 
     FIRST_BYTE = "first_byte"  # no response head by the first-byte deadline
+    STRANDED = "stranded"  # no response head by the (shorter) deadline of a stranded request
     STALLED = "stalled"  # no body bytes for the progress deadline
     SLOW = "slow"  # past the completion deadline of its size
 
@@ -227,18 +281,24 @@ class Lag(Enum):
 @dataclass(frozen=True)
 class Flight:
     """What a check sees of the newest request for one byte range (the original GET or its last hedge):
-    when it was sent, when its head and its last body bytes arrived, and the bytes it asked for."""
+    when it was sent, when its head and its last body bytes arrived, the bytes it asked for, and whether
+    it is :func:`stranded`)."""
 
     sent_at: float
     head_at: float | None
     progress_at: float
     nbytes: int
+    stranded: bool = False
 
 
 def lag(flight: Flight, now: float, limits: Deadlines) -> Lag | None:
     """Why ``flight`` lags at ``now``, or None if it does not."""
     if flight.head_at is None:
-        return Lag.FIRST_BYTE if now - flight.sent_at > limits.first_byte_s else None
+        waited = now - flight.sent_at
+        if waited > limits.first_byte_s:
+            return Lag.FIRST_BYTE
+        stranded = flight.stranded and limits.stranded_s is not None and waited > limits.stranded_s
+        return Lag.STRANDED if stranded else None
     if now - flight.progress_at > limits.progress_s:
         return Lag.STALLED
     if now - flight.sent_at > limits.completion_s(flight.nbytes):

@@ -6,10 +6,13 @@ A reader opens a :class:`Race` per GET attempt (:meth:`Hedger.race`); the GET is
 ``progress_at``: plain attribute writes). The watchdog (one daemon thread per process, running while races
 are open, ticking at a quarter of the deadlines' floor) asks ``core.hedge`` whether the newest runner of each
 race lags and whether a hedge may go out now; if so it adds a runner and starts the reader's hedge function
-on a short-lived thread named ``fastload-s3-hedge``. The first runner to finish :meth:`Race.claim`\\ s the
-race; the others are aborted (their sockets shut down, which wakes a blocked read). Hedges bypass the AIMD
-gate (they are capped by the budget and never sent while the store throttles). A silent GET that may not be
-hedged because the budget is spent is cut short instead and retried at once (not waited out).
+on a short-lived thread named ``fastload-s3-hedge`` (a split hedge runs its other ranges on threads of
+their own). Races of one reader share a :class:`RaceGroup`: its count of finished races tells the watchdog
+when the reader's silent GETs are stranded (``core.hedge``). The first runner to finish
+:meth:`Race.claim`\\ s the race; the others are aborted (their sockets shut down, which wakes a blocked
+read). Hedges bypass the AIMD gate (they are capped by the budget and never sent while the store throttles).
+A silent GET that may not be hedged because the budget is spent is cut short instead and retried at once
+(not waited out).
 """
 
 from __future__ import annotations
@@ -31,12 +34,23 @@ class Abort:
     """Lets another thread cut one request short: shuts its connection's socket down (waking a read that
     blocks on it). Attached when the request has a socket, detached before the connection is reused."""
 
-    __slots__ = ("_lock", "_sock", "fired")
+    __slots__ = ("_children", "_lock", "_sock", "fired")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sock: Any = None
+        self._children: list[Abort] = []
         self.fired = False
+
+    def child(self) -> Abort:
+        """An abort of its own for one of several requests (a split hedge's ranges), fired with this one."""
+        child = Abort()
+        with self._lock:
+            self._children.append(child)
+            fired = self.fired
+        if fired:
+            child.fire()
+        return child
 
     def attach(self, sock: Any) -> None:
         with self._lock:
@@ -53,6 +67,9 @@ class Abort:
             self.fired = True
             if self._sock is not None:
                 _shutdown(self._sock)
+            children = list(self._children)
+        for child in children:
+            child.fire()
 
 
 def _shutdown(sock: Any) -> None:
@@ -60,15 +77,36 @@ def _shutdown(sock: Any) -> None:
         sock.shutdown(2)  # socket.SHUT_RDWR
 
 
+class RaceGroup:
+    """The races of one reader: how many of them have finished (for ``core.hedge``'s "stranded" rule)."""
+
+    __slots__ = ("finished",)
+
+    def __init__(self) -> None:
+        self.finished = 0
+
+
 class Runner:
-    """One GET of a race. ``offset``: where its bytes start within the race's range (the original: 0; a
-    hedge: what the original had received when the hedge was sent); ``got``: bytes it has received
-    (for the original: up to which byte of the range its buffer is filled)."""
+    """One GET of a race (a hedge: ``pieces`` concurrent GETs of consecutive ranges). ``offset``: where its
+    bytes start within the race's range (the original: 0; a hedge: what the original had received when the
+    hedge was sent); ``got``: bytes it has received (for the original: up to which byte of the range its
+    buffer is filled); ``head_at``: when its (every piece's) response head arrived."""
 
-    __slots__ = ("abort", "buf", "end", "got", "head_at", "offset", "progress_at", "sent_at", "size")
+    __slots__ = (
+        "abort",
+        "buf",
+        "end",
+        "got",
+        "head_at",
+        "offset",
+        "pieces",
+        "progress_at",
+        "sent_at",
+        "size",
+    )
 
-    def __init__(self, offset: int, size: int, sent_at: float) -> None:
-        self.offset, self.size, self.sent_at = offset, size, sent_at
+    def __init__(self, offset: int, size: int, sent_at: float, pieces: int = 1) -> None:
+        self.offset, self.size, self.sent_at, self.pieces = offset, size, sent_at, pieces
         self.head_at: float | None = None
         self.progress_at = sent_at
         self.got = 0
@@ -87,8 +125,13 @@ class Race:
         size: int,
         start_hedge: Callable[[Race, Runner], None],
         now: float,
+        group: RaceGroup | None = None,
+        baseline: int | None = None,
     ) -> None:
-        self.hedger, self.policy = hedger, policy
+        self.hedger, self.policy, self.group = hedger, policy, group
+        # its group's finished races when its range was first asked for (by this or an earlier attempt)
+        self.baseline = baseline if baseline is not None else group.finished if group is not None else 0
+        self.retry = baseline is not None  # a later attempt at the same range
         self.primary = Runner(0, size, now)
         self.hedges: list[Runner] = []
         self.why: policy_mod.Lag | None = None  # why its first hedge was sent
@@ -103,9 +146,10 @@ class Race:
     def newest(self) -> Runner:
         return self.hedges[-1] if self.hedges else self.primary
 
-    def launch(self, now: float) -> None:
-        """Send a hedge for the bytes the original has not received yet (called by the watchdog)."""
-        runner = Runner(self.primary.got, self.primary.size - self.primary.got, now)
+    def launch(self, now: float, pieces: int = 1) -> None:
+        """Send a hedge for the bytes the original has not received yet, as ``pieces`` concurrent ranges
+        (called by the watchdog)."""
+        runner = Runner(self.primary.got, self.primary.size - self.primary.got, now, pieces)
         with self._cond:
             if self.closed or self.winner is not None:
                 return
@@ -194,9 +238,19 @@ class Hedger:
         with self._lock:
             return policy_mod.deadlines(self.model, policy, self.patience.factors)
 
-    def race(self, policy: HedgePolicy, size: int, start_hedge: Callable[[Race, Runner], None]) -> Race:
-        """Open a race for a GET of ``size`` bytes (``start_hedge(race, runner)`` runs a hedge)."""
-        race = Race(self, policy, size, start_hedge, self.clock())
+    def race(
+        self,
+        policy: HedgePolicy,
+        size: int,
+        start_hedge: Callable[[Race, Runner], None],
+        group: RaceGroup | None = None,
+        *,
+        baseline: int | None = None,
+    ) -> Race:
+        """Open a race for a GET of ``size`` bytes (``start_hedge(race, runner)`` runs a hedge) by the
+        reader whose races share ``group``; ``baseline``: the :attr:`Race.baseline` of an earlier attempt
+        at its range."""
+        race = Race(self, policy, size, start_hedge, self.clock(), group, baseline)
         with self._lock:
             self.requests += 1
             self._races.add(race)
@@ -211,6 +265,8 @@ class Hedger:
         won = race.winner is not None and race.winner is not race.primary
         with self._lock:
             self._races.discard(race)
+            if race.group is not None and race.winner is not None:
+                race.group.finished += 1
             if race.hedges and race.winner is not None and race.why is not None:  # (a failed race: nothing)
                 self.patience.hedge_ended(race.why, won=won)
         if race.hedges:
@@ -234,14 +290,27 @@ class Hedger:
                 limits = {p: policy_mod.deadlines(self.model, p, stretch) for p in {r.policy for r in races}}
                 tick = min(0.1, min(p.floor_s for p in limits) / 4)
             now = self.clock()
+            silent: dict[RaceGroup, int] = {}  # by reader: open races without any response head
+            answered: dict[RaceGroup, int] = {}  # ... and with one
             for race in races:
-                self._check(race, now, limits[race.policy])
+                if race.group is not None and race.winner is None and not race.closed:
+                    heard = any(r.head_at is not None for r in (race.primary, *race.hedges))
+                    counts = answered if heard else silent
+                    counts[race.group] = counts.get(race.group, 0) + 1
+            for race in races:
+                group = race.group
+                stranded = group is not None and policy_mod.stranded(
+                    finished=group.finished - race.baseline,
+                    silent=silent.get(group, 0),
+                    answered=answered.get(group, 0),
+                )
+                self._check(race, now, limits[race.policy], stranded)
 
-    def _check(self, race: Race, now: float, limits: policy_mod.Deadlines) -> None:
+    def _check(self, race: Race, now: float, limits: policy_mod.Deadlines, stranded: bool = False) -> None:
         if race.closed or race.winner is not None:
             return
         runner = race.newest
-        flight = policy_mod.Flight(runner.sent_at, runner.head_at, runner.progress_at, runner.size)
+        flight = policy_mod.Flight(runner.sent_at, runner.head_at, runner.progress_at, runner.size, stranded)
         why = policy_mod.lag(flight, now, limits)
         if why is None:
             return
@@ -257,15 +326,20 @@ class Hedger:
             if verdict is policy_mod.Verdict.HEDGE:
                 self.hedges += 1
         if verdict is policy_mod.Verdict.HEDGE:
-            self.stats.hedge_event(sent=1)
+            headless = why in (policy_mod.Lag.FIRST_BYTE, policy_mod.Lag.STRANDED)  # split (``core.hedge``)
+            pieces = limits.pieces(race.primary.size - race.primary.got) if headless else 1
+            self.stats.hedge_event(sent=1, gets=pieces, stranded=int(why is policy_mod.Lag.STRANDED))
             if race.why is None:
                 race.why = why
-            race.launch(now)
+            race.launch(now, pieces)
             return
         no_hedge = verdict in (policy_mod.Verdict.NO_BUDGET, policy_mod.Verdict.ENOUGH)
-        if no_hedge and why is not policy_mod.Lag.SLOW and race.cut_short():
+        silent = why is not policy_mod.Lag.SLOW and (why is not policy_mod.Lag.STRANDED or not race.retry)
+        if no_hedge and silent and race.cut_short():
             # no budget for a second GET: a silent one is cut now and retried (no more requests than
-            # waiting out read_timeout_s would make, the bytes it had are kept)
+            # waiting out read_timeout_s would make, the bytes it had are kept); at the stranded deadline
+            # only once per range: a busy machine's slow but healthy GETs may pass it, and cutting their
+            # retries there again and again would only restart them
             self.stats.hedge_event(cut=1)
         if not race.suppressed and verdict is not policy_mod.Verdict.ENOUGH:
             race.suppressed = True

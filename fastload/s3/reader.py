@@ -25,13 +25,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastload.config import S3Config
-from fastload.core.hedge import HedgePolicy
+from fastload.core.hedge import HedgePolicy, split_range
 from fastload.core.ranges import ByteRange, PartLayout, Verdict, check_response, plan_ranges
 from fastload.core.retry import Fault
 from fastload.errors import ObjectChangedError, RangeReadError
 from fastload.s3 import runtime
 from fastload.s3.client import Failure, classify_exception, fail_fast_error, get_client
-from fastload.s3.hedging import Race, Runner
+from fastload.s3.hedging import Abort, Race, RaceGroup, Runner
 from fastload.s3.partbuffers import Buffer, new_buffer
 from fastload.s3.retrying import BadResponse, Retrier
 from fastload.s3.transport import Body, BotocoreObject, ObjectIO, open_object
@@ -94,6 +94,7 @@ class RangedReader(io.RawIOBase):
         self._rng, self._sleep, self._clock = rng or random.Random(), sleep, clock
         self._retrier = Retrier.from_config(self._config, rng=self._rng, sleep=sleep, clock=clock)
         self._hedge = hedge_policy(self._config)
+        self._race_group = RaceGroup()  # this reader's GETs, for the hedging watchdog
         self._pid = os.getpid()
         self._part = self._config.part_size_bytes
         # a small first part: its answer (size, ETag) arrives quickly and lets every other part start
@@ -447,11 +448,11 @@ class RangedReader(io.RawIOBase):
         retry asks only for the bytes after the last good one, read into the same buffer. ``sized`` is set
         once a ranged answer has given the object's size and ETag (before its body is read). Each attempt
         runs as a race (``s3.hedging``): if it lags, a hedge fetches its remaining bytes and may win."""
-        state: dict[str, Any] = {"buf": None, "got": 0}
+        state: dict[str, Any] = {"buf": None, "got": 0, "baseline": None}
 
         def attempt() -> _Part:
             cur = ByteRange(asked.start + state["got"], asked.end)
-            race = self._race(cur, sized)
+            race = self._race(cur, sized, state)
             try:
                 return self._get(asked, cur, state, race, first=first, sized=sized)
             except Exception:
@@ -467,12 +468,19 @@ class RangedReader(io.RawIOBase):
 
         return self._retrying(attempt, asked, "GET", stop=stop)
 
-    def _race(self, cur: ByteRange, sized: threading.Event | None) -> Race | None:
+    def _race(self, cur: ByteRange, sized: threading.Event | None, state: dict[str, Any]) -> Race | None:
+        """The race of one attempt (None: not hedged); ``state["baseline"]``: the first attempt's race's."""
         if self._hedge is None or not self._object.abortable:
             return None
-        return self._runtime.hedging.race(
-            self._hedge, cur.length, lambda race, runner: self._hedged(race, runner, cur, sized)
+        race = self._runtime.hedging.race(
+            self._hedge,
+            cur.length,
+            lambda race, runner: self._hedged(race, runner, cur, sized),
+            self._race_group,
+            baseline=state["baseline"],
         )
+        state["baseline"] = race.baseline
+        return race
 
     def _buffer(self, want: int) -> Buffer:
         # parts of one size class share pooled buffers: a short last part uses a whole one
@@ -553,51 +561,106 @@ class RangedReader(io.RawIOBase):
             body.close()
 
     def _hedged(self, race: Race, runner: Runner, cur: ByteRange, sized: threading.Event | None) -> None:
-        """A hedge (on its own thread): the bytes of ``cur`` from ``runner.offset`` on, over a new connection,
-        into a buffer of its own, checked like any response (206, Content-Range, If-Match); claims the race
-        if it has them all first. Its failures only end the hedge: the original GET decides the error."""
-        start = cur.start + runner.offset
-        size = self._size
-        if start >= (cur.end if size is None else min(cur.end, size)):
+        """A hedge (on its own thread): the bytes of ``cur`` from ``runner.offset`` on, over new connections
+        (``runner.pieces`` concurrent ranges, once the object's size is known), into a buffer of its own,
+        every answer checked like any response (206, Content-Range, If-Match); claims the race if it has
+        them all first. Its failures only end the hedge: the original GET decides the error."""
+        start, size = cur.start + runner.offset, self._size
+        end = cur.end if size is None else min(cur.end, size)
+        if start >= end:
             return
-        asked = ByteRange(start, cur.end)
+        ranges = split_range(ByteRange(start, end), runner.pieces if size is not None else 1)
+        whole = memoryview(new_buffer(end - start)) if size is not None else None
+        lock, heads = threading.Lock(), [0]
+
+        def into(piece: ByteRange, n: int) -> memoryview:  # where a piece's ``n`` bytes go
+            nonlocal whole
+            if whole is None:  # one piece of an object of unknown size: its answer says how long
+                whole = memoryview(new_buffer(n))
+            return whole[piece.start - start : piece.start - start + n]
+
+        def headed() -> None:
+            with lock:
+                heads[0] += 1
+                if heads[0] == len(ranges):
+                    runner.head_at = runner.progress_at = time.monotonic()
+
+        def progressed(n: int) -> None:
+            with lock:
+                runner.got += n
+                runner.progress_at = time.monotonic()
+
+        def piece(i: int) -> None:
+            abort = runner.abort if len(ranges) == 1 else runner.abort.child()
+            results[i] = self._hedge_piece(ranges[i], abort, into, sized, headed, progressed)
+            if results[i] is None:
+                runner.abort.fire()  # one range failed: the hedge has lost, its other ranges stop
+
+        results: list[tuple[int, float, float, float] | None] = [None] * len(ranges)
+        others = [
+            threading.Thread(target=piece, args=(i,), name="fastload-s3-hedge", daemon=True)
+            for i in range(1, len(ranges))
+        ]
+        for thread in others:
+            thread.start()
+        piece(0)
+        for thread in others:
+            thread.join()
+        if any(r is None for r in results) or whole is None:
+            self._runtime.stats.hedge_event(failed=1)
+            return
+        runner.buf, runner.end = whole.obj, start + len(whole) - cur.start
+        if race.claim(runner):
+            for timing in results:
+                if timing is not None:
+                    self._runtime.hedging.observe(*timing)
+
+    def _hedge_piece(
+        self,
+        asked: ByteRange,
+        abort: Abort,
+        into: Callable[[ByteRange, int], memoryview],
+        sized: threading.Event | None,
+        headed: Callable[[], None],
+        progressed: Callable[[int], None],
+    ) -> tuple[int, float, float, float] | None:
+        """One GET of a hedge, on a new connection, its body read into ``into(asked, length)``: the
+        ``observe`` figures (bytes, first byte, total, longest gap) once every byte of ``asked`` (clipped to
+        the object) has come, None if not (a throttled answer holds hedging back)."""
         sent_at = time.monotonic()
-        stats = self._runtime.stats
+        stats, got = self._runtime.stats, 0
         try:
-            body = self._object.get(self._headers(asked), abort=runner.abort, fresh=True)
+            body = self._object.get(self._headers(asked), abort=abort, fresh=True)
         except Exception as exc:
-            _hedge_failed(stats, exc)
-            return
-        runner.head_at = runner.progress_at = head_at = time.monotonic()
+            _hedge_throttled(stats, exc)
+            return None
+        head_at = last = time.monotonic()
+        headed()
         try:
             check = check_response(body.status, body.content_range, body.content_length, asked, self._size)
             if check.verdict is not Verdict.PARTIAL or check.total is None:
-                stats.hedge_event(failed=1)
-                return
+                return None
             self._learn(check.total, body.etag)
             if sized is not None:
                 sized.set()
-            end = min(cur.end, check.total)
-            want = end - start
-            view, gap = memoryview(new_buffer(want)), 0.0
-            while runner.got < want:
-                n = body.readinto(view[runner.got : want])
+            view, gap = into(asked, min(asked.end, check.total) - asked.start), 0.0
+            while got < len(view):
+                n = body.readinto(view[got:])
                 if not n:
                     break
-                runner.got += n
+                got += n
                 now = time.monotonic()
-                runner.progress_at, gap = now, max(gap, now - runner.progress_at)
-            if runner.got < want or body.readinto(memoryview(bytearray(1))):
-                stats.hedge_event(failed=1)
-                return
-            runner.buf, runner.end = view.obj, end - cur.start
-            if race.claim(runner):
-                self._runtime.hedging.observe(want, head_at - sent_at, time.monotonic() - sent_at, gap)
+                last, gap = now, max(gap, now - last)
+                progressed(n)
+            if got < len(view) or body.readinto(memoryview(bytearray(1))):
+                return None
+            return got, head_at - sent_at, time.monotonic() - sent_at, gap
         except Exception as exc:
-            _hedge_failed(stats, exc)
+            _hedge_throttled(stats, exc)
+            return None
         finally:
             body.close()
-            stats.request_done(head_at - sent_at, runner.got)
+            stats.request_done(head_at - sent_at, got)
 
     def _merged(self, asked: ByteRange, cur: ByteRange, state: dict[str, Any], winner: Runner) -> _Part:
         """The part, completed with the winning hedge's bytes (those before them came from the original)."""
@@ -647,9 +710,8 @@ class _Lost(Exception):
     """The original GET finished after a hedge had won."""
 
 
-def _hedge_failed(stats: Any, exc: Exception) -> None:
-    """Count a hedge that failed; a throttled one tells the watchdog to hold back (``core.hedge``)."""
-    stats.hedge_event(failed=1)
+def _hedge_throttled(stats: Any, exc: Exception) -> None:
+    """A hedge's GET failed: if throttled, the watchdog holds back (``core.hedge``)."""
     failure = exc.failure if isinstance(exc, BadResponse) else classify_exception(exc)
     if failure is not None and failure.fault is Fault.THROTTLE:
         stats.throttled()

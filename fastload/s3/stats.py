@@ -91,6 +91,8 @@ class S3Stats:
                     name: self.hedges.get(name, 0)
                     for name in (
                         "sent",
+                        "gets",
+                        "stranded",
                         "won",
                         "failed",
                         "wasted_bytes",

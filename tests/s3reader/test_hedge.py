@@ -19,10 +19,12 @@ import pytest
 
 import fastload
 from fastload.copy import copy
+from fastload.core.hedge import Deadlines, split_range
+from fastload.core.ranges import ByteRange
 from fastload.s3.reader import RangedReader
 from fastload.testing.faultproxy import Fault, FaultProxy, Rule
 
-from .helpers import BUCKET, sha, timed, url
+from .helpers import BUCKET, PART, gets, parse_range, quiesce, sha, timed, url
 
 PREFIX = "hedge/"
 COUNT = 40
@@ -238,6 +240,7 @@ def test_hedges_that_lose_make_the_hedger_patient_and_winning_ones_undo_it() -> 
     class Ended:  # what Hedger.closed reads of a race
         def __init__(self, why: Lag | None, hedge_won: bool | None) -> None:
             self.primary, hedge = object(), object()
+            self.group = None
             self.hedges = [hedge] if why is not None else []
             self.why = why
             self.winner = None if hedge_won is None else hedge if hedge_won else self.primary
@@ -257,3 +260,52 @@ def test_hedges_that_lose_make_the_hedger_patient_and_winning_ones_undo_it() -> 
     assert hedger.deadlines(policy).first_byte_s == pytest.approx(
         min(policy.ceiling_s, 2 * base.first_byte_s)
     )
+
+
+def test_a_part_left_silent_is_hedged_early_in_concurrent_checked_ranges(
+    proxy: FaultProxy,
+    make_config: Callable[..., fastload.S3Config],
+    objects: dict[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """obj-3m in 256 KiB parts, 4 at a time: one part's GET never gets its response head while the reader's
+    other GETs come back whole, so it is stranded and hedged at 3x the median first byte, not 3x the p99
+    (0.9 s after the warm-up's two 0.3 s heads). The hedge asks for the part as 4 concurrent ranges (forced
+    here: this endpoint needs no split), each answer checked: the first hedge's piece with a wrong
+    Content-Range fails that hedge, the next one brings the bytes."""
+    config = hedged_config(proxy, make_config)
+    proxy.add(Rule(Fault.latency(delay_s=0.3), method="GET", key="obj-3m", nth={2, 3}))
+    for _ in range(2):  # 24 GETs: the latency model is warm, its p99 first byte 0.3 s
+        assert read_many(["obj-3m"], config)["obj-3m"] == objects["obj-3m"]
+    quiesce()  # a hedge a busy machine sent in the warm-up ends before the counters start
+    fastload.s3_stats(reset=True)
+    monkeypatch.setattr(Deadlines, "pieces", lambda self, nbytes: 4)
+    before = len(gets(proxy, "obj-3m"))
+    proxy.add(Rule(NO_HEAD, method="GET", key="obj-3m", has_range=True, nth={3}))
+    mid_part = Rule(  # a GET that starts inside a part: a piece of a split hedge (the first one only)
+        Fault.wrong_content_range(shift_bytes=7),
+        method="GET",
+        key="obj-3m",
+        times=1,
+        where=lambda r: r.range is not None and parse_range(r.range)[0] % PART != 0,
+    )
+    proxy.add(mid_part)
+
+    got, elapsed = timed(lambda: read_many(["obj-3m"], config), timeout_s=20)
+
+    assert sha(got["obj-3m"]) == sha(objects["obj-3m"])
+    stats = fastload.s3_stats()
+    hedges = stats["hedges"]
+    # hedged early (a hedge sent past the p99 deadline counts as first_byte, not stranded); a loaded
+    # machine may hedge a healthy GET too, hence the lower bounds
+    assert hedges["stranded"] >= 1 and hedges["sent"] >= 2 and hedges["gets"] >= 8, hedges
+    assert hedges["failed"] >= 1 and hedges["won"] >= 1, hedges  # the wrong piece failed its hedge
+    assert stats["retries_total"] == 0 and elapsed < TIMEOUT_S, (stats, elapsed)
+    records = gets(proxy, "obj-3m")[before:]
+    silent = [r for r in records if r.fault == "hang"]
+    assert len(silent) == 1 and silent[0].range is not None
+    part = ByteRange(*parse_range(silent[0].range))
+    asked = [parse_range(r.range) for r in records if r.range and r is not silent[0]]
+    pieces = {(a, b) for a, b in asked if part.start <= a < part.end}  # the stalled part's hedges asked
+    assert pieces == {(p.start, p.end) for p in split_range(part, 4)}  # for four ranges that tile it
+    assert sum(1 for r in records if r.fault == "wrong_content_range") == 1

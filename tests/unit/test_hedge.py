@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from fastload.core.hedge import (
     PIECE_BYTES,
+    STRANDED_RATIO,
     Flight,
     HedgePolicy,
     Lag,
@@ -21,7 +23,10 @@ from fastload.core.hedge import (
     lag,
     quantile,
     size_class,
+    split_range,
+    stranded,
 )
+from fastload.core.ranges import ByteRange
 
 MIB = 1 << 20
 
@@ -198,3 +203,64 @@ def test_a_stretch_scales_each_kind_of_deadline_within_the_ceiling() -> None:
     assert deadlines(model, policy, {Lag.SLOW: 5.0}).first_byte_s == plain.first_byte_s
     capped = deadlines(warm_model(first_byte_s=2.0, rate=1e5), policy, dict.fromkeys(Lag, 8.0))
     assert capped.first_byte_s == capped.progress_s == capped.completion_s(MIB) == 10.0
+
+
+def spread_model(n: int = 100) -> LatencyModel:
+    """First bytes mostly 20 ms with a 5% tail at 300 ms (a busy endpoint): p50 20 ms, p99 300 ms."""
+    model = LatencyModel(min_samples=16)
+    for i in range(n):
+        fb = 0.3 if i % 20 == 0 else 0.02
+        model.observe(4 * MIB, fb, fb + 4 * MIB / 50e6)
+    return model
+
+
+def test_a_stranded_request_gets_the_deadline_of_the_median_first_byte() -> None:
+    policy = HedgePolicy(floor_s=0.01, ceiling_s=10.0, multiplier=3.0)
+    limits = deadlines(spread_model(), policy)
+    assert limits.first_byte_s == pytest.approx(0.9) and limits.stranded_s == pytest.approx(0.06)
+    waiting = Flight(sent_at=0.0, head_at=None, progress_at=0.0, nbytes=4 * MIB)
+    left = Flight(sent_at=0.0, head_at=None, progress_at=0.0, nbytes=4 * MIB, stranded=True)
+    assert lag(waiting, 0.5, limits) is None and lag(left, 0.05, limits) is None
+    assert lag(left, 0.07, limits) is Lag.STRANDED
+    assert lag(left, 1.0, limits) is lag(waiting, 1.0, limits) is Lag.FIRST_BYTE
+    answered = Flight(sent_at=0.0, head_at=0.01, progress_at=0.249, nbytes=4 * MIB, stranded=True)
+    assert lag(answered, 0.25, limits) is None  # a head came: the rule is about silent requests only
+    # patience of its own kind: lost stranded hedges stretch only this deadline
+    stretched = deadlines(spread_model(), policy, {Lag.STRANDED: 4.0})
+    assert stretched.stranded_s == pytest.approx(0.24) and stretched.first_byte_s == limits.first_byte_s
+    assert deadlines(LatencyModel(), policy).stranded_s is None  # cold: no evidence of what is normal
+
+
+def test_stranded_needs_finished_siblings_and_no_answered_one() -> None:
+    assert stranded(finished=STRANDED_RATIO, silent=1, answered=0)
+    assert not stranded(finished=STRANDED_RATIO - 1, silent=1, answered=0)  # too little evidence
+    assert not stranded(finished=15, silent=1, answered=1)  # its reader still receives: it is busy
+    # most of a reader's GETs silent at once: the endpoint or the machine stalls, not one connection
+    assert not stranded(finished=1, silent=8, answered=0)
+    assert stranded(finished=14, silent=2, answered=0)
+    assert not stranded(finished=5, silent=0, answered=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.integers(0, 1 << 40), length=st.integers(1, 64 * MIB), pieces=st.integers(1, 16))
+def test_split_ranges_cover_the_range_exactly_once(start: int, length: int, pieces: int) -> None:
+    whole = ByteRange(start, start + length)
+    parts = split_range(whole, pieces)
+    assert len(parts) == min(pieces, length)
+    assert parts[0].start == whole.start and parts[-1].end == whole.end
+    assert all(a.end == b.start for a, b in pairwise(parts))
+    sizes = {p.length for p in parts}
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_a_silent_request_is_hedged_in_pieces_of_about_one_first_byte_of_transfer() -> None:
+    policy = HedgePolicy(floor_s=0.01, max_split=4, split_min_bytes=MIB)
+    s3_like = deadlines(warm_model(first_byte_s=0.025, rate=90e6), policy)  # ~2.25 MB per first byte
+    assert s3_like.pieces(4 * MIB) == 2 and s3_like.pieces(8 * MIB) == 4 and s3_like.pieces(64 * MIB) == 4
+    assert s3_like.pieces(MIB) == 1 and s3_like.pieces(MIB + MIB // 2) == 1  # pieces of >= 1 MiB
+    slow_start = deadlines(warm_model(first_byte_s=0.2, rate=50e6), policy)  # 10 MB per first byte
+    assert slow_start.pieces(8 * MIB) == 1  # splitting would only add first-byte waits
+    assert deadlines(LatencyModel(), policy).pieces(64 * MIB) == 1  # cold: what one GET takes is unknown
+    assert deadlines(warm_model(), HedgePolicy(max_split=1)).pieces(64 * MIB) == 1
+    with pytest.raises(ValueError, match="max_split"):
+        HedgePolicy(max_split=0)

@@ -8,7 +8,7 @@ import threading
 import time
 
 from fastload.core.hedge import HedgePolicy
-from fastload.s3.hedging import Abort, Hedger, Race, Runner
+from fastload.s3.hedging import Abort, Hedger, Race, RaceGroup, Runner
 from fastload.s3.stats import S3Stats
 
 FAST = HedgePolicy(floor_s=0.05, ceiling_s=1.0, burst=1, max_fraction=0.0001, cold_factor=1.0)
@@ -94,3 +94,77 @@ def test_abort_shuts_down_a_socket_attached_late_or_early() -> None:
     abort.detach()
     abort.attach(late)  # fired before: cut at once
     assert late.shut == 1
+
+
+def test_a_reader_waiting_only_for_silent_gets_has_them_hedged_early() -> None:
+    """Three of a reader's four GETs came back, the fourth is silent: hedged at 3x the median first byte
+    (0.06 s), not at 3x the p99 (1.5 s); a silent GET of a reader whose other GETs still stream waits."""
+    stats = S3Stats()
+    hedger = Hedger(stats)
+    for i in range(40):  # first bytes of 20 ms with a tail at 500 ms
+        first = 0.5 if i % 10 == 0 else 0.02
+        hedger.observe(1 << 20, first, first + 0.02, 0.01)
+    policy = HedgePolicy(floor_s=0.05, ceiling_s=5.0, burst=3, max_fraction=0.0001)
+    group, busy = RaceGroup(), RaceGroup()
+    races = [hedger.race(policy, 1, finishing, group) for _ in range(4)]
+    others = [hedger.race(policy, 1, finishing, busy) for _ in range(4)]
+    for race in races[:3]:
+        race.primary.head_at = time.monotonic()
+    for race in others[:3]:  # streaming bodies (progress stamped ahead: never stalled in this test)
+        race.primary.head_at, race.primary.progress_at = time.monotonic(), time.monotonic() + 60
+    for race in races[:3]:
+        assert race.claim(race.primary)
+        race.close()
+    began = time.monotonic()
+    while races[3].winner is None and time.monotonic() - began < 1.0:
+        time.sleep(0.01)
+    assert races[3].winner is races[3].hedges[0] and time.monotonic() - began < 1.0
+    assert not others[3].hedges  # its reader still receives (three GETs with a head, none done)
+    for race in (races[3], *others):
+        race.close()
+    hedges = stats.snapshot()["hedges"]
+    assert (hedges["sent"], hedges["stranded"], hedges["gets"], hedges["won"]) == (1, 1, 1, 1), hedges
+
+
+def test_a_child_abort_fires_with_its_parent() -> None:
+    class Sock:
+        shut = 0
+
+        def shutdown(self, how: int) -> None:
+            self.shut += 1
+
+    parent = Abort()
+    first, sock = parent.child(), Sock()
+    first.attach(sock)
+    parent.fire()
+    assert first.fired and sock.shut == 1
+    assert parent.child().fired  # made after the parent fired: fired at once
+
+
+def test_without_budget_a_stranded_get_is_cut_once_its_retry_waits_for_the_first_byte_deadline() -> None:
+    """Without budget a stranded GET is cut and retried at the stranded deadline, but its retry is cut only
+    at the first-byte one: a busy machine's slow but healthy GET may pass the stranded deadline, and cutting
+    it there again and again would only restart it."""
+    stats = S3Stats()
+    hedger = Hedger(stats)
+    for i in range(40):
+        first = 0.5 if i % 10 == 0 else 0.02
+        hedger.observe(1 << 20, first, first + 0.02, 0.01)
+    broke = HedgePolicy(floor_s=0.05, ceiling_s=5.0, burst=0, max_fraction=0.0001)
+    group = RaceGroup()
+    races = [hedger.race(broke, 1, finishing, group) for _ in range(4)]
+    for race in races[:3]:
+        race.primary.head_at = time.monotonic()
+        assert race.claim(race.primary)
+        race.close()
+    began = time.monotonic()
+    while not races[3].primary.abort.fired and time.monotonic() - began < 1.0:
+        time.sleep(0.01)
+    assert races[3].primary.abort.fired and not races[3].hedges  # cut (no hedge: no budget)
+    races[3].close()
+    retry = hedger.race(broke, 1, finishing, group, baseline=races[3].baseline)
+    time.sleep(0.3)  # past the stranded deadline (0.06 s), not the first-byte one (1.5 s)
+    assert not retry.primary.abort.fired and not retry.hedges
+    retry.close()
+    hedges = stats.snapshot()["hedges"]
+    assert hedges["cut"] == 1 and hedges["suppressed_budget"] == 2, hedges
