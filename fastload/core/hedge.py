@@ -20,6 +20,10 @@ on a new connection):
   GETs of that reader as there are such silent ones have finished since its range was first asked for
   (:func:`stranded`: its reader's other GETs, sent with it, came back whole; a busy machine delays them all
   alike, a stall only a few). Its reader is idle meanwhile, so an early hedge costs little.
+- **starvation is not lag** (:class:`Starvation`): time this process did not run (its watchdog woke late:
+  a loaded machine, another job's burst, a GIL held) is not counted against a request; after 300 ms off
+  the CPU every GET in flight looks 300 ms late, though none lagged, and hedging them all would double the
+  requests and help none.
 - **hedge** a request that has passed one of them, unless the endpoint throttled within
   ``throttle_quiet_s`` (503s: the AIMD gate is in charge, more requests would make it worse), the budget
   is spent (at most ``burst + max_fraction x requests`` hedges) or the request already has ``max_hedges``.
@@ -34,6 +38,7 @@ on a new connection):
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +49,7 @@ from fastload.core.ranges import ByteRange
 
 PIECE_BYTES = 256 << 10  # what one body read asks for; progress is seen (and a stall loses at most) a piece
 STRANDED_RATIO = 3  # finished GETs per silent one before a reader's silent GETs count as stranded
+STARVED_MIN_S = 0.02  # a watchdog waking later than this counts as time the process did not run
 
 
 def size_class(nbytes: int) -> int:
@@ -252,6 +258,48 @@ def deadlines(
         stranded_s=stranded,
         bytes_per_first_byte=per_first,
     )
+
+
+class Starvation:
+    """Seconds this process did not run, as its watchdog's late wake-ups show (see the module docstring):
+    the caller notes each sleep (:meth:`slept`, on one thread) and shifts a request's times by
+    :meth:`since` before asking :func:`lag`, so a request is only late by time the process was running."""
+
+    def __init__(self, keep: int = 512) -> None:
+        self.total = 0.0
+        self._woke: list[float] = []  # when each late wake-up ended ...
+        self._totals: list[float] = []  # ... and the total after it
+        self._base = 0.0  # the total before the oldest kept wake-up
+        self._keep = keep
+
+    def slept(self, asked_s: float, began: float, woke: float) -> None:
+        """A sleep of ``asked_s`` that began at ``began`` ended at ``woke``."""
+        late = woke - began - asked_s
+        if late <= STARVED_MIN_S:
+            return
+        self.total += late
+        self._woke.append(woke)
+        self._totals.append(self.total)
+        if len(self._woke) > 2 * self._keep:  # forget the oldest (requests do not live that long)
+            self._base = self._totals[-self._keep - 1]
+            del self._woke[: -self._keep], self._totals[: -self._keep]
+
+    def since(self, t: float) -> float:
+        """Seconds of starvation noted after ``t`` (a wake-up that ended after ``t`` counts whole)."""
+        i = bisect_right(self._woke, t)
+        return self.total - (self._totals[i - 1] if i else self._base)
+
+    def excuse(self, flight: Flight) -> Flight:
+        """``flight`` with its send and last-progress times moved later by the starvation since each."""
+        if not self._woke:
+            return flight
+        return Flight(
+            flight.sent_at + self.since(flight.sent_at),
+            flight.head_at,
+            flight.progress_at + self.since(flight.progress_at),
+            flight.nbytes,
+            flight.stranded,
+        )
 
 
 def split_range(whole: ByteRange, pieces: int) -> list[ByteRange]:

@@ -226,6 +226,7 @@ class Hedger:
         self.requests = 0
         self.hedges = 0
         self._races: set[Race] = set()
+        self.starvation = policy_mod.Starvation()  # written and read by the watchdog only
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
 
@@ -276,7 +277,9 @@ class Hedger:
         idle_since: float | None = None
         tick = min(0.1, floor_s / 4)
         while True:
+            began = time.monotonic()
             time.sleep(tick)
+            self.starvation.slept(tick, began, time.monotonic())  # (runners' times are monotonic too)
             with self._lock:
                 races = list(self._races)
                 if not races:
@@ -311,7 +314,7 @@ class Hedger:
             return
         runner = race.newest
         flight = policy_mod.Flight(runner.sent_at, runner.head_at, runner.progress_at, runner.size, stranded)
-        why = policy_mod.lag(flight, now, limits)
+        why = policy_mod.lag(self.starvation.excuse(flight), now, limits)
         if why is None:
             return
         with self._lock:

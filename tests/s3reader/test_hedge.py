@@ -309,3 +309,60 @@ def test_a_part_left_silent_is_hedged_early_in_concurrent_checked_ranges(
     pieces = {(a, b) for a, b in asked if part.start <= a < part.end}  # the stalled part's hedges asked
     assert pieces == {(p.start, p.end) for p in split_range(part, 4)}  # for four ranges that tile it
     assert sum(1 for r in records if r.fault == "wrong_content_range") == 1
+
+
+STOPPED_READER = r"""
+import json, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+import fastload
+
+endpoint, bucket, keys = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+config = fastload.S3Config(endpoint_url=endpoint, addressing_style="path", read_timeout_s=5.0,
+                           hedge_floor_s=0.05, max_concurrency=4)
+def one(key):
+    with fastload.open(f"s3://{bucket}/{key}", config=config) as f:
+        return len(f.read())
+def rounds(n):
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(n):
+            assert all(pool.map(one, keys))
+rounds(1)  # the latency model warms up
+fastload.s3_stats(reset=True)
+print("warm", flush=True)
+began = time.monotonic()
+while time.monotonic() - began < 3.0:
+    rounds(1)
+print(json.dumps(fastload.s3_stats()["hedges"] | {"requests": fastload.s3_stats()["requests"]}), flush=True)
+"""
+
+
+def test_time_off_the_cpu_is_not_counted_as_lag(proxy: FaultProxy, small: dict[str, bytes]) -> None:
+    """A reader process stopped (SIGSTOP) for 0.25 s six times while its GETs are in flight, as a loaded
+    machine's scheduler does: every GET looks 0.25 s late when it resumes, but none lagged, so none is
+    hedged (its deadlines: 3x a loopback p99, at least 0.05 s; without the excuse 1-3 of 6 stops here
+    end in hedges)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    keys = ",".join(list(small)[:16])
+    cmd = [sys.executable, "-c", STOPPED_READER, proxy.endpoint_url, BUCKET, keys]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "warm"
+        for _ in range(6):
+            time.sleep(0.2)
+            child.send_signal(signal.SIGSTOP)
+            time.sleep(0.25)
+            child.send_signal(signal.SIGCONT)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, out
+    hedges = json.loads(out.strip().splitlines()[-1])
+    assert hedges["requests"] > 100 and hedges["sent"] == 0, hedges
