@@ -141,13 +141,13 @@ class S3Config:
     deadline_s: float = 120.0
     transport: str = "direct"
     hedge: float = 0.05
-    hedge_floor_s: float = 0.1
+    hedge_floor_s: float = 0.05
 
     def __post_init__(self) -> None:
         if not 0 <= self.hedge <= 1:
             raise ConfigError(f"hedge={self.hedge} must be within [0, 1] (0.05 is typical; 0: no hedging)")
         if self.hedge_floor_s <= 0:
-            raise ConfigError(f"hedge_floor_s={self.hedge_floor_s} must be > 0 (0.1 s is the default)")
+            raise ConfigError(f"hedge_floor_s={self.hedge_floor_s} must be > 0 (0.05 s is the default)")
         if self.part_size_bytes < 1:
             raise ConfigError(f"part_size_bytes={self.part_size_bytes} must be >= 1 (8 MiB is typical)")
         if self.max_concurrency < 1:

@@ -11,7 +11,7 @@ on a new connection):
   completion deadline of ``n`` bytes ``multiplier x`` its predicted p95 time (p95 first byte + ``n`` / p5
   throughput). Each is bounded below by ``floor_s`` and above by ``ceiling_s`` (``read_timeout_s``, which
   stays the hard limit of a silent socket). A cold model (too few samples) gives ``cold_factor x floor_s``
-  (1 s by default: AWS's advice for small GETs) until it knows this endpoint.
+  (0.5 s by default) until it knows this endpoint.
 - **patience** (:class:`Patience`) stretches every deadline when hedges keep losing to the GETs they
   hedged (sent too early: the endpoint, or a busy machine's scheduling, is slower than the model says) and
   shrinks back when hedges win (a real stall), so a loaded but healthy setup stops hedging on its own.
@@ -49,7 +49,7 @@ from fastload.core.ranges import ByteRange
 
 PIECE_BYTES = 256 << 10  # what one body read asks for; progress is seen (and a stall loses at most) a piece
 STRANDED_RATIO = 3  # finished GETs per silent one before a reader's silent GETs count as stranded
-STARVED_MIN_S = 0.02  # a watchdog waking later than this counts as time the process did not run
+STARVED_MIN_S = 0.05  # a watchdog waking later than this did not run for the excess (GIL waits are shorter)
 
 
 def size_class(nbytes: int) -> int:
@@ -274,8 +274,8 @@ class Starvation:
 
     def slept(self, asked_s: float, began: float, woke: float) -> None:
         """A sleep of ``asked_s`` that began at ``began`` ended at ``woke``."""
-        late = woke - began - asked_s
-        if late <= STARVED_MIN_S:
+        late = woke - began - asked_s - STARVED_MIN_S
+        if late <= 0:
             return
         self.total += late
         self._woke.append(woke)

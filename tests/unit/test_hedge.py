@@ -272,8 +272,8 @@ def test_starvation_excuses_only_the_time_the_process_did_not_run() -> None:
     starved = Starvation(keep=2)
     starved.slept(0.1, began=1.0, woke=1.1 + STARVED_MIN_S / 2)  # on time, within the slack
     assert starved.total == 0 and starved.since(0.0) == 0
-    starved.slept(0.1, began=2.0, woke=2.5)  # 0.4 s off the CPU
-    assert starved.since(1.9) == pytest.approx(0.4) and starved.since(2.5) == 0
+    starved.slept(0.1, began=2.0, woke=2.5 + STARVED_MIN_S)  # 0.4 s off the CPU, beyond the slack
+    assert starved.since(1.9) == pytest.approx(0.4) and starved.since(2.5 + STARVED_MIN_S) == 0
     policy = HedgePolicy(floor_s=0.1, ceiling_s=5.0, max_fraction=0.05)
     limits = deadlines(LatencyModel(), policy)  # cold: 10x the floor, 1 s
     waiting = Flight(sent_at=1.8, head_at=None, progress_at=1.8, nbytes=MIB)
@@ -283,7 +283,7 @@ def test_starvation_excuses_only_the_time_the_process_did_not_run() -> None:
     flowing = Flight(sent_at=1.0, head_at=1.01, progress_at=2.6, nbytes=MIB)  # progress after the wake-up
     assert starved.excuse(flowing) == Flight(1.4, 1.01, 2.6, MIB)
     for i in range(6):  # the oldest wake-ups are forgotten (keep=2), the recent ones stay exact
-        starved.slept(0.1, began=10.0 + i, woke=10.3 + i)
+        starved.slept(0.1, began=10.0 + i, woke=10.3 + STARVED_MIN_S + i)
     assert starved.total == pytest.approx(0.4 + 6 * 0.2)
     assert starved.since(13.5) == pytest.approx(0.4) and starved.since(14.5) == pytest.approx(0.2)
     assert starved.since(16.0) == 0
