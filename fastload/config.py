@@ -121,8 +121,9 @@ class S3Config:
     3x the p95 time of its size; 10x ``hedge_floor_s`` while too few GETs are known; 3x the median first
     byte for a GET without a head that is all its reader still waits for) gets a second GET for its
     remaining bytes on a new connection (2 concurrent ranges for one without a head); the first to finish
-    is kept. ``hedge`` caps hedges at that fraction of GETs (0 turns them off); none are sent while the
-    store throttles. ``read_timeout_s`` stays the hard limit of a silent connection (``fastload.core.hedge``).
+    is kept. Time this process did not run (a loaded machine) is not counted as lag. ``hedge`` caps hedges
+    at that fraction of GETs (0 turns them off); none are sent while the store throttles.
+    ``read_timeout_s`` stays the hard limit of a silent connection (``fastload.core.hedge``).
     """
 
     endpoint_url: str | None = None
