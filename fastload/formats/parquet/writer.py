@@ -20,7 +20,7 @@ from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
 from fastload.core.plan import plan_row_groups
 from fastload.errors import Skip
-from fastload.formats.parquet.footer import tail_footer
+from fastload.formats.parquet.footer import row_groups_of, tail_footer
 from fastload.formats.parquet.stats import STATS_MAX_VALUE_BYTES, shard_stats
 from fastload.formats.tar.writer import ShardResult
 from fastload.storage.inputs import Input, Opened, close_all, open_ahead, read_exactly, read_problem
@@ -166,18 +166,10 @@ def finish_entry(entry: ShardEntry, tmp_path: str, rows_per_group: list[int]) ->
     meta = pq.read_metadata(tmp_path)
     entry.footer = tail_footer(tmp_path)
     entry.stats = shard_stats(meta)
-    for i, rows in enumerate(rows_per_group):
-        rg = meta.row_group(i)
-        starts = []
-        total = 0
-        for c in range(rg.num_columns):
-            col = rg.column(c)
-            first = col.data_page_offset
-            if col.has_dictionary_page and col.dictionary_page_offset is not None:
-                first = min(first, col.dictionary_page_offset)
-            starts.append(first)
-            total += col.total_compressed_size
-        entry.row_groups.append((min(starts), total, rows))
+    groups = row_groups_of(meta)  # the rows as written; the file must have exactly those groups
+    entry.row_groups.extend(
+        (first, size, rows) for (first, size, _), rows in zip(groups, rows_per_group, strict=True)
+    )
 
 
 def _row_group(
