@@ -172,9 +172,10 @@ class ShardReaders:
     def _reads_whole(self, task: ReadTask) -> bool:
         """Whether ``task`` reads every row, every column, of a remote shard whose table is not fetched (a
         shard planned whole, see :meth:`tasks`, not cached locally): then the shard is fetched in one GET
-        and its format completes its entry from its bytes (:meth:`_open_whole`), no table fetched."""
+        and its format completes its entry from its bytes (:meth:`_open_whole`), no table fetched. Only with
+        the file's CRC32C in the manifest: that check stands in for the pages' own."""
         entry = self.shards[task.shard]
-        if self._whole_entry is None or self.columns is not None or not entry.detached:
+        if self._whole_entry is None or self.columns is not None or not entry.detached or not entry.checksum:
             return False
         if len(task.positions) < entry.samples or not storage.is_remote(self.root):
             return False
@@ -201,7 +202,7 @@ class ShardReaders:
             except FileNotFoundError:  # (NotFoundError and S3's included)
                 raise missing_shard(url, entry.name) from None
             crc = f"{crc32c.crc32c(data):08x}"
-            if len(data) != entry.bytes or (entry.checksum and crc != entry.checksum):
+            if len(data) != entry.bytes or crc != entry.checksum:
                 raise VerifyError(
                     f"{url}: {len(data)} bytes with CRC32C {crc}, index.json says {entry.bytes} bytes with "
                     f"{entry.checksum}: the shard changed or was damaged since it was packed; run "
