@@ -59,10 +59,18 @@ from fastload.train.filtering import (
     plan_filter,
     selection_state,
 )
-from fastload.train.options import CacheConfig, DecodeConfig, OrderConfig, PrefetchConfig, merge
+from fastload.train.options import (
+    DEFAULT_TABLES_BYTES,
+    CacheConfig,
+    DecodeConfig,
+    OrderConfig,
+    PrefetchConfig,
+    merge,
+)
 from fastload.train.position import Iteration, SharedPosition
 from fastload.train.reading import read_samples
 from fastload.train.source import open_index
+from fastload.train.tablememo import TableMemo
 
 ORDER_WARNING = (
     "fastload.ShardDataset is read by {workers} DataLoader workers without batch_size=, so each worker "
@@ -90,7 +98,12 @@ DECODE_KEYWORDS = {
     )
 }
 PREFETCH_KEYWORDS = {"prefetch_bytes": "max_bytes", "prefetch_threads": "threads", "prefetch_runs": "runs"}
-CACHE_KEYWORDS = {"cache_dir": "path", "cache_limit_bytes": "limit_bytes", "cache_verify": "verify"}
+CACHE_KEYWORDS = {
+    "cache_dir": "path",
+    "cache_limit_bytes": "limit_bytes",
+    "cache_verify": "verify",
+    "cache_tables_bytes": "tables_bytes",
+}
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -113,7 +126,8 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     ``images``, ``allow_pickle``, ``map``, ``columns``, ``on_error``, ``verify_samples`` (each sample's
     CRC32C checked on read; default on), ``partition_columns`` (partition values added to samples);
     prefetch ``prefetch_bytes``, ``prefetch_threads``, ``prefetch_runs``; cache ``cache_dir``,
-    ``cache_limit_bytes``, ``cache_verify``. ``key_column``: for Parquet files without an index, the column
+    ``cache_limit_bytes``, ``cache_verify``, ``cache_tables_bytes`` (index v2 sample tables kept in memory
+    between epochs). ``key_column``: for Parquet files without an index, the column
     whose values are ``__key__`` (default ``<file>/<row>``; ``docs/parquet-foreign.md``).
     :meth:`epoch_report` says which samples ``even`` dropped or
     repeated.
@@ -144,6 +158,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
         cache_verify: bool = True,
+        cache_tables_bytes: int = DEFAULT_TABLES_BYTES,
         s3_config: S3Config | None = None,
         key_column: str | None = None,
         order: OrderConfig | None = None,
@@ -168,6 +183,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
         self.prefetch = wanted.resolved(remote=storage.is_remote(self.root))
         self._cache_obj: tuple[int, ShardCache] | None = None
+        self._memo_obj: tuple[int, TableMemo] | None = None
         if self.caching.path is not None:
             self.cache()  # a bad folder fails here, not in a worker
         self.filters = self.order.filters
@@ -190,7 +206,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_cache_obj"] = None  # locks and per-process checks stay in their process
+        state["_cache_obj"] = state["_memo_obj"] = None  # locks and per-process checks stay in their process
         state.pop("_plan_cache", None)  # cheaper to recompute in the worker than to pickle
         return state
 
@@ -204,6 +220,15 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             cache = ShardCache(folder, limit_bytes=c.limit_bytes, verify=c.verify, config=self.s3_config)
             self._cache_obj = (os.getpid(), cache)
         return self._cache_obj[1]
+
+    def table_memo(self) -> TableMemo | None:
+        """This process's sample tables kept between passes (None with ``cache_tables_bytes=0``)."""
+        budget = self.caching.tables_bytes
+        if budget <= 0:
+            return None
+        if self._memo_obj is None or self._memo_obj[0] != os.getpid():
+            self._memo_obj = (os.getpid(), TableMemo(budget))
+        return self._memo_obj[1]
 
     def __repr__(self) -> str:
         return f"ShardDataset({self.root!r}, {len(self.index.shards)} shards, {self.index.samples} samples)"
@@ -534,6 +559,7 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             mark_skipped=self._chunked,
             on_skip=None if in_worker else lambda: self.count_skipped(1),
             partitions=self.partitions,
+            memo=self.table_memo(),
         )
         if self._chunked:  # fastload.DataLoader counts what it delivers and rewinds at the end
             size = live.chunk or len(refs) or 1

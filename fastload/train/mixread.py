@@ -79,6 +79,7 @@ def source_samples(
             progress=progress,
             mark_skipped=True,
             partitions=d.partitions,
+            memo=d.table_memo(),
         ):
             if type(out) is dict:  # (not SKIPPED; a map= may return other types)
                 out["__source__"] = name

@@ -16,6 +16,7 @@ from fastload.core.sharding import EVEN_POLICIES
 from fastload.errors import ConfigError
 
 DEFAULT_PREFETCH_BYTES = 64 << 20
+DEFAULT_TABLES_BYTES = 32 << 20  # sample tables kept between epochs: ~100,000 samples' worth
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,13 +119,19 @@ class PrefetchConfig:
 @dataclass(frozen=True, kw_only=True)
 class CacheConfig:
     """Whole remote shards kept on local disk in the folder ``path`` (None: no cache), at most ``limit_bytes``
-    (least recently used evicted), checked against the index's CRC32C when ``verify``."""
+    (least recently used evicted), checked against the index's CRC32C when ``verify``. ``tables_bytes``:
+    index v2 sample tables kept in memory between epochs, in each process, up to about this many bytes
+    (~320 a sample; least recently read dropped first): later epochs then neither fetch nor decode them
+    again. 0 drops each table when its shard is done."""
 
     path: str | os.PathLike[str] | None = None
     limit_bytes: int | None = None
     verify: bool = True
+    tables_bytes: int = DEFAULT_TABLES_BYTES
 
     def __post_init__(self) -> None:
+        if self.tables_bytes < 0:
+            raise ConfigError(f"cache_tables_bytes={self.tables_bytes} must be >= 0 (0 keeps none)")
         if self.limit_bytes is not None and self.path is None:
             raise ConfigError("cache_limit_bytes= needs cache_dir= (the folder to keep shards in)")
         if self.path is not None:

@@ -17,6 +17,7 @@ from fastload.train.options import DecodeConfig, PrefetchConfig
 from fastload.train.position import Iteration
 from fastload.train.prefetch import Prefetcher
 from fastload.train.shardread import RawSample, ShardReaders
+from fastload.train.tablememo import TableMemo
 
 SKIPPED = object()  # in the stream of read_samples(mark_skipped=True): a sample on_error="skip" left out
 
@@ -35,6 +36,7 @@ def read_samples(
     mark_skipped: bool = False,
     on_skip: Callable[[], None] | None = None,
     partitions: Sequence[Mapping[str, Any]] | None = None,
+    memo: TableMemo | None = None,
 ) -> Generator[Any, None, None]:
     """The samples of ``refs`` (``(shard, position)`` pairs of ``shards``, manifest entries of
     ``shard_format``: attached or v2) in order, decoded and mapped.
@@ -42,6 +44,7 @@ def read_samples(
     ``progress.consumed`` counts the references passed so far (delivered or skipped). A skipped sample is
     yielded as :data:`SKIPPED` with ``mark_skipped``, else reported to ``on_skip`` and left out.
     ``partitions``: each shard's partition values, added to its samples (``partition_columns=True``).
+    ``memo``: sample tables kept between passes (:mod:`fastload.train.tablememo`).
     """
     max_bytes = prefetch.max_bytes or 0
     # without prefetch nothing is held ahead, and local shards stream sample by sample: bigger tasks only
@@ -57,6 +60,7 @@ def read_samples(
         cache=cache,
         defer=max_bytes == 0,
         verify=decoding.verify_samples,
+        memo=memo,
     )
     # with prefetch, the next shard's table is fetched while this one is read
     tasks = readers.tasks(refs, max_task_bytes=task_bytes, ahead=max_bytes > 0)

@@ -24,6 +24,7 @@ from fastload.errors import VerifyError
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 from fastload.train.shardreader import RawSample, ShardReader, missing_shard
+from fastload.train.tablememo import TableMemo
 
 __all__ = ["RANGE_THREADS", "TABLES_AHEAD", "RawSample", "ShardReader", "ShardReaders"]
 
@@ -57,11 +58,13 @@ class ShardReaders:
         cache: ShardCache | None = None,
         defer: bool = False,
         verify: bool = True,
+        memo: TableMemo | None = None,
     ) -> None:
         """``defer``: each fetch's result is used at once in the fetching thread (no prefetch), so local
         reads may be done there (see :meth:`ShardReader.load`). ``verify``: check each sample's CRC32C
-        where the index has them (tar, index v2)."""
-        self.root, self.shards, self.columns = root, shards, columns
+        where the index has them (tar, index v2). ``memo``: full entries kept between passes (the
+        dataset's, :mod:`fastload.train.tablememo`): a table found there is not fetched again."""
+        self.root, self.shards, self.columns, self.memo = root, shards, columns, memo
         self.shard_format = shard_format
         self.config, self.cache, self.defer, self.verify = config, cache, defer, verify
         self._left = Counter(map(itemgetter(0), refs))  # references not yet consumed, per shard
@@ -143,13 +146,18 @@ class ShardReaders:
 
     def _full_entry(self, shard: int) -> ShardEntry:
         entry = self.shards[shard]
-        if entry.detached:
+        kept = self.memo.get(shard) if self.memo is not None and entry.detached else None
+        if kept is not None:
+            entry = kept
+        elif entry.detached:
             with gc_paused():
                 entry = formats.full_entry(
                     self.root, entry, shard_format=self.shard_format, s3_config=self.config, cache=self.cache
                 )
             with self._lock:
                 self.tables_fetched += 1
+            if self.memo is not None:
+                self.memo.put(shard, entry)
         if not self.verify and entry.crcs:
             entry = dataclasses.replace(entry, crcs=[])
         return entry

@@ -125,17 +125,51 @@ class Tracked:
 def test_each_table_is_fetched_once_and_let_go_after_its_shard(
     v2: Path, monkeypatch: pytest.MonkeyPatch, prefetch: int, bound: int
 ) -> None:
-    """At most ``bound`` tables alive at once: the shard being read; with prefetch also the shard of the
-    task fetched ahead and the next ``TABLES_AHEAD`` shards' tables, fetched ahead (64 KiB holds about one
-    task here)."""
+    """Without tables kept between epochs (``cache_tables_bytes=0``), at most ``bound`` tables alive at
+    once: the shard being read; with prefetch also the shard of the task fetched ahead and the next
+    ``TABLES_AHEAD`` shards' tables, fetched ahead (64 KiB holds about one task here)."""
     tracked = Tracked(monkeypatch)
-    ds = fastload.ShardDataset(v2, decode=False, prefetch_bytes=prefetch, seed=2)
+    ds = fastload.ShardDataset(v2, decode=False, prefetch_bytes=prefetch, seed=2, cache_tables_bytes=0)
     most = 0
     for _ in ds:
         most = max(most, tracked.alive())
     assert sorted(tracked.fetched) == sorted(s.name for s in ds.index.shards)  # once per shard
     assert most <= bound < len(ds.index.shards)
     assert tracked.alive() == 0
+    assert list(ds) and len(tracked.fetched) == 2 * len(ds.index.shards)  # each epoch fetches them again
+
+
+def test_tables_are_kept_between_epochs_within_their_budget(
+    v2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default a process keeps the tables it read (least recently used dropped past
+    ``cache_tables_bytes``): later epochs, in any order, fetch none and read the same samples; a budget
+    smaller than all tables keeps the newest within it alive and no others."""
+    from fastload.train.tablememo import entry_weight
+
+    tracked = Tracked(monkeypatch)
+    ds = fastload.ShardDataset(v2, decode=False, seed=2)
+    names = sorted(s.name for s in ds.index.shards)
+    first = list(ds)
+    ds.set_epoch(1)
+    second = list(ds)
+    assert sorted(tracked.fetched) == names  # once per shard, over both epochs
+    assert sorted(s["__key__"] for s in second) == sorted(s["__key__"] for s in first) and second != first
+    memo = ds.table_memo()
+    assert memo is not None and len(memo) == len(names) and memo.hits == len(names)
+    fresh = fastload.ShardDataset(v2, decode=False, seed=2, cache_tables_bytes=0)
+    fresh.set_epoch(1)
+    assert second == list(fresh)
+
+    heaviest = max(entry_weight(e) for e in (tables.fetch_table(str(v2), s) for s in ds.index.shards))
+    tracked.fetched.clear()
+    small = fastload.ShardDataset(v2, decode=False, cache_tables_bytes=2 * heaviest)
+    assert list(small) == list(small) == read(v2, cache_tables_bytes=0)
+    kept = small.table_memo()
+    assert kept is not None and 2 <= len(kept) < len(names) and kept.weight <= 2 * heaviest
+    # in index order those kept are the last read: each shard's table is fetched again in epoch 2
+    assert len(tracked.fetched) == 3 * len(names)  # (the third: read() above, which keeps none)
+    assert tracked.alive() == len(kept) + len(memo)  # (the first dataset keeps all of its own)
 
 
 def test_a_flipped_data_byte_raises_naming_shard_key_and_offset(
