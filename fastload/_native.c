@@ -73,28 +73,86 @@ static inline const char *member_pad(const Batch *b, Py_ssize_t m, long long siz
     return b->scratch + b->at[m] + BLOCK + (size < DIRECT_BYTES ? size : 0);
 }
 
+/* The keys of a run: a list of str, or a key blob (bytes: the UTF-8 keys concatenated) with a list of each
+ * key's end in it (index v2 tables keep keys so: no str is made for a key until its sample is). */
+typedef struct {
+    PyObject *list; /* the list of str, or NULL */
+    const char *blob;
+    Py_ssize_t blob_len;
+    PyObject *ends;
+    Py_ssize_t count;
+} KeySource;
+
+static int key_source(PyObject *keys, KeySource *ks) {
+    memset(ks, 0, sizeof(*ks));
+    if (PyList_Check(keys)) {
+        ks->list = keys;
+        ks->count = PyList_GET_SIZE(keys);
+        return 1;
+    }
+    if (PyTuple_Check(keys) && PyTuple_GET_SIZE(keys) == 2 && PyBytes_Check(PyTuple_GET_ITEM(keys, 0)) &&
+        PyList_Check(PyTuple_GET_ITEM(keys, 1))) {
+        ks->blob = PyBytes_AS_STRING(PyTuple_GET_ITEM(keys, 0));
+        ks->blob_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(keys, 0));
+        ks->ends = PyTuple_GET_ITEM(keys, 1);
+        ks->count = PyList_GET_SIZE(ks->ends);
+        return 1;
+    }
+    PyErr_SetString(PyExc_TypeError, "layout_run: keys must be a list of str or (bytes, list of ends)");
+    return 0;
+}
+
+/* Key j's UTF-8 bytes (NULL with an exception when the blob's ends are inconsistent). */
+static const char *key_bytes(const KeySource *ks, Py_ssize_t j, Py_ssize_t *len) {
+    if (ks->list != NULL) return PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(ks->list, j), len);
+    long long a = j ? PyLong_AsLongLong(PyList_GET_ITEM(ks->ends, j - 1)) : 0;
+    long long b = PyLong_AsLongLong(PyList_GET_ITEM(ks->ends, j));
+    if (PyErr_Occurred()) return NULL;
+    if (a < 0 || b < a || b > ks->blob_len) {
+        PyErr_SetString(PyExc_ValueError, "layout_run: key ends do not fit the key blob");
+        return NULL;
+    }
+    *len = (Py_ssize_t)(b - a);
+    return ks->blob + a;
+}
+
+/* Key j as a new reference to a str. */
+static PyObject *key_str(const KeySource *ks, Py_ssize_t j) {
+    if (ks->list != NULL) {
+        PyObject *key = PyList_GET_ITEM(ks->list, j);
+        Py_INCREF(key);
+        return key;
+    }
+    Py_ssize_t len;
+    const char *at = key_bytes(ks, j, &len);
+    return at == NULL ? NULL : PyUnicode_DecodeUTF8(at, len, "strict");
+}
+
 /* layout_run(fd, offsets, keys, key_base, rows, fields, dot_fields, crcs, first, stop, max_bytes)
  *   -> (samples, next, ok)
  * samples: dicts {"__key__", "__index__", field: bytes...} for first..next-1 (one batch of at most about
  * max_bytes); ok False: sample `next` did not match the index (its headers, or its CRC32C in crcs), or the
- * file ended early (read it with the parsing reader).  keys[i - key_base] is sample i's key; crcs empty:
- * no CRC check.  One preadv() per batch: each big member's data into its own bytes object, everything
+ * file ended early (read it with the parsing reader).  Sample i's key is keys[i - key_base] (a list of
+ * str), or the (i - key_base)th of keys = (blob, ends) (see KeySource); crcs empty: no CRC check.  One preadv() per batch: each big member's data into its own bytes object, everything
  * between two of them (headers, small members, padding) into one stretch of scratch. */
 static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
     int fd;
     PyObject *offsets, *keys, *rows, *fields, *dot_fields, *crcs;
     Py_ssize_t key_base, first, stop, max_bytes;
-    if (!PyArg_ParseTuple(args, "iO!O!nO!O!O!O!nnn", &fd, &PyList_Type, &offsets, &PyList_Type, &keys,
-                          &key_base, &PyList_Type, &rows, &PyList_Type, &fields, &PyList_Type, &dot_fields,
-                          &PyList_Type, &crcs, &first, &stop, &max_bytes))
+    if (!PyArg_ParseTuple(args, "iO!OnO!O!O!O!nnn", &fd, &PyList_Type, &offsets, &keys, &key_base,
+                          &PyList_Type, &rows, &PyList_Type, &fields, &PyList_Type, &dot_fields, &PyList_Type,
+                          &crcs, &first, &stop, &max_bytes))
         return NULL;
+    /* keys: a list of str, or (blob, ends): the keys' UTF-8 bytes concatenated and where each ends */
+    KeySource ks;
+    if (!key_source(keys, &ks)) return NULL;
     Py_ssize_t nf = PyList_GET_SIZE(fields);
     if (nf < 1 || PyList_GET_SIZE(dot_fields) != nf || 3 * nf > MAX_IOV) {
         PyErr_SetString(PyExc_ValueError, "layout_run: fields and dot_fields must match (1 to 340)");
         return NULL;
     }
     int check = PyList_GET_SIZE(crcs) > 0;
-    if (first < 0 || key_base < 0 || first < key_base || stop - key_base > PyList_GET_SIZE(keys) ||
+    if (first < 0 || key_base < 0 || first < key_base || stop - key_base > ks.count ||
         first >= stop || PyList_GET_SIZE(offsets) < stop || PyList_GET_SIZE(rows) < stop ||
         (check && PyList_GET_SIZE(crcs) < stop)) {
         PyErr_SetString(PyExc_ValueError, "layout_run: bad sample range");
@@ -215,7 +273,7 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
         for (; good < b.count; good++) {
             Py_ssize_t i = first + good;
             Py_ssize_t key_len;
-            const char *key = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(keys, i - key_base), &key_len);
+            const char *key = key_bytes(&ks, i - key_base, &key_len);
             if (key == NULL) goto done;
             PyObject *row = PyList_GET_ITEM(rows, i);
             int match = 1;
@@ -261,9 +319,14 @@ static PyObject *layout_run(PyObject *Py_UNUSED(self), PyObject *args) {
         PyList_SET_ITEM(samples, s, d);
         PyObject *index = PyLong_FromSsize_t(first + s);
         if (index == NULL) goto done;
-        int err = PyDict_SetItem(d, str_key, PyList_GET_ITEM(keys, first + s - key_base)) ||
-                  PyDict_SetItem(d, str_index, index);
+        PyObject *key = key_str(&ks, first + s - key_base);
+        if (key == NULL) {
+            Py_DECREF(index);
+            goto done;
+        }
+        int err = PyDict_SetItem(d, str_key, key) || PyDict_SetItem(d, str_index, index);
         Py_DECREF(index);
+        Py_DECREF(key);
         if (err) goto done;
         PyObject *row = PyList_GET_ITEM(rows, first + s);
         for (Py_ssize_t k = 0; k < nf; k++) {

@@ -3,7 +3,7 @@ from typing import Any
 def layout_run(
     fd: int,
     offsets: list[int],
-    keys: list[str],
+    keys: list[str] | tuple[bytes, list[int]],
     key_base: int,
     rows: list[list[int]],
     fields: list[str],

@@ -75,6 +75,11 @@ class Keys(Sequence[str]):
         start = self._ends[i - 1] if i else 0
         return self._blob[start : self._ends[i]].decode("utf-8")
 
+    def parts(self) -> tuple[bytes, list[int]]:
+        """``(blob, ends)``: the keys' UTF-8 bytes concatenated and where each ends (what the C reader
+        takes, making each key's ``str`` only when its sample is made)."""
+        return self._blob, self._ends
+
     def _run(self, a: int, b: int) -> list[str]:
         """Keys ``a..b-1``: their bytes decoded at once (ASCII keys: cut by byte offsets)."""
         if b <= a:

@@ -4,6 +4,7 @@ exception, never short data) at the first member that does not match the layout.
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import random
@@ -41,21 +42,35 @@ def write_tar(path: Path, samples: list[tuple[str, list[bytes]]], fields: list[s
     return {"offsets": offsets, "keys": keys, "rows": rows, "fields": fields, "crcs": crcs}
 
 
+def key_blob(keys: list[str]) -> tuple[bytes, list[int]]:
+    """Keys as an index v2 table keeps them: UTF-8 bytes concatenated, and where each ends."""
+    encoded = [k.encode() for k in keys]
+    return b"".join(encoded), list(itertools.accumulate(len(k) for k in encoded))
+
+
 def run(
-    path: Path, ix: dict[str, Any], first: int, stop: int, max_bytes: int = 1 << 20, *, crcs: bool = False
+    path: Path,
+    ix: dict[str, Any],
+    first: int,
+    stop: int,
+    max_bytes: int = 1 << 20,
+    *,
+    crcs: bool = False,
+    blob: bool = False,
 ) -> Any:
     """``layout_run`` over samples ``first..stop-1``, given the keys from ``first`` on (as the reader
-    does), with the CRC check when ``crcs``."""
+    does for a v1 index), or with ``blob`` all keys as a key blob and its ends (a v2 table's), with the
+    CRC check when ``crcs``."""
     assert native.layout_run is not None
     fd = os.open(path, os.O_RDONLY)
     try:
         dots = [b"." + f.encode() for f in ix["fields"]]
-        keys = ix["keys"][first:]
+        keys = key_blob(ix["keys"]) if blob else ix["keys"][first:]
         return native.layout_run(
             fd,
             ix["offsets"],
             keys,
-            first,
+            0 if blob else first,
             ix["rows"],
             ix["fields"],
             dots,
@@ -68,24 +83,28 @@ def run(
         os.close(fd)
 
 
-def read_all(path: Path, ix: dict[str, Any], max_bytes: int) -> Iterator[dict[str, Any]]:
+def read_all(path: Path, ix: dict[str, Any], max_bytes: int, blob: bool = False) -> Iterator[dict[str, Any]]:
     i, stop = 0, len(ix["keys"])
     while i < stop:
-        samples, nxt, whole = run(path, ix, i, stop, max_bytes)
+        samples, nxt, whole = run(path, ix, i, stop, max_bytes, blob=blob)
         assert whole and nxt > i
         yield from samples
         i = nxt
 
 
 @needs_c
-def test_every_size_around_the_block_comes_back_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("blob", [False, True], ids=["key-list", "key-blob"])
+def test_every_size_around_the_block_comes_back_exact(tmp_path: Path, blob: bool) -> None:
     rng = random.Random(5)
     # (around 4096 too: smaller data is read with the headers into scratch and copied out, bigger straight)
     sizes = [0, 1, 2, 511, 512, 513, 1023, 1024, 1025, 4095, 4096, 4097, 16_383, 16_384, 100_000, 300_001]
-    samples = [(f"s/{i:03d}", [b"%d" % i, rng.randbytes(n)]) for i, n in enumerate(sizes)]
+    # (keys of several lengths: a key blob is cut by byte offsets; names that are not ASCII take a pax header,
+    # which this reader hands back to the parsing reader)
+    names = ["s/{:03d}", "e/{}", "k{}-long-{}", "{}"]
+    samples = [(names[i % 4].format(i, i), [b"%d" % i, rng.randbytes(n)]) for i, n in enumerate(sizes)]
     ix = write_tar(tmp_path / "a.tar", samples, ["cls", "bin"])
     for max_bytes in (1, 4096, 1 << 20):
-        got = list(read_all(tmp_path / "a.tar", ix, max_bytes))
+        got = list(read_all(tmp_path / "a.tar", ix, max_bytes, blob))
         assert [(s["__key__"], s["__index__"]) for s in got] == [(k, i) for i, (k, _) in enumerate(samples)]
         assert [[s["cls"], s["bin"]] for s in got] == [v for _, v in samples]
         assert all(type(s["bin"]) is bytes for s in got)
@@ -169,6 +188,31 @@ def test_bad_arguments_raise(tmp_path: Path) -> None:
     two = write_tar(tmp_path / "b.tar", [("k", [b"a"]), ("l", [b"b"])], ["x"])
     with pytest.raises(ValueError, match="bad sample range"):  # fewer CRCs than samples
         run(tmp_path / "b.tar", {**two, "crcs": two["crcs"][:1]}, 0, 2, crcs=True)
+    fd = os.open(tmp_path / "b.tar", os.O_RDONLY)
+    try:
+        for keys, error, match in [
+            ((b"kl", [1]), ValueError, "bad sample range"),  # fewer key ends than samples
+            ((b"kl", [1, 3]), ValueError, "key ends do not fit"),  # past the blob
+            ((b"kl", [1, 0]), ValueError, "key ends do not fit"),  # going back
+            (("kl", [1, 2]), TypeError, "keys must be"),
+        ]:
+            with pytest.raises(error, match=match):
+                native.layout_run(fd, two["offsets"], keys, 0, two["rows"], ["x"], [b".x"], [], 0, 2, 1 << 20)
+    finally:
+        os.close(fd)
+    # a key that is not UTF-8 (its header names the same bytes) raises as Keys would
+    bad = write_tar(tmp_path / "c.tar", [("k", [b"a"])], ["x"])
+    raw = bytearray((tmp_path / "c.tar").read_bytes())
+    raw[0] = 0xFF  # the name's first byte (the reader compares names, not the header checksum)
+    (tmp_path / "c.tar").write_bytes(bytes(raw))
+    fd = os.open(tmp_path / "c.tar", os.O_RDONLY)
+    try:
+        with pytest.raises(UnicodeDecodeError):
+            native.layout_run(
+                fd, bad["offsets"], (b"\xff", [1]), 0, bad["rows"], ["x"], [b".x"], [], 0, 1, 1 << 20
+            )
+    finally:
+        os.close(fd)
 
 
 @needs_c

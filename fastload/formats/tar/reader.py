@@ -34,6 +34,7 @@ from crc32c import crc32c
 
 from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
+from fastload.core.table import Keys
 from fastload.errors import VerifyError
 from fastload.formats import native
 from fastload.formats.tar.crcs import check_crcs
@@ -336,7 +337,11 @@ def _native_batches(
     if layout_run is None:
         raise RuntimeError("fastload._native is not in use")  # (read_run calls this only with it)
     dots = _dotted(entry.member_fields)
-    keys = entry.keys[first:stop]  # (a list: a v2 table's keys are decoded when asked for)
+    keys: list[str] | tuple[bytes, list[int]]
+    if isinstance(entry.keys, Keys):  # a v2 table's: each key decoded in C as its sample is made
+        keys, key_base = entry.keys.parts(), 0
+    else:
+        keys, key_base = list(entry.keys[first:stop]), first
     crcs = entry.crcs if entry.crcs else []
     i = first
     while i < stop:
@@ -344,7 +349,7 @@ def _native_batches(
             fd,
             entry.offsets,
             keys,
-            first,
+            key_base,
             entry.member_sizes,
             entry.member_fields,
             dots,
