@@ -195,6 +195,30 @@ def test_all_exhausted_reads_every_sample_and_never_cycles(sources: dict[str, Pa
         len(endless)
 
 
+def test_a_source_read_in_several_passes_fetches_each_table_once(
+    sources: dict[str, Packed], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pass of a source plans its reads afresh; the sample tables its dataset keeps between passes
+    (``cache_tables_bytes``) are not fetched again: once per shard over the epoch, however many passes."""
+    from collections import Counter
+
+    from fastload.storage import tables
+
+    fetched: Counter[tuple[str, str]] = Counter()
+    real = tables.fetch_table
+
+    def fetch(root: str, entry: Any, **kw: Any) -> Any:
+        fetched[root, entry.name] += 1
+        return real(root, entry, **kw)
+
+    monkeypatch.setattr(tables, "fetch_table", fetch)
+    m = mix(sources, stop="all_exhausted")
+    assert {s["__key__"] for s in m if s["__source__"] == "c"} == set(sources["c"].keys)
+    assert m.epoch_report()["sources"]["c"]["passes"] > 1
+    shards = {(str(p.root), s["name"]) for p in sources.values() for s in p.index["shards"]}
+    assert set(fetched) == shards and set(fetched.values()) == {1}
+
+
 def test_a_schedule_change_lands_at_the_step_asked(sources: dict[str, Packed]) -> None:
     m = mix(sources, weights={"a": 1, "b": 0, "c": 0}, schedule=[(3, {"a": 0, "b": 1, "c": 0})], stop="never")
     dl = loader(m, workers=2)
