@@ -90,7 +90,8 @@ class LocalEngine:
     The job stream is consumed in the calling thread: a job is submitted as soon as a writer is free, and
     the stream is asked for the next one only then, so at most ``workers + 1`` jobs exist at once. A job
     may be produced by slow work in the stream (pack-tokens writes each shard while reading); if the engine
-    stops early it closes the stream, so that a generator can clean up.
+    stops early it closes the stream, so that a generator can clean up, and each job taken from it that
+    never ran has its ``discard()`` called, if it has one (what it made while produced is removed).
     """
 
     def __init__(
@@ -104,36 +105,40 @@ class LocalEngine:
         self.open_threads = open_threads
 
     def write(self, jobs: Iterable[ShardJob], *, advance: Advance, done: Done) -> None:
-        running: dict[Future[ShardResult], int] = {}
+        running: dict[Future[ShardResult], ShardJob] = {}
         iterator = iter(jobs)
+        waiting: ShardJob | None = None  # taken from the stream, not yet submitted
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="fastload-pack") as pool:
             try:
-                for job in iterator:
+                for waiting in iterator:
                     while len(running) >= self.workers:
                         _collect(running, done)
                     fut = pool.submit(
                         publish_shard,
-                        job,
+                        waiting,
                         self.dest,
                         self.journal,
                         on_sample=advance,
                         open_threads=self.open_threads,
                     )
-                    running[fut] = job.number
+                    running[fut], waiting = waiting, None
                 while running:
                     _collect(running, done)
             except BaseException:
-                for fut in running:
-                    fut.cancel()
+                unrun = [job for fut, job in running.items() if fut.cancel()]
+                for job in [*unrun, *([waiting] if waiting is not None else [])]:
+                    discard = getattr(job, "discard", None)
+                    if discard is not None:
+                        discard()
                 close = getattr(iterator, "close", None)
                 if close is not None:
                     close()  # a generator producing jobs cleans up (e.g. aborts a shard it feeds)
                 raise
 
 
-def _collect(running: dict[Future[ShardResult], int], done: Done) -> None:
+def _collect(running: dict[Future[ShardResult], ShardJob], done: Done) -> None:
     """Wait for at least one job to finish; hand on its result, or raise its error."""
     finished, _ = wait(running, return_when=FIRST_COMPLETED)
     for fut in finished:
-        number = running.pop(fut)
-        done(number, fut.result())
+        job = running.pop(fut)
+        done(job.number, fut.result())

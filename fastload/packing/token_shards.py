@@ -10,6 +10,7 @@ cuts the same shards, whatever the number of writers, and a resumed run finds th
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
@@ -52,6 +53,11 @@ class TokenShard:
         finish_entry(entry, tmp_path, self.rows_per_group)
         on_sample(self.payload_bytes, len(self.keys))
         return ShardResult(entry, payload_bytes=self.payload_bytes, files=len(self.keys))
+
+    def discard(self) -> None:
+        """Remove the shard written ahead (the engine stopped before this job ran)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.part_path)
 
     @property
     def shard_format(self) -> str:
