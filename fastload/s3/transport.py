@@ -2,14 +2,14 @@
 
 Two implementations behind one interface, chosen by ``S3Config.transport``:
 
-- ``"direct"`` (default), :class:`DirectTransport`: pooled keep-alive ``http.client`` connections (checked
-  for a closed peer before reuse); requests signed (:mod:`fastload.core.sigv4`, botocore's headers) with
-  the client's own credentials (its session's), endpoint, addressing style and region (resolved once per
-  bucket: :class:`~fastload.s3.client.Targets`), TLS verified with the client's CA bundle; bodies read
-  with ``HTTPResponse.readinto`` straight into the caller's buffer in pieces of ``core.hedge.PIECE_BYTES``
-  (progress the hedging watchdog sees). A fraction of botocore's CPU per GiB, one copy less. Requests can
-  be cut short from another thread (:class:`~fastload.s3.hedging.Abort`). The one ``http.client`` detail
-  beyond its documented API, a connection's socket, is read by :func:`connection_socket` only.
+- ``"direct"`` (default), :class:`DirectTransport`: pooled keep-alive HTTP/1.1 connections
+  (:mod:`fastload.s3.http1`; checked for a closed peer before reuse); requests signed
+  (:mod:`fastload.core.sigv4`, botocore's headers) with the client's own credentials (its session's),
+  endpoint, addressing style and region (resolved once per bucket: :class:`~fastload.s3.client.Targets`),
+  TLS verified with the client's CA bundle; bodies read
+  straight into the caller's buffer in pieces of ``core.hedge.PIECE_BYTES`` (progress the hedging watchdog
+  sees). A fraction of botocore's CPU per GiB, one copy less. Requests can be cut short from another thread
+  (:class:`~fastload.s3.hedging.Abort`), which shuts the connection's socket (:func:`connection_socket`).
 - ``"botocore"``, :class:`BotocoreObject`: ``client.get_object``/``head_object`` (bodies through
   ``StreamingBody.read``), for what the direct path does not cover (non-SigV4 signers, botocore plugins,
   region redirects). Its requests cannot be aborted, so they are not hedged.
@@ -48,6 +48,7 @@ from fastload.s3.client import (
     tls_verify,
 )
 from fastload.s3.hedging import Abort
+from fastload.s3.http1 import Connection, Response
 from fastload.s3.retrying import BadResponse
 
 _ERROR_BODY_BYTES = 64 << 10
@@ -91,7 +92,7 @@ def error_failure(status: int, body: bytes) -> Failure:
     return Failure(classify_status(status, code), status, f"HTTP {status} {code or ''}".strip())
 
 
-# -- direct: http.client ---------------------------------------------------------------------------------
+# -- direct: fastload.s3.http1 ----------------------------------------------------------------------------
 
 
 class _Pool:
@@ -100,12 +101,12 @@ class _Pool:
     def __init__(self, scheme: str, host: str, port: int, config: S3Config, context: ssl.SSLContext | None):
         self.scheme, self.host, self.port = scheme, host, port
         self._config, self._context = config, context
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[Connection] = []
         self._lock = threading.Lock()
         self._max_idle = max(config.process_max_concurrency, config.max_concurrency) + 4
         self.created = 0  # connections opened (tests check reuse)
 
-    def take(self) -> http.client.HTTPConnection:
+    def take(self) -> Connection:
         while True:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
@@ -122,21 +123,18 @@ class _Pool:
         for conn in idle:
             conn.close()
 
-    def give_back(self, conn: http.client.HTTPConnection) -> None:
+    def give_back(self, conn: Connection) -> None:
         with self._lock:
             if len(self._idle) < self._max_idle:
                 self._idle.append(conn)
                 return
         conn.close()
 
-    def connect(self) -> http.client.HTTPConnection:
+    def connect(self) -> Connection:
         """A new connection (into the pool once its request ends, like any other)."""
         timeout = self._config.connect_timeout_s
-        conn: http.client.HTTPConnection
-        if self.scheme == "https":
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=self._context)
-        else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        context = self._context if self.scheme == "https" else None
+        conn = Connection(self.scheme, self.host, self.port, timeout=timeout, context=context)
         try:
             conn.connect()
         except (TimeoutError, ConnectionError, ssl.SSLError):
@@ -154,20 +152,12 @@ class _Pool:
         return conn
 
 
-def connection_socket(conn: http.client.HTTPConnection) -> socket.socket | None:
-    """The socket of an ``http.client`` connection (None once closed): its ``sock`` attribute, which the
-    documented API does not name (nothing public gives it). The only place that reads it; raises if that
-    attribute changes."""
-    sock = getattr(conn, "sock", AttributeError)
-    if sock is not None and not isinstance(sock, socket.socket):
-        raise RuntimeError(
-            f"http.client.HTTPConnection.sock is {type(sock).__name__}, not a socket: this Python's "
-            "http.client changed; use S3Config(transport='botocore') and report it"
-        )
-    return sock
+def connection_socket(conn: Connection) -> socket.socket | None:
+    """The socket of a connection (None once closed)."""
+    return conn.sock
 
 
-def _usable(conn: http.client.HTTPConnection) -> bool:
+def _usable(conn: Connection) -> bool:
     """An idle connection whose peer has not closed it (nothing readable while no request is out)."""
     sock = connection_socket(conn)
     if sock is None:
@@ -180,40 +170,30 @@ def _usable(conn: http.client.HTTPConnection) -> bool:
 
 
 class _DirectBody:
-    """A response on a pooled connection; its body is read with ``HTTPResponse.readinto`` (public API)."""
+    """A response on a pooled connection, its body read into the caller's buffer."""
 
-    def __init__(
-        self, pool: _Pool, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, abort: Abort
-    ):
+    def __init__(self, pool: _Pool, conn: Connection, resp: Response, abort: Abort):
         self._pool, self._conn, self._resp, self._abort = pool, conn, resp, abort
         self.status = resp.status
-        self.content_range = resp.getheader("Content-Range")
-        length = resp.getheader("Content-Length")
+        headers = resp.headers
+        self.content_range = headers.get("content-range")
+        length = headers.get("content-length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
-        self.etag = resp.getheader("ETag")
-        self._read = 0
+        self.etag = headers.get("etag")
 
     def readinto(self, view: memoryview) -> int:
-        n = self._resp.readinto(view[:PIECE_BYTES])  # 0 at the end of the body, or when it was cut
-        self._read += n
-        return n
+        return self._resp.readinto(view[:PIECE_BYTES])  # 0 at the end of the body, or when it was cut
 
     def close(self) -> None:
-        resp, conn = self._resp, self._conn
         self._abort.detach()  # before the connection may serve another request
-        # read to its end: by Content-Length, or (chunked) http.client closed it after the last chunk
-        chunked = self.content_length is None or resp.getheader("Transfer-Encoding") is not None
-        finished = resp.isclosed() if chunked else self._read == self.content_length
-        reusable = finished and not resp.will_close
-        resp.close()
-        if reusable:
-            self._pool.give_back(conn)
+        if self._resp.reusable:  # read to its end: the connection is reused
+            self._pool.give_back(self._conn)
         else:
-            conn.close()
+            self._conn.close()
 
 
 class DirectTransport:
-    """Signed requests over pooled ``http.client`` connections (see the module docstring)."""
+    """Signed requests over pooled keep-alive connections (see the module docstring)."""
 
     def __init__(self, config: S3Config, client: Any, creds: Any, verify: str | None) -> None:
         self._config, self._client = config, client
@@ -272,8 +252,7 @@ class DirectTransport:
         conn, abort = pool.connect() if fresh else pool.take(), abort or Abort()
         abort.attach(connection_socket(conn))  # a pooled connection is connected
         try:
-            conn.request(method, path, headers=signed)
-            resp = conn.getresponse()
+            resp = conn.request(method, path, signed)
         except BaseException:
             abort.detach()
             conn.close()
@@ -284,9 +263,7 @@ class DirectTransport:
             except (OSError, http.client.HTTPException):
                 data = b""
             abort.detach()
-            reusable = resp.isclosed() and not resp.will_close  # read to its end by http.client
-            resp.close()
-            pool.give_back(conn) if reusable else conn.close()
+            pool.give_back(conn) if resp.reusable else conn.close()
             raise BadResponse(error_failure(resp.status, data))
         return _DirectBody(pool, conn, resp, abort)
 

@@ -1,24 +1,23 @@
-"""fastload reads no private botocore attribute, and one ``http.client`` detail in one function.
+"""fastload reads no private botocore attribute, and no ``http.client`` internals.
 
 Credentials come from the session's public ``get_credentials()``, the CA bundle from the session's public
-``get_config_variable("ca_bundle")``, bodies through ``StreamingBody.read`` and ``HTTPResponse.readinto``.
-The one detail beyond a documented API, an ``http.client`` connection's ``sock``, is read only by
-``fastload.s3.transport.connection_socket``; the owner's test below fails loudly if Python changes it, and
-a scan of every source and test file fails if anything else reads it or a private botocore attribute."""
+``get_config_variable("ca_bundle")``, botocore bodies through ``StreamingBody.read``. The direct transport
+speaks HTTP/1.1 itself (``fastload.s3.http1``); a connection's socket is read in one function,
+``fastload.s3.transport.connection_socket``. A scan of every source and test file fails if anything else
+reads ``sock``/``fp`` where ``http.client`` is imported, or a private botocore attribute."""
 
 from __future__ import annotations
 
 import ast
 import datetime
-import http.client
 import socket
 import threading
 from pathlib import Path
 
-import pytest
 from botocore.credentials import RefreshableCredentials
 
 from fastload.s3.client import ObjectTarget, Signer
+from fastload.s3.http1 import Connection
 from fastload.s3.transport import connection_socket
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,14 +91,13 @@ def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
     assert hits == ["_credentials", "_raw_stream", "_request_signer", "fp"]
 
 
-def test_the_one_http_client_detail_still_holds() -> None:
-    """The owner: a connected ``http.client`` connection's ``sock`` is its socket (None once closed). If this
-    fails, Python's http.client changed: fix ``connection_socket`` (the direct transport's only use)."""
+def test_connection_socket_is_the_connections_socket() -> None:
+    """The owner: a connected connection's socket (what an abort shuts down), None once closed."""
     server = socket.create_server(("127.0.0.1", 0))
     accepted: list[socket.socket] = []
     thread = threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True)
     thread.start()
-    conn = http.client.HTTPConnection("127.0.0.1", server.getsockname()[1], timeout=5)
+    conn = Connection("http", "127.0.0.1", server.getsockname()[1], timeout=5, context=None)
     conn.connect()
     sock = connection_socket(conn)
     assert isinstance(sock, socket.socket) and sock.getpeername() == server.getsockname()
@@ -108,14 +106,6 @@ def test_the_one_http_client_detail_still_holds() -> None:
     thread.join(5)
     for s in (*accepted, server):
         s.close()
-
-
-def test_the_owner_fails_loudly_when_the_detail_changes() -> None:
-    class Changed:
-        sock = "not a socket"
-
-    with pytest.raises(RuntimeError, match=r"http\.client changed"):
-        connection_socket(Changed())  # type: ignore[arg-type]
 
 
 def test_refreshable_credentials_are_refreshed_before_they_expire() -> None:
