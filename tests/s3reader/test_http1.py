@@ -16,11 +16,12 @@ from fastload.s3.http1 import Connection, Response
 
 @pytest.fixture
 def pair() -> Iterator[tuple[Connection, socket.socket]]:
-    """A connection whose peer is the returned socket (the test plays the server)."""
-    ours, theirs = socket.socketpair()
-    ours.settimeout(5)
-    conn = Connection("http", "example.com", 80, timeout=5, context=None)
-    conn.sock = ours
+    """A connection to a listening socket on loopback, and the accepted end (the test plays the server)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        conn = Connection("http", "127.0.0.1", server.getsockname()[1], timeout=5, context=None)
+        conn.host_header = "example.com"
+        conn.connect()
+        theirs, _ = server.accept()
     yield conn, theirs
     conn.close()
     theirs.close()
