@@ -46,13 +46,19 @@ def signing_key(secret_key: str, day: str, region: str, service: str) -> bytes:
 
 def host_header(url: str) -> str:
     """The ``Host`` value signed for ``url``: lowercase host, the port unless the scheme's default."""
+    return _url_parts(url)[0]
+
+
+@functools.lru_cache(maxsize=1024)
+def _url_parts(url: str) -> tuple[str, str, str]:
+    """``(Host value, path, canonical query)`` of ``url`` (an object's URL is signed again and again)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:  # an IPv6 literal
         host = f"[{host}]"
     if parts.port is not None and parts.port != DEFAULT_PORTS.get(parts.scheme):
         host = f"{host}:{parts.port}"
-    return host
+    return host, parts.path, canonical_query(parts.query)
 
 
 def canonical_query(query: str) -> str:
@@ -77,7 +83,7 @@ def sign(
 ) -> dict[str, str]:
     """``headers`` plus the SigV4 headers for ``method`` on ``url`` (path and query as sent, already
     percent-encoded; S3 paths are not normalised) at time ``now`` (UTC); no body."""
-    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    stamp = f"{now.year:04d}{now.month:02d}{now.day:02d}T{now.hour:02d}{now.minute:02d}{now.second:02d}Z"
     out = {k: v for k, v in headers.items() if k.lower() not in REPLACED}
     out["X-Amz-Date"] = stamp
     if token:
@@ -88,15 +94,15 @@ def sign(
         low = name.lower()
         if low not in UNSIGNED:
             signed.setdefault(low, []).append(" ".join(value.split()))
+    host, path, query = _url_parts(url)
     if "host" not in signed:
-        signed["host"] = [host_header(url)]
+        signed["host"] = [host]
     names = sorted(signed)
-    parts = urlsplit(url)
     canonical = "\n".join(
         (
             method.upper(),
-            parts.path,
-            canonical_query(parts.query),
+            path,
+            query,
             "".join(f"{n}:{','.join(signed[n])}\n" for n in names),
             ";".join(names),
             EMPTY_SHA256,
@@ -105,7 +111,7 @@ def sign(
     scope = f"{stamp[:8]}/{region}/{service}/aws4_request"
     to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
     key = signing_key(secret_key, stamp[:8], region, service)
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    signature = hmac.digest(key, to_sign.encode(), "sha256").hex()
     out["Authorization"] = (
         f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders={';'.join(names)}, "
         f"Signature={signature}"

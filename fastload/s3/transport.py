@@ -21,6 +21,7 @@ the XML body) and let timeouts, resets and cut bodies through as exceptions that
 
 from __future__ import annotations
 
+import functools
 import http.client
 import re
 import select
@@ -152,6 +153,15 @@ class _Pool:
         return conn
 
 
+@functools.lru_cache(maxsize=1024)
+def _route(url: str) -> tuple[tuple[str, str, int], str]:
+    """``((scheme, host, port), path and query)`` of ``url`` (an object's URL, asked for again and again)."""
+    parts = urlsplit(url)
+    scheme, host = parts.scheme, parts.hostname or ""
+    port = parts.port or (443 if scheme == "https" else 80)
+    return (scheme, host, port), parts.path + (f"?{parts.query}" if parts.query else "")
+
+
 def connection_socket(conn: Connection) -> socket.socket | None:
     """The socket of a connection (None once closed)."""
     return conn.sock
@@ -219,10 +229,8 @@ class DirectTransport:
         return self._targets.target(bucket, key, version_id)
 
     def pool(self, url: str) -> _Pool:
-        parts = urlsplit(url)
-        scheme, host = parts.scheme, parts.hostname or ""
-        port = parts.port or (443 if scheme == "https" else 80)
-        ident = (scheme, host, port)
+        ident = _route(url)[0]
+        scheme, host, port = ident
         with self._lock:
             pool = self._pools.get(ident)
             if pool is None:
@@ -246,8 +254,7 @@ class DirectTransport:
         fresh: bool = False,
     ) -> _DirectBody:
         signed = self._signer.headers(method, target, headers)
-        parts = urlsplit(target.url)
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        path = _route(target.url)[1]
         pool = self.pool(target.url)
         conn, abort = pool.connect() if fresh else pool.take(), abort or Abort()
         abort.attach(connection_socket(conn))  # a pooled connection is connected

@@ -19,6 +19,7 @@ from fastload.core.filters import Filter
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.plan import parquet_file_overhead, parquet_row_bytes
 from fastload.core.projection import GAP_BYTES, coalesce
+from fastload.core.readplan import runs
 from fastload.errors import VerifyError
 from fastload.formats.parquet import footer
 from fastload.formats.parquet.sparse import SparseFile
@@ -90,6 +91,14 @@ class ParquetSamples:
     def group_of(self, position: int) -> int:
         return bisect.bisect_right(self._starts, position) - 1
 
+    def groups_of(self, positions: Sequence[int]) -> list[int]:
+        """The row groups holding ``positions``, ascending (by run: a read's positions are runs)."""
+        groups: set[int] = set()
+        starts = self._starts
+        for first, stop in runs(positions):
+            groups.update(range(self.group_of(first), bisect.bisect_left(starts, stop)))
+        return sorted(groups)
+
     def load(
         self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False
     ) -> Callable[[], Iterable[RawSample]]:
@@ -99,7 +108,7 @@ class ParquetSamples:
 
         meta = self.metadata()
         cols = read_columns(self.names(meta), columns)
-        groups = sorted({self.group_of(p) for p in positions})
+        groups = self.groups_of(positions)
         pieces = self.fetch(meta, groups, cols) if self._data is None else []
         return lambda: self._rows(meta, pieces, groups, positions, cols)
 
