@@ -73,12 +73,18 @@ READERS = ("fastload", "pyarrow", "duckdb")
 
 
 def child_fastload(spec: dict[str, Any]) -> dict[str, Any]:
+    # fastload's lazily imported modules, before the clock (pyarrow.dataset imports its own at import);
+    # multiprocessing's shared values (ShardDataset's position) import theirs on first use
+    import multiprocessing.sharedctypes  # noqa: F401
+
     import pyarrow as pa
     import pyarrow.compute
     import pyarrow.parquet  # (imported lazily by fastload: before the clock, as the others')
 
-    # fastload's lazily imported modules, before the clock (pyarrow.dataset imports its own at import)
+    import fastload.formats.parquet.arrowfile
+    import fastload.formats.parquet.select
     import fastload.formats.parquet.values
+    import fastload.storage.manifest
     import fastload.storage.s3source  # noqa: F401
     from fastload import S3Config, ShardDataset  # (torch imported before the clock)
     from fastload.storage import access
