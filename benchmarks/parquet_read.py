@@ -30,8 +30,12 @@ figures are medians:
   ``--duckdb-python`` names an interpreter with ``duckdb==1.4.4`` and it installed, e.g.
   ``python -m venv /tmp/duckvenv && /tmp/duckvenv/bin/pip install duckdb==1.4.4 duckdb-ext-httpfs``.
 
+- ``fastload-before`` (with ``--fastload-before PATH``): the same child with fastload imported from another
+  checkout (e.g. ``main``, with its C module built), for before/after in one interleaved run.
+
     python benchmarks/parquet_read.py --duckdb-python /tmp/duckvenv/bin/python
     python benchmarks/parquet_read.py --reps 3 --json /tmp/parquet_read.json
+    python benchmarks/parquet_read.py --reps 5 --fastload-before ../main
 """
 
 from __future__ import annotations
@@ -169,17 +173,20 @@ def make_source(folder: Path, months: int, rows: int, img_bytes: int) -> None:
             base.with_suffix(".img").write_bytes(rng.randbytes(img_bytes))
 
 
-def run_child(python: str, reader: str, spec: dict[str, Any]) -> dict[str, Any]:
+def run_child(
+    python: str, reader: str, spec: dict[str, Any], pythonpath: str | None = None
+) -> dict[str, Any]:
+    """One child run of ``reader`` (``fastload-before``: the fastload child, fastload from ``pythonpath``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=pythonpath or str(ROOT),
         AWS_ACCESS_KEY_ID=spec["access_key"],
         AWS_SECRET_ACCESS_KEY=spec["secret_key"],
         AWS_REGION=REGION,
         AWS_EC2_METADATA_DISABLED="true",
     )
     out = subprocess.run(
-        [python, __file__, "--child", reader, json.dumps(spec)],
+        [python, __file__, "--child", reader.removesuffix("-before"), json.dumps(spec)],
         capture_output=True,
         text=True,
         env=env,
@@ -221,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--duckdb-python", default=sys.executable)
     p.add_argument("--json", help="write the results here too")
+    p.add_argument("--fastload-before", metavar="PATH", help="also run fastload from this checkout")
     args = p.parse_args(argv)
     if args.child:
         reader, spec = args.child[0], json.loads(args.child[1])
@@ -241,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     assert spec_rgw is not None and spec_rgw.loader is not None
     rgw_module = importlib.util.module_from_spec(spec_rgw)
     spec_rgw.loader.exec_module(rgw_module)
-    readers = list(READERS)
+    readers = list(READERS) + (["fastload-before"] if args.fastload_before else [])
     why_not_duckdb = duckdb_problem(args.duckdb_python)
     if why_not_duckdb:
         readers.remove("duckdb")
@@ -288,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                     for reader in order:
                         before = proxy.stats()
                         python = args.duckdb_python if reader == "duckdb" else sys.executable
-                        got = run_child(python, reader, {**base, "read": read})
+                        before_path = args.fastload_before if reader == "fastload-before" else None
+                        got = run_child(python, reader, {**base, "read": read}, before_path)
                         after = proxy.stats()
                         got.update(
                             rep=rep,
@@ -334,7 +343,28 @@ def summarize(results: list[dict[str, Any]], readers: list[str], data_bytes: int
         for read, limit in (("column", 0.02), ("partition", 0.1), ("dates", 0.1)):
             b = table.get(f"{read}/fastload", {}).get("bytes")
             targets[read] = {"ratio": None if b is None else b / full, "limit": limit}
-    return {"cells": table, "targets": targets, "data_bytes": data_bytes, "readers": readers}
+    # pyarrow's seconds over each fastload reader's, repetition by repetition (above 1: fastload faster)
+    ratios: dict[str, list[float]] = {}
+    for read in READS:
+        for reader in (r for r in readers if r.startswith("fastload")):
+            pairs = [
+                (a["seconds"], b["seconds"])
+                for a in results
+                for b in results
+                if a["read"] == b["read"] == read and a["rep"] == b["rep"]
+                if a["reader"] == "pyarrow"
+                and b["reader"] == reader
+                and "error" not in a
+                and "error" not in b
+            ]
+            ratios[f"{read}/{reader}"] = [round(x / y, 3) for x, y in pairs]
+    return {
+        "cells": table,
+        "targets": targets,
+        "ratios": ratios,
+        "data_bytes": data_bytes,
+        "readers": readers,
+    }
 
 
 def render(report: dict[str, Any]) -> str:
@@ -359,6 +389,11 @@ def render(report: dict[str, Any]) -> str:
             f"- {read}: fastload fetched {t['ratio']:.4f} of its full read's bytes (target <= {t['limit']}): "
             f"{verdict}"
         )
+    for key, values in report.get("ratios", {}).items():
+        if values:
+            shown = " / ".join(f"{v:.2f}" for v in values)
+            middle = statistics.median(values)
+            lines.append(f"- {key}: pyarrow s / fastload s by repetition {shown} (median {middle:.2f})")
     if report.get("why_not_duckdb"):
         lines.append(f"- duckdb: not measured: {report['why_not_duckdb']}")
     lines.append(f"\nMachine: {report.get('machine', '')}")
