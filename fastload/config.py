@@ -112,9 +112,10 @@ class S3Config:
     Unset fields fall back to botocore's own chain (environment, ``~/.aws/config``, instance roles).
 
     ``transport`` picks how the reader's GETs travel: ``"direct"`` (default) signs them with botocore's
-    SigV4 signer and the client's credentials, endpoint and region, and sends them over pooled ``http.client``
-    connections (about half the CPU per GiB); ``"botocore"`` sends them through ``get_object``, for stores
-    or setups the direct path does not handle (non-SigV4 signing, botocore plugins, region redirects).
+    SigV4 signer and the client's credentials, endpoint and region, and sends them over pooled keep-alive
+    HTTP/1.1 connections (``fastload.s3.http1``; about half the CPU per GiB); ``"botocore"`` sends them
+    through ``get_object``, for stores or setups the direct path does not handle (non-SigV4 signing,
+    botocore plugins, region redirects).
 
     Tail tolerance (direct transport): a GET that lags far behind what this endpoint normally does (no
     response head, or no body bytes, for 3x this endpoint's p99, never less than ``hedge_floor_s``; or past
