@@ -102,19 +102,15 @@ class ParquetSamples:
     def load(
         self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False
     ) -> Callable[[], Iterable[RawSample]]:
-        """Fetch the column chunks the rows at ``positions`` need and decode them now (pyarrow, which
-        lets other threads run meanwhile: in a prefetch thread this is off the consumer's path); the
-        returned function makes the samples, in the order of ``positions``. A page that fails its
-        checksum raises :class:`VerifyError` here."""
+        """Fetch the column chunks the rows at ``positions`` need now; the returned function decodes them
+        into samples, in the order of ``positions``."""
         from fastload.formats.parquet.values import read_columns
 
         meta = self.metadata()
         cols = read_columns(self.names(meta), columns)
         groups = self.groups_of(positions)
         pieces = self.fetch(meta, groups, cols) if self._data is None else []
-        table = self.decode_groups(meta, pieces, groups, cols)
-        del pieces
-        return lambda: self._rows(meta, table, groups, positions)
+        return lambda: self._rows(meta, pieces, groups, positions, cols)
 
     def fetch(self, meta: Any, groups: Sequence[int], cols: Sequence[str] | None) -> list[tuple[int, bytes]]:
         """``(offset, bytes)`` of the coalesced column-chunk ranges of ``cols`` in row groups ``groups``."""
@@ -181,13 +177,19 @@ class ParquetSamples:
         )
 
     def _rows(
-        self, meta: Any, table: Any, groups: Sequence[int], positions: Sequence[int]
+        self,
+        meta: Any,
+        pieces: Sequence[tuple[int, bytes]],
+        groups: Sequence[int],
+        positions: Sequence[int],
+        cols: Sequence[str] | None,
     ) -> list[RawSample]:
-        """The samples at ``positions`` from ``table``, the decoded row groups ``groups``, made in bulk."""
+        """The samples at ``positions``: their row groups decoded in one call, the rows made in bulk."""
         from fastload.formats.parquet.values import sample_rows
 
         starts = self._starts
         rows = [p for g in groups for p in range(starts[g], starts[g + 1])]  # the decoded table's rows
+        table = self.decode_groups(meta, pieces, groups, cols)
         keep_nulls = KEY_COLUMN not in self.names(meta)  # (a foreign file: nulls are values)
         return sample_rows(table, rows=rows, positions=positions, keys=self.entry.keys, keep_nulls=keep_nulls)
 
