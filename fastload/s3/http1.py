@@ -9,7 +9,9 @@ S3 GETs and HEADs need and no more (no request bodies, no ``Expect``, no proxies
 Failures raise what ``http.client`` raises for them (``RemoteDisconnected``, ``BadStatusLine``,
 ``IncompleteRead`` in a chunked body) or ``OSError``/``TimeoutError`` from the socket, so
 :func:`~fastload.s3.client.classify_exception` classifies them as before; a body that ends before its
-``Content-Length`` reads as 0 (the caller counts what it got), as ``HTTPResponse.readinto`` does.
+``Content-Length`` reads as 0 (the caller counts what it got), as ``HTTPResponse.readinto`` does. A body
+read fills the caller's piece (as ``HTTPResponse.readinto`` through its buffered file does: one Python
+iteration of the reader's loop per piece, not per ``recv``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Response:
         self._sock = sock
         self._buf = bytearray()
         self._pos = 0  # bytes of _buf already consumed
+        self._failed: OSError | None = None  # raised by the next readinto (its bytes were returned)
         while True:
             head = self._read_head()
             status_line, _, rest = head.partition(b"\r\n")
@@ -113,24 +116,35 @@ class Response:
         return self.headers.get(name.lower(), default)
 
     def readinto(self, view: memoryview) -> int:
-        """Up to ``len(view)`` body bytes into ``view``; 0 at its end or when the connection ended early."""
+        """Body bytes into ``view`` until it is full or the body ends (0: at its end, or the connection
+        ended early). Bytes that arrived before a failure (a timeout, a reset) are returned first; the
+        failure is raised by the next call, so a caller keeps every byte received."""
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
         if self.finished or not len(view):
             return 0
         if self.chunked:
             return self._readinto_chunked(view)
         if self._left is not None and len(view) > self._left:
             view = view[: self._left]
-        n = self._take(view)
-        if not n:
-            n = self._sock.recv_into(view)
-        if not n:  # ended early (cut or aborted); for a body to the close, its end
-            self.finished = self._left is None
-            self._left = 0 if self._left is None else self._left
-            return 0
+        got = self._take(view)
+        try:
+            while got < len(view):  # (as BufferedReader.readinto: fewer, larger pieces for the caller)
+                n = self._sock.recv_into(view[got:])
+                if not n:
+                    break
+                got += n
+        except OSError as exc:
+            if not got:
+                raise
+            self._failed = exc
         if self._left is not None:
-            self._left -= n
+            self._left -= got
             self.finished = not self._left
-        return n
+        elif not got:  # a body to the connection's close: its end
+            self.finished = True
+        return got
 
     def read(self, limit: int) -> bytes:
         """Up to ``limit`` body bytes (fewer only at the body's end)."""

@@ -12,6 +12,7 @@ import pytest
 
 from fastload.s3.client import classify_exception
 from fastload.s3.http1 import Connection, Response
+from fastload.s3.transport import connection_socket
 
 
 @pytest.fixture
@@ -152,3 +153,21 @@ def test_a_head_without_end_is_refused(pair: tuple[Connection, socket.socket]) -
 def test_request_on_a_closed_connection() -> None:
     with pytest.raises(http.client.NotConnected):
         Connection("http", "127.0.0.1", 9, timeout=1, context=None).request("GET", "/", {})
+
+
+def test_a_piece_is_filled_across_receives_and_bytes_before_a_timeout_are_kept(
+    pair: tuple[Connection, socket.socket],
+) -> None:
+    conn, server = pair
+    resp = answer(pair, b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n012")
+    sock = connection_socket(conn)
+    assert sock is not None
+    buf = bytearray(8)
+    server.sendall(b"345")
+    sock.settimeout(0.05)
+    assert resp.readinto(memoryview(buf)) == 6 and buf[:6] == b"012345"  # then the peer went silent
+    with pytest.raises(TimeoutError):
+        resp.readinto(memoryview(buf))
+    server.sendall(b"6789")
+    sock.settimeout(5)
+    assert resp.readinto(memoryview(buf)) == 4 and buf[:4] == b"6789" and resp.finished
