@@ -4,11 +4,11 @@ a GET and its hedges, and the watchdog thread that starts hedges.
 A reader opens a :class:`Race` per GET attempt (:meth:`Hedger.race`); the GET is the race's first
 :class:`Runner` and runs on the reader's own thread, reporting its progress (``head_at``, ``got``,
 ``progress_at``: plain attribute writes). The watchdog (one daemon thread per process, running while races
-are open, ticking at a quarter of the deadlines' floor) asks ``core.hedge`` whether the newest runner of each
-race lags and whether a hedge may go out now; if so it adds a runner and starts the reader's hedge function
-on a short-lived thread named ``fastload-s3-hedge`` (a split hedge runs its other ranges on threads of
-their own). Races of one reader share a :class:`RaceGroup`: its count of finished races tells the watchdog
-when the reader's silent GETs are stranded (``core.hedge``). The first runner to finish
+are open, ticking at a quarter of the deadlines' floor) asks ``core.hedge`` whether the newest runner in
+flight of each race lags and whether a hedge may go out now; if so it adds a runner and starts the reader's
+hedge function on a short-lived thread named ``fastload-s3-hedge`` (a split hedge runs its other ranges on
+threads of their own). Races of one reader share a :class:`RaceGroup`: its count of finished races tells
+the watchdog when the reader's silent GETs are stranded (``core.hedge``). The first runner to finish
 :meth:`Race.claim`\\ s the race; the others are aborted (their sockets shut down, which wakes a blocked
 read). Hedges bypass the AIMD gate (they are capped by the budget and never sent while the store throttles).
 A silent GET that may not be hedged because the budget is spent is cut short instead and retried at once
@@ -90,12 +90,14 @@ class Runner:
     """One GET of a race (a hedge: ``pieces`` concurrent GETs of consecutive ranges). ``offset``: where its
     bytes start within the race's range (the original: 0; a hedge: what the original had received when the
     hedge was sent); ``got``: bytes it has received (for the original: up to which byte of the range its
-    buffer is filled); ``head_at``: when its (every piece's) response head arrived."""
+    buffer is filled); ``head_at``: when its (every piece's) response head arrived; ``failed``: a hedge
+    that ended without its bytes (no longer in flight)."""
 
     __slots__ = (
         "abort",
         "buf",
         "end",
+        "failed",
         "got",
         "head_at",
         "offset",
@@ -113,6 +115,7 @@ class Runner:
         self.abort = Abort()
         self.buf: Any = None  # a hedge's bytes, once it has them all
         self.end: int | None = None  # a hedge's end (within the range), once its answer says it
+        self.failed = False
 
 
 class Race:
@@ -144,7 +147,13 @@ class Race:
 
     @property
     def newest(self) -> Runner:
-        return self.hedges[-1] if self.hedges else self.primary
+        """The latest GET still in flight: the newest hedge that has not failed, else the original (a
+        failed hedge's frozen progress says nothing of the GETs left: judged on it, a headless original's
+        next hedge would go out late and unsplit)."""
+        for runner in reversed(self.hedges):
+            if not runner.failed:
+                return runner
+        return self.primary
 
     def launch(self, now: float, pieces: int = 1) -> None:
         """Send a hedge for the bytes the original has not received yet, as ``pieces`` concurrent ranges

@@ -607,6 +607,7 @@ class RangedReader(io.RawIOBase):
         for thread in others:
             thread.join()
         if any(r is None for r in results) or whole is None:
+            runner.failed = True  # (the watchdog judges the race on the GETs still in flight)
             self._runtime.stats.hedge_event(failed=1)
             return
         runner.buf, runner.end = whole.obj, start + len(whole) - cur.start

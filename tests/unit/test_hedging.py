@@ -168,3 +168,25 @@ def test_without_budget_a_stranded_get_is_cut_once_its_retry_waits_for_the_first
     retry.close()
     hedges = stats.snapshot()["hedges"]
     assert hedges["cut"] == 1 and hedges["suppressed_budget"] == 2, hedges
+
+
+def test_a_failed_hedge_is_not_what_the_watchdog_judges_the_race_on() -> None:
+    """A hedge that got its head and then failed (a wrong Content-Range, a reset) is no longer in flight:
+    the race's lag is judged on the GETs left (the headless original), not on the failed hedge's frozen
+    progress, so the next hedge goes out as one for a GET without a head."""
+    stats = S3Stats()
+    started = threading.Event()
+
+    def failing(race: Race, runner: Runner) -> None:
+        runner.head_at = runner.progress_at = time.monotonic()
+        runner.failed = True
+        started.set()
+
+    generous = HedgePolicy(floor_s=0.05, ceiling_s=1.0, burst=1, max_fraction=0.0001, cold_factor=1.0)
+    race = Hedger(stats).race(generous, 1, failing)
+    assert started.wait(3)
+    assert race.newest is race.primary  # (its only hedge failed)
+    race.close()
+    spare = Runner(0, 1, time.monotonic())
+    race.hedges.append(spare)
+    assert race.newest is spare  # a hedge still in flight is the newest
