@@ -19,7 +19,7 @@ from __future__ import annotations
 import http.client
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 MAX_HEAD_BYTES = 64 << 10  # status line and headers; S3's are under 2 KiB
 _RECV_BYTES = 64 << 10
@@ -178,32 +178,32 @@ class Response:
         return bool(chunk)
 
     def _read_head(self) -> bytes:
-        while True:
-            end = self._buf.find(b"\r\n\r\n", self._pos)
-            if end >= 0:
-                head = bytes(self._buf[self._pos : end])
-                self._pos = end + 4
-                return head
-            if len(self._buf) - self._pos > MAX_HEAD_BYTES:
-                raise http.client.LineTooLong(f"response head over {MAX_HEAD_BYTES} bytes")
-            empty = len(self._buf) == self._pos
-            if not self._fill():
-                if empty:
-                    raise http.client.RemoteDisconnected("Remote end closed connection without response")
-                raise http.client.BadStatusLine("response head cut short")
+        def cut_short(nothing: bool) -> Exception:
+            if nothing:
+                return http.client.RemoteDisconnected("Remote end closed connection without response")
+            return http.client.BadStatusLine("response head cut short")
+
+        return self._until(b"\r\n\r\n", f"response head over {MAX_HEAD_BYTES} bytes", cut_short)
 
     def _line(self) -> bytes:
         """The next CRLF-terminated line of a chunked body (without its CRLF)."""
+        return self._until(b"\r\n", "chunk size line", lambda nothing: http.client.IncompleteRead(b""))
+
+    def _until(self, end_mark: bytes, too_long: str, cut_short: Callable[[bool], Exception]) -> bytes:
+        """The received bytes up to ``end_mark`` (consumed with it, returned without it), receiving more
+        as needed; ``LineTooLong(too_long)`` past ``MAX_HEAD_BYTES``; when the peer closes first,
+        ``cut_short(nothing)`` (``nothing``: no byte of it had arrived)."""
         while True:
-            end = self._buf.find(b"\r\n", self._pos)
+            end = self._buf.find(end_mark, self._pos)
             if end >= 0:
-                line = bytes(self._buf[self._pos : end])
-                self._pos = end + 2
-                return line
+                found = bytes(self._buf[self._pos : end])
+                self._pos = end + len(end_mark)
+                return found
             if len(self._buf) - self._pos > MAX_HEAD_BYTES:
-                raise http.client.LineTooLong("chunk size line")
+                raise http.client.LineTooLong(too_long)
+            nothing = self._pos == len(self._buf)
             if not self._fill():
-                raise http.client.IncompleteRead(b"")
+                raise cut_short(nothing)
 
     def _readinto_chunked(self, view: memoryview) -> int:
         if self._chunk_left is None:
