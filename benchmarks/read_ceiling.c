@@ -34,6 +34,7 @@
 typedef struct { long long offset, size; } Member; /* a member's data: offset in the shard, bytes */
 
 static uint64_t k256[2], k64[2];
+static int vpclmul; /* AVX-512 VPCLMULQDQ here: else the crc32 instruction alone (slower) */
 
 static uint64_t xpow(int e) { /* x^e mod P, bit-reflected, for the folding constants */
     uint64_t r = 1;
@@ -50,7 +51,7 @@ VT static inline __m512i fold(__m512i x, __m512i k, __m512i d) {
 }
 VT static uint32_t crc32c(uint32_t crc, const unsigned char *p, size_t n) { /* as fastload/_native.c */
     uint64_t c = ~crc;
-    if (n >= 512) {
+    if (vpclmul && n >= 512) {
         __m512i m256 = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)k256[1], (long long)k256[0]));
         __m512i m64 = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)k64[1], (long long)k64[0]));
         __m512i x0 = _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (int)~crc));
@@ -100,6 +101,9 @@ int main(int argc, char **argv) {
     /* as in a Python process after its first big free: freed memory stays in the heap, 256 KiB come from it */
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("sse4.2")) { fprintf(stderr, "needs SSE4.2 (x86-64)\n"); return 2; }
+    vpclmul = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq");
     k256[0] = xpow(8 * 256 + 64 - 33); k256[1] = xpow(8 * 256 - 33);
     k64[0] = xpow(8 * 64 + 64 - 33); k64[1] = xpow(8 * 64 - 33);
     unsigned char *buf = malloc(128 << 10), *scratch = malloc(BATCH + MAX_MEMBERS * 2 * BLOCK);
