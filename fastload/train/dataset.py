@@ -67,7 +67,7 @@ from fastload.train.options import (
     PrefetchConfig,
     merge,
 )
-from fastload.train.position import Iteration, SharedPosition
+from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import read_samples
 from fastload.train.source import open_index
 from fastload.train.tablememo import TableMemo
@@ -115,7 +115,7 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
+class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
     """Samples of a packed dataset (a folder or ``s3://`` prefix with ``index.json``; tar or TFRecord
     shards without one), as WebDataset-style dicts with ``__key__``, ``__shard__``, ``__index__`` and one
     entry per field.
@@ -246,34 +246,6 @@ class ShardDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         return handle
 
     # -- epoch and position -------------------------------------------------------------------------------
-
-    @property
-    def epoch(self) -> int:
-        return int(self._shared.fields.epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its beginning (call before iterating, as with DistributedSampler).
-        After :meth:`load_state_dict`, setting the restored epoch keeps the restored position."""
-        self._shared.set_epoch(epoch)
-
-    @property
-    def start(self) -> int:
-        """Samples of this epoch already delivered before the current iteration (resume position)."""
-        return int(self._shared.fields.start)
-
-    def rewind(self) -> None:
-        """Start the current epoch from its beginning at the next iteration (after a complete pass)."""
-        self._shared.rewind()
-
-    @property
-    def skipped(self) -> int:
-        """Samples left out with ``on_error="skip"`` this epoch (by this process, or reported by
-        ``fastload.DataLoader`` for its workers)."""
-        return int(self._shared.fields.skipped)
-
-    def count_skipped(self, n: int) -> None:
-        """Add ``n`` samples skipped on error (what ``fastload.DataLoader`` reports from its workers)."""
-        self._shared.fields.skipped += n
 
     def resumed_from(self) -> tuple[int, int] | None:
         """``(old world size, samples each old rank had delivered)`` when the current epoch was resumed

@@ -33,13 +33,13 @@ from fastload.train.chunks import chunks_of
 from fastload.train.dataset import ShardDataset
 from fastload.train.mixplan import MixPlan, Source, plan_epoch
 from fastload.train.mixread import interleave, source_samples
-from fastload.train.position import Iteration, SharedPosition
+from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import SKIPPED
 
 Weights = Mapping[str, float] | Sequence[float]
 
 
-class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
+class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
     """Samples of several ``ShardDataset`` sources, each position drawn from a source by weight.
 
     ``sources``: ``{name: dataset}`` (or a list: names ``"0"``, ``"1"``, ...); ``weights``: by name or in
@@ -125,30 +125,7 @@ class Mix(torch.utils.data.IterableDataset[dict[str, Any]]):
         handle._pending = handle._live = None
         return handle
 
-    # -- position (shared with DataLoader workers) --------------------------------------------------------
-
-    @property
-    def epoch(self) -> int:
-        return int(self._shared.fields.epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start mixture epoch ``epoch`` from its beginning (after a restore of it: keep the position)."""
-        self._shared.set_epoch(epoch)
-
-    @property
-    def start(self) -> int:
-        """Positions of this epoch delivered before the current iteration."""
-        return int(self._shared.fields.start)
-
-    def rewind(self) -> None:
-        self._shared.rewind()
-
-    @property
-    def skipped(self) -> int:
-        return int(self._shared.fields.skipped)
-
-    def count_skipped(self, n: int) -> None:
-        self._shared.fields.skipped += n
+    # -- position (shared with DataLoader workers: epoch, start, skipped in PositionMethods) ---------------
 
     def rank_world(self) -> tuple[int, int]:
         return self.sources[0].rank_world()

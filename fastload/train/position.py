@@ -64,6 +64,41 @@ class SharedPosition:
         return None
 
 
+class PositionMethods:
+    """The position methods a dataset over a :class:`SharedPosition` (its ``_shared``) offers its users:
+    ``ShardDataset`` and ``Mix`` (positions of their epoch's order: samples, or mixture positions)."""
+
+    _shared: SharedPosition
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared.fields.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning (call before iterating, as with DistributedSampler).
+        After ``load_state_dict``, setting the restored epoch keeps the restored position."""
+        self._shared.set_epoch(epoch)
+
+    @property
+    def start(self) -> int:
+        """Positions of this epoch delivered before the current iteration (the resume position)."""
+        return int(self._shared.fields.start)
+
+    def rewind(self) -> None:
+        """Start the current epoch from its beginning at the next iteration (after a complete pass)."""
+        self._shared.rewind()
+
+    @property
+    def skipped(self) -> int:
+        """Samples left out with ``on_error="skip"`` this epoch (by this process, or reported by
+        ``fastload.DataLoader`` for its workers)."""
+        return int(self._shared.fields.skipped)
+
+    def count_skipped(self, n: int) -> None:
+        """Add ``n`` samples skipped on error (what ``fastload.DataLoader`` reports from its workers)."""
+        self._shared.fields.skipped += n
+
+
 @dataclass
 class Iteration:
     """One pass of one process: epoch, the rank-level position it started from, its worker slot, how its
