@@ -7,16 +7,18 @@ last, the journal removed), shared by the pack of files and the pack of tables."
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import crc32c
 
+from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
 from fastload.errors import PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
-from fastload.packing.dest import Destination
+from fastload.packing.dest import Destination, destination
 from fastload.packing.report import PackReport
 
 STATE_DIR = ".fastload-pack"
@@ -109,6 +111,29 @@ def prepare_destination(
     dest.prepare()
     journal.start(fingerprint, shards)
     return True
+
+
+def open_pack(
+    target: str,
+    *,
+    fingerprint: str,
+    layout: str,
+    resume: bool,
+    shards: int | None,
+    name_of: Callable[[int], str | None],
+    s3_config: S3Config | None,
+) -> tuple[Destination, PackJournal, dict[int, ShardResult] | None]:
+    """A pack run's destination (a local folder, made absolute, or ``s3://``) set up by
+    :func:`prepare_destination`, its journal, and the shards an interrupted run finished that are kept
+    (:func:`kept_shards`, with ``resume``); None for those when the destination already holds this pack."""
+    url = target if target.startswith("s3://") else os.path.abspath(target)
+    dest = destination(url, STATE_DIR, config=s3_config)
+    journal = PackJournal(dest)
+    if not prepare_destination(
+        dest, journal, fingerprint=fingerprint, layout=layout, resume=resume, shards=shards
+    ):
+        return dest, journal, None
+    return dest, journal, kept_shards(dest, journal, name_of) if resume else {}
 
 
 def kept_shards(

@@ -21,9 +21,8 @@ from fastload.core.index import INDEX_NAME, parse_index
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
 from fastload.gcpause import gc_paused
-from fastload.packing.dest import destination
 from fastload.packing.engine import Engine, LocalEngine
-from fastload.packing.journal import STATE_DIR, PackJournal, finish_pack, kept_shards, prepare_destination
+from fastload.packing.journal import finish_pack, open_pack
 from fastload.packing.plan import plan_pack, shard_sizes, source_and_target
 from fastload.packing.progress import Progress
 from fastload.packing.report import PackReport
@@ -130,19 +129,17 @@ def pack(
     if plan.skipped and not config.allow_skip:
         raise SkippedInputError(plan.skipped, written=False)
 
-    dest = destination(
-        target if target.startswith("s3://") else os.path.abspath(target), STATE_DIR, config=s3_config
-    )
-    journal = PackJournal(dest)
-    fresh_or_resumed = prepare_destination(
-        dest,
-        journal,
+    names = {p.number: p.name for p in plan.shards}
+    dest, journal, kept = open_pack(
+        target,
         fingerprint=plan.fingerprint,
         layout=plan.layout,
         resume=config.resume,
         shards=len(plan.shards),
+        name_of=names.get,
+        s3_config=s3_config,
     )
-    if not fresh_or_resumed:  # already complete
+    if kept is None:  # already complete
         index = parse_index(dest.read_bytes(INDEX_NAME) or b"", where=f"{dest.url}/{INDEX_NAME}")
         return PackReport(
             dest.url,
@@ -153,8 +150,6 @@ def pack(
             already_complete=True,
         )
 
-    names = {p.number: p.name for p in plan.shards}
-    kept = kept_shards(dest, journal, names.get) if config.resume else {}
     results: dict[int, ShardResult] = dict(kept)
     done_bytes = sum(r.payload_bytes for r in results.values())
     open_threads = 16 if any(src.startswith("s3://") for src in srcs) else 0

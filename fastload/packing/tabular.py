@@ -35,9 +35,8 @@ from fastload.core.plan import ShardPlan, plan_shards, sample_order
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.parquet.writer import KEY_COLUMN
 from fastload.formats.tar.writer import ShardResult
-from fastload.packing.dest import destination
 from fastload.packing.engine import LocalEngine
-from fastload.packing.journal import STATE_DIR, PackJournal, finish_pack, kept_shards, prepare_destination
+from fastload.packing.journal import finish_pack, open_pack
 from fastload.packing.progress import Progress
 from fastload.packing.report import PackReport
 from fastload.packing.table_shards import TableShard
@@ -312,19 +311,17 @@ def pack_table(
         raise SkippedInputError(plan.skipped, written=False)
     if not plan.rows.num_rows:
         raise PackError(f"no rows to pack in {', '.join(sources)}")
-    dest = destination(
-        target if target.startswith("s3://") else os.path.abspath(target), STATE_DIR, config=s3_config
-    )
-    journal = PackJournal(dest)
-    fresh = prepare_destination(
-        dest,
-        journal,
+    names = {p.number: p.name for p in plan.shards}
+    dest, journal, kept = open_pack(
+        target,
         fingerprint=plan.fingerprint,
         layout=plan.layout,
         resume=config.resume,
         shards=len(plan.shards),
+        name_of=names.get,
+        s3_config=s3_config,
     )
-    if not fresh:
+    if kept is None:  # already complete
         index = parse_index(dest.read_bytes(INDEX_NAME) or b"", where=f"{dest.url}/{INDEX_NAME}")
         return PackReport(
             dest.url,
@@ -333,8 +330,6 @@ def pack_table(
             seconds=time.monotonic() - began,
             already_complete=True,
         )
-    names = {p.number: p.name for p in plan.shards}
-    kept = kept_shards(dest, journal, names.get) if config.resume else {}
     results: dict[int, ShardResult] = dict(kept)
     jobs = (
         TableShard(

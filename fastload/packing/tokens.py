@@ -28,9 +28,9 @@ from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
 from fastload.core.seqpack import TOKEN_DTYPES
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
-from fastload.packing.dest import Destination, destination
+from fastload.packing.dest import Destination
 from fastload.packing.engine import LocalEngine
-from fastload.packing.journal import STATE_DIR, PackJournal, kept_shards, prepare_destination
+from fastload.packing.journal import open_pack
 from fastload.packing.plan import source_and_target
 from fastload.packing.token_docs import Chunk, Reader, check_range
 from fastload.packing.token_inputs import (
@@ -198,13 +198,17 @@ def pack_tokens(
     )
     layout, print_ = fingerprint(inputs, {**options, "hook": hook_name})
 
-    dest = destination(
-        target if target.startswith("s3://") else os.path.abspath(target), STATE_DIR, config=s3_config
+    dest, journal, kept = open_pack(
+        target,
+        fingerprint=print_,
+        layout=layout,
+        resume=resume,
+        shards=None,
+        name_of=lambda n: _shard_name(prefix, n),
+        s3_config=s3_config,
     )
-    journal = PackJournal(dest)
-    if not prepare_destination(dest, journal, fingerprint=print_, layout=layout, resume=resume, shards=None):
+    if kept is None:
         return _complete(dest, began)
-    kept = kept_shards(dest, journal, lambda n: _shard_name(prefix, n)) if resume else {}
     results: dict[int, ShardResult] = dict(kept)
     totals = _Totals()
     cutter = ShardCutter(dtype=np_dtype, row_group_bytes=row_group_bytes, shard_size_bytes=shard_size_bytes)

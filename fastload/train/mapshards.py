@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 import os
 import threading
 import weakref
@@ -27,6 +26,7 @@ from fastload.core.lru import LRU
 from fastload.errors import ConfigError, NotFoundError
 from fastload.formats.tar.reader import short_read
 from fastload.storage import access as storage
+from fastload.storage.rangedfile import RangedFile
 
 if TYPE_CHECKING:
     from fastload.storage.cache import ShardCache
@@ -35,55 +35,29 @@ RawSample = dict[str, Any]
 FOOTER_BYTES = 64 << 10  # what pyarrow reads first from a Parquet file's end (its footer read size)
 
 
-class RangeFile(io.RawIOBase):
+class RangeFile(RangedFile):
     """A read-only file of ``size`` bytes whose reads are served from byte ranges fetched ahead
     (:meth:`hold`), else fetched with ``read(offset, size)`` each (one ranged read). Keeps the tail
     (``FOOTER_BYTES``) and the last range held. Not thread safe (its shard's handle locks)."""
 
     def __init__(self, read: Callable[[int, int], bytes], size: int, name: str) -> None:
-        super().__init__()
-        self._read, self._size, self.name_ = read, size, name
-        self._pos = 0
+        super().__init__(size, name)
+        self._read = read
         self._tail: tuple[int, bytes] | None = None
         self._held: tuple[int, bytes] | None = None
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
 
     def hold(self, offset: int, size: int) -> None:
         """Fetch ``[offset, offset + size)`` now with one read; later reads inside it cost nothing."""
         self._held = (offset, self._read(offset, size))
 
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        n = max(0, min(len(view), self._size - self._pos))
-        if n == 0:
-            return 0
-        if self._tail is None and self._pos + n > self._size - FOOTER_BYTES:
+    def _bytes_at(self, offset: int, n: int) -> bytes | memoryview:
+        if self._tail is None and offset + n > self._size - FOOTER_BYTES:
             start = max(0, self._size - FOOTER_BYTES)
             self._tail = (start, self._read(start, self._size - start))
         for held in (self._held, self._tail):
-            if held is not None and held[0] <= self._pos and self._pos + n <= held[0] + len(held[1]):
-                at = self._pos - held[0]
-                view[:n] = held[1][at : at + n]
-                break
-        else:
-            view[:n] = self._read(self._pos, n)
-        self._pos += n
-        return n
+            if held is not None and held[0] <= offset and offset + n <= held[0] + len(held[1]):
+                return memoryview(held[1])[offset - held[0] : offset - held[0] + n]
+        return self._read(offset, n)
 
 
 def _pread(fd: int, name: str, offset: int, size: int) -> bytes:

@@ -17,7 +17,6 @@ parallel, gives its row groups ``(first byte, bytes, rows)``, rows and schema. E
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from fastload.errors import ConfigError, FastloadError, VerifyError
 from fastload.formats.parquet.footer import row_groups_of
 from fastload.formats.parquet.values import KEY_COLUMN, column_values
 from fastload.storage import access as storage
+from fastload.storage.rangedfile import RangedFile
 
 TAIL_BYTES = 64 << 10  # the first read of a footer (pyarrow also reads 64 KiB first)
 GAP_BYTES = 64 << 10  # key column chunks closer than this are fetched with one read
@@ -92,14 +92,14 @@ def stem_of(name: str) -> str:
     return name[: -len(SUFFIX)] if name.endswith(SUFFIX) else name
 
 
-class SparseFile(io.RawIOBase):
+class SparseFile(RangedFile):
     """A read-only file of ``size`` bytes served from byte ranges fetched before (``add``), fetching any
     other range it is asked for with ``fetch(offset, size)``: what pyarrow reads a footer and chosen column
     chunks through, so only those bytes travel."""
 
     def __init__(self, size: int, fetch: Callable[[int, int], bytes]) -> None:
-        super().__init__()
-        self._size, self._fetch, self._pos = size, fetch, 0
+        super().__init__(size)
+        self._fetch = fetch
         self._pieces: list[tuple[int, bytes]] = []
 
     def add(self, offset: int, data: bytes) -> None:
@@ -127,38 +127,14 @@ class SparseFile(io.RawIOBase):
             ):
                 self.add(start, data)
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        n = max(0, min(len(view), self._size - self._pos))
-        if not n:
-            return 0
-        start, stop = self._pos, self._pos + n
-        for offset, data in self._pieces:
-            if offset <= start and stop <= offset + len(data):
-                view[:n] = data[start - offset : stop - offset]
-                break
-        else:
-            data = self._fetch(start, n)
-            if len(data) != n:
-                raise OSError(f"short read: {len(data)} of {n} bytes at offset {start}")
-            view[:n] = data
-            self.add(start, data)
-        self._pos = stop
-        return n
+    def _bytes_at(self, offset: int, n: int) -> bytes | memoryview:
+        for start, data in self._pieces:
+            if start <= offset and offset + n <= start + len(data):
+                return memoryview(data)[offset - start : offset - start + n]
+        data = self._fetch(offset, n)
+        if len(data) == n:
+            self.add(offset, data)
+        return data
 
 
 @dataclass

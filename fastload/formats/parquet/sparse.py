@@ -7,51 +7,27 @@ writers' do) is fetched through the shard's ranged ``read`` and counted in :attr
 from __future__ import annotations
 
 import bisect
-import io
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from fastload.storage.rangedfile import RangedFile
 
 
-class SparseFile(io.RawIOBase):
+class SparseFile(RangedFile):
     """Read-only, seekable; ``pieces`` are ``(offset, bytes)`` of the fetched ranges, sorted, disjoint."""
 
     def __init__(
         self, size: int, pieces: Sequence[tuple[int, bytes]], read: Callable[[int, int], bytes]
     ) -> None:
-        super().__init__()
-        self._size, self._pieces, self._read = size, list(pieces), read
+        super().__init__(size)
+        self._pieces, self._read = list(pieces), read
         self._starts = [p[0] for p in self._pieces]
-        self._pos = 0
         self.misses = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        n = min(len(view), self._size - self._pos)
-        if n <= 0:
-            return 0
-        i = bisect.bisect_right(self._starts, self._pos) - 1
+    def _bytes_at(self, offset: int, n: int) -> bytes | memoryview:
+        i = bisect.bisect_right(self._starts, offset) - 1
         if i >= 0:
             start, data = self._pieces[i]
-            if self._pos + n <= start + len(data):
-                at = self._pos - start
-                view[:n] = data[at : at + n]
-                self._pos += n
-                return n
+            if offset + n <= start + len(data):
+                return memoryview(data)[offset - start : offset - start + n]
         self.misses += 1
-        view[:n] = self._read(self._pos, n)
-        self._pos += n
-        return n
+        return self._read(offset, n)
