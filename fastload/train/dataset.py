@@ -426,9 +426,8 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
                     f"{mine!r}; resume with the same dataset, seed, shuffle and even settings"
                 )
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
-        earlier = state.get("resumed_from")
+        resumed = self._resumed_by({**state, "world_size": old_world}, world)
         if old_world == world:
-            resumed = None if earlier is None else (int(earlier["world_size"]), int(earlier["delivered"]))
             start = delivered
             total = len(self._plan(epoch, resumed).samples)
             if not 0 <= start <= total:
@@ -436,40 +435,13 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
                     f"cannot resume: the checkpoint has delivered={start} samples of epoch {epoch}, but this "
                     f"rank's epoch has {total}; resume with the same dataset and settings"
                 )
-        elif earlier is not None:
-            raise ConfigError(
-                f"cannot resume: this checkpoint already continues an epoch with world_size={old_world} "
-                f"(resumed from world_size={earlier['world_size']}); finish epoch {epoch} with "
-                f"world_size={old_world}, or resume from the checkpoint taken before"
-            )
         else:
-            resumed, start = (int(old_world), delivered), 0
+            start = 0
             try:
                 self._plan(epoch, resumed)
             except ValueError as exc:
                 raise ConfigError(f"cannot resume from this checkpoint: {exc}") from None
-        info = torch.utils.data.get_worker_info()
-        worker = state.get("worker")
-        if info is None:
-            if worker is not None:
-                raise ConfigError(
-                    f"this state describes DataLoader worker {worker.get('id')} of {worker.get('count')}; "
-                    "restore it through the same DataLoader (StatefulDataLoader) with as many workers"
-                )
-            self._shared.restore(epoch, start, resumed)
-            return
-        # in a worker: this copy's next pass only (the shared position belongs to the training process)
-        consumed = 0
-        if worker is not None:
-            slot = (info.id, info.num_workers, self.batch_size)
-            if (worker.get("id"), worker.get("count"), worker.get("chunk")) != slot:
-                raise ConfigError(
-                    f"cannot resume: the checkpoint's worker {worker.get('id')} of {worker.get('count')} "
-                    f"read chunks of {worker.get('chunk')}; this is worker {slot[0]} of {slot[1]} with "
-                    f"batch_size={slot[2]}; resume with the same num_workers and batch_size"
-                )
-            consumed = int(worker.get("consumed", 0))
-        self._pending = Iteration(epoch, start, resumed, info.id, info.num_workers, self.batch_size, consumed)
+        self._restore(state, epoch, start, resumed)
 
     def _legacy_split(self, state: dict[str, Any], world: int) -> dict[str, Any]:
         """``state`` as this version's if it can be: a checkpoint of an ``even="split"`` epoch without a

@@ -254,49 +254,21 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
                 "settings, weights, schedule, stop, seed or batch size); resume with the same settings"
             )
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
-        earlier = state.get("resumed_from")
-        if old_world == world:
-            resumed = None if earlier is None else (int(earlier["world_size"]), int(earlier["delivered"]))
-        elif earlier is not None:
-            raise ConfigError(
-                f"cannot resume: this checkpoint already continues an epoch with world_size={old_world} "
-                f"(resumed from world_size={earlier['world_size']}); finish epoch {epoch} with "
-                f"world_size={old_world}, or resume from the checkpoint taken before"
-            )
-        else:
+        resumed = self._resumed_by(state, world)
+        if old_world != world:
             uneven = [n for n, d in zip(self.names, self.sources, strict=True) if d.even == "none"]
             if uneven:
                 raise ConfigError(
                     f"cannot resume under world_size={world} (was {old_world}): sources {uneven} use "
                     "even='none', whose ranks' passes differ in length; use split, drop or pad"
                 )
-            resumed = (old_world, delivered)
         end = self._plan(epoch, resumed).end
         if delivered < 0 or (end is not None and delivered > end):
             raise ConfigError(
                 f"cannot resume: the checkpoint has delivered={delivered} positions of epoch {epoch}, this "
                 f"rank's epoch has {end}; resume with the same sources and settings"
             )
-        info = torch.utils.data.get_worker_info()
-        worker = state.get("worker")
-        if info is None:
-            if worker is not None:
-                raise ConfigError(
-                    f"this state describes DataLoader worker {worker.get('id')} of {worker.get('count')}; "
-                    "restore it through the same DataLoader (StatefulDataLoader) with as many workers"
-                )
-            self._shared.restore(epoch, delivered, resumed)
-            return
-        # in a worker: this copy's next pass only (the shared position belongs to the training process)
-        slot = (info.id, info.num_workers, self.batch_size)
-        if worker is not None and (worker.get("id"), worker.get("count"), worker.get("chunk")) != slot:
-            raise ConfigError(
-                f"cannot resume: the checkpoint's worker {worker.get('id')} of {worker.get('count')} read "
-                f"chunks of {worker.get('chunk')}; this is worker {slot[0]} of {slot[1]} with "
-                f"batch_size={slot[2]}; resume with the same num_workers and batch_size"
-            )
-        consumed = int(worker.get("consumed", 0)) if worker is not None else 0
-        self._pending = Iteration(epoch, delivered, resumed, *slot, consumed)
+        self._restore(state, epoch, delivered, resumed)
 
     # -- iteration ----------------------------------------------------------------------------------------
 

@@ -12,6 +12,11 @@ import ctypes
 import multiprocessing
 import os
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch.utils.data
+
+from fastload.errors import ConfigError
 
 
 class _Fields(ctypes.Structure):
@@ -66,9 +71,12 @@ class SharedPosition:
 
 class PositionMethods:
     """The position methods a dataset over a :class:`SharedPosition` (its ``_shared``) offers its users:
-    ``ShardDataset`` and ``Mix`` (positions of their epoch's order: samples, or mixture positions)."""
+    ``ShardDataset`` and ``Mix`` (positions of their epoch's order: samples, or mixture positions), and
+    the parts of their ``load_state_dict`` that do not depend on what a position is."""
 
     _shared: SharedPosition
+    _pending: Iteration | None
+    batch_size: int | None
 
     @property
     def epoch(self) -> int:
@@ -97,6 +105,49 @@ class PositionMethods:
     def count_skipped(self, n: int) -> None:
         """Add ``n`` samples skipped on error (what ``fastload.DataLoader`` reports from its workers)."""
         self._shared.fields.skipped += n
+
+    @staticmethod
+    def _resumed_by(state: dict[str, Any], world: int) -> tuple[int, int] | None:
+        """``(old world size, positions each old rank had delivered)`` that the epoch ``state`` describes
+        continues from when restored under ``world``; None when it is that world's own order. A checkpoint
+        of an epoch already resumed under another world size resumes only under that one."""
+        old_world, delivered = int(state["world_size"]), int(state["delivered"])
+        earlier = state.get("resumed_from")
+        if old_world == world:
+            return None if earlier is None else (int(earlier["world_size"]), int(earlier["delivered"]))
+        if earlier is not None:
+            raise ConfigError(
+                f"cannot resume: this checkpoint already continues an epoch with world_size={old_world} "
+                f"(resumed from world_size={earlier['world_size']}); finish epoch {state['epoch']} with "
+                f"world_size={old_world}, or resume from the checkpoint taken before"
+            )
+        return old_world, delivered
+
+    def _restore(
+        self, state: dict[str, Any], epoch: int, start: int, resumed: tuple[int, int] | None
+    ) -> None:
+        """Continue ``epoch`` after ``start`` positions (of the order resumed from ``resumed``): in the
+        training process for every copy (the shared position); in a DataLoader worker (a StatefulDataLoader
+        restore) for this copy's next pass only, from where the checkpoint's same worker had got."""
+        info = torch.utils.data.get_worker_info()
+        worker = state.get("worker")
+        if info is None:
+            if worker is not None:
+                raise ConfigError(
+                    f"this state describes DataLoader worker {worker.get('id')} of {worker.get('count')}; "
+                    "restore it through the same DataLoader (StatefulDataLoader) with as many workers"
+                )
+            self._shared.restore(epoch, start, resumed)
+            return
+        slot = (info.id, info.num_workers, self.batch_size)
+        if worker is not None and (worker.get("id"), worker.get("count"), worker.get("chunk")) != slot:
+            raise ConfigError(
+                f"cannot resume: the checkpoint's worker {worker.get('id')} of {worker.get('count')} read "
+                f"chunks of {worker.get('chunk')}; this is worker {slot[0]} of {slot[1]} with "
+                f"batch_size={slot[2]}; resume with the same num_workers and batch_size"
+            )
+        consumed = int(worker.get("consumed", 0)) if worker is not None else 0
+        self._pending = Iteration(epoch, start, resumed, *slot, consumed)
 
 
 @dataclass
