@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
@@ -42,7 +42,7 @@ def _worker_died(exc: RuntimeError, slots: MainSlots) -> WorkerDiedError | None:
     return WorkerDiedError(WORKER_DIED.format(cause=str(exc).split(". ")[0]))
 
 
-def _workers_watched(batches: Iterator[Any], slots: MainSlots) -> Iterator[Any]:
+def _workers_watched(batches: Iterator[Any], slots: MainSlots) -> Generator[Any, None, None]:
     """``batches`` from DataLoader's iterator; a worker that died becomes :class:`WorkerDiedError` (torch's
     own message kept as the cause) and its slot files are removed. torch reports a dead worker from its
     SIGCHLD handler too, wherever the training process is (in a step, between batches): that handler is
@@ -72,6 +72,14 @@ def _workers_watched(batches: Iterator[Any], slots: MainSlots) -> Iterator[Any]:
     finally:
         if wrapped and signal.getsignal(signal.SIGCHLD) is on_child:
             signal.signal(signal.SIGCHLD, previous)
+
+
+def _shut_down(workers: Iterator[Any]) -> None:
+    """Stop the DataLoader iterator's worker processes now (torch does it when the iterator is collected),
+    so that the slot files of batches they made but never sent can be removed."""
+    shutdown = getattr(workers, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
 
 
 class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
@@ -158,8 +166,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         slots = self._slots
         last: Any = None
         owed = 0  # steps whose samples were all skipped, before any batch to repeat
+        workers = super().__iter__()
+        watched = _workers_watched(workers, slots)
         try:
-            for batch, size, skipped, error, slot in _workers_watched(super().__iter__(), slots):
+            for batch, size, skipped, error, slot in watched:
                 if error is not None:
                     raise error
                 if slot is not None:
@@ -190,6 +200,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 )
         finally:
             if not self.persistent_workers:  # the next epoch's workers make new slots
+                watched.close()
+                _shut_down(workers)  # (an epoch left early: its workers may hold slots never sent)
+                slots.remove_dead_children()
                 slots.close()
         dataset.rewind()
         self._delivered = 0

@@ -3,6 +3,7 @@ path, slots reused and bounded, nothing left in /dev/shm, stale files of dead pr
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -122,6 +123,24 @@ def test_loader_batches_equal_in_process_and_leave_no_files(small: Packed, persi
     while left_behind(before) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left_behind(before), "slot files left in /dev/shm"
+
+
+@pytest.mark.parametrize("taken", [1, 2, 5])
+def test_an_epoch_left_early_leaves_no_files(uneven: Packed, taken: int) -> None:
+    """A training loop that stops mid-epoch (max steps reached, an exception) closes the loader's iterator
+    while its workers have batches in flight: their slot files go with them."""
+    before = slot_files()
+    ds = fastload.ShardDataset(uneven.root, decode=False, seed=3)
+    loader = fastload.DataLoader(ds, batch_size=2, num_workers=3, prefetch_factor=2)
+    iterator = iter(loader)
+    for _ in range(taken):
+        next(iterator)
+    time.sleep(0.3)  # the workers fill their prefetch: slots made, batches in flight
+    iterator.close()
+    deadline = time.monotonic() + 10  # (until the workers are gone: a live worker's files are held)
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left_behind(before), "slot files left in /dev/shm by an epoch closed early"
 
 
 def test_slot_files_of_dead_processes_are_swept(tmp_path: Path) -> None:
