@@ -9,6 +9,7 @@ the dataset's own ``state_dict()``/``load_state_dict()``.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -127,6 +128,18 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._completed: int | None = None  # the epoch the last complete pass read
         self._epoch_chosen = False  # set_epoch/load_state_dict since then: no automatic advance
         self._slots = MainSlots(pin_memory=bool(self.pin_memory) and torch.cuda.is_available())
+
+    def __del__(self) -> None:
+        # persistent workers outlive each epoch: when the loader goes, they stop first, then the files of
+        # batches they made and never sent go with them (the slots' own close removes only those it saw)
+        with contextlib.suppress(Exception):  # (also at interpreter exit, modules half torn down)
+            workers = self.__dict__.get("_iterator")
+            if workers is not None:
+                _shut_down(workers)
+            slots = self.__dict__.get("_slots")
+            if slots is not None:
+                slots.remove_dead_children()
+                slots.close()
 
     def __len__(self) -> int:
         """Batches in this epoch, as torch's and torchdata's loaders count them: after

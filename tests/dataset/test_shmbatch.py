@@ -125,18 +125,25 @@ def test_loader_batches_equal_in_process_and_leave_no_files(small: Packed, persi
     assert not left_behind(before), "slot files left in /dev/shm"
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("taken", [1, 2, 5])
-def test_an_epoch_left_early_leaves_no_files(uneven: Packed, taken: int) -> None:
+def test_an_epoch_left_early_leaves_no_files(uneven: Packed, taken: int, persistent: bool) -> None:
     """A training loop that stops mid-epoch (max steps reached, an exception) closes the loader's iterator
-    while its workers have batches in flight: their slot files go with them."""
+    while its workers have batches in flight: their slot files go with them (persistent workers: when the
+    loader goes)."""
     before = slot_files()
     ds = fastload.ShardDataset(uneven.root, decode=False, seed=3)
-    loader = fastload.DataLoader(ds, batch_size=2, num_workers=3, prefetch_factor=2)
+    loader = fastload.DataLoader(
+        ds, batch_size=2, num_workers=3, prefetch_factor=2, persistent_workers=persistent
+    )
     iterator = iter(loader)
     for _ in range(taken):
         next(iterator)
     time.sleep(0.3)  # the workers fill their prefetch: slots made, batches in flight
     iterator.close()
+    if persistent:
+        assert multiprocessing.active_children(), "persistent workers stay for the next epoch"
+        del iterator, loader
     deadline = time.monotonic() + 10  # (until the workers are gone: a live worker's files are held)
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
