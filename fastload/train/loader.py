@@ -179,9 +179,11 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         slots = self._slots
         last: Any = None
         owed = 0  # steps whose samples were all skipped, before any batch to repeat
-        workers = super().__iter__()
-        watched = _workers_watched(workers, slots)
+        workers: Iterator[Any] | None = None
+        watched: Generator[Any, None, None] | None = None
         try:
+            workers = super().__iter__()
+            watched = _workers_watched(workers, slots)
             for batch, size, skipped, error, slot in watched:
                 if error is not None:
                     raise error
@@ -213,8 +215,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 )
         finally:
             if not self.persistent_workers:  # the next epoch's workers make new slots
-                watched.close()
-                _shut_down(workers)  # (an epoch left early: its workers may hold slots never sent)
+                if watched is not None:
+                    watched.close()
+                if workers is not None:
+                    _shut_down(workers)  # (an epoch left early: its workers may hold slots never sent)
                 slots.remove_dead_children()
                 slots.close()
         dataset.rewind()

@@ -291,8 +291,9 @@ class MainSlots:
         self.children.update(p.pid for p in multiprocessing.active_children() if p.pid is not None)
 
     def remove_dead_children(self) -> None:
-        """Remove the unsent slot files of watched workers that are gone (e.g. killed)."""
-        remove_dead(self.children)
+        """Remove the unsent slot files of watched workers that are gone (e.g. killed); those are no longer
+        watched (a pid may be reused)."""
+        self.children -= remove_dead(self.children)
 
     def _unpack_inline(self, rest: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:
         values = {}

@@ -110,9 +110,10 @@ def _gone(pid: int) -> bool:
         return False
 
 
-def remove_dead(pids: set[int]) -> None:
+def remove_dead(pids: set[int]) -> set[int]:
     """Remove the slot files of processes ``pids`` (this process's own children, so their pids mean the
-    same here) that are gone and whose files nobody holds: a killed worker's unsent slots."""
+    same here) that are gone and whose files nobody holds: a killed worker's unsent slots. Returns the
+    pids found gone."""
     dead = {pid for pid in pids if _gone(pid)}
 
     def theirs(name: str) -> bool:
@@ -121,3 +122,4 @@ def remove_dead(pids: set[int]) -> None:
         return pid in dead and unheld(os.path.join(SHM_DIR, name), older_than=0)
 
     unlink_matching(theirs)
+    return dead

@@ -4,6 +4,7 @@ ObjectChangedError instead of mixing versions."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import uuid
@@ -151,7 +152,9 @@ def test_object_overwritten_between_calls_raises_object_changed(
     old = rng.randbytes(3 * PART)
     new = rng.randbytes(len(old) if same_size else len(old) - 1000)
     direct.put_object(Bucket=BUCKET, Key=key, Body=old)
-    with open_reader(key, config) as reader:
+    # (no stall here to detect: timeouts well above a busy machine's, so that no timeout retry can
+    # stand in the count below, which is about the change alone)
+    with open_reader(key, dataclasses.replace(config, read_timeout_s=10.0, connect_timeout_s=10.0)) as reader:
         assert reader.fetch_range(10, 5000) == old[10:5000]
         direct.put_object(Bucket=BUCKET, Key=key, Body=new)
         for a, b in [(0, 100), (PART - 10, 2 * PART + 10)]:  # one part, then several
