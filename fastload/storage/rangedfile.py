@@ -26,7 +26,9 @@ class RangedFile(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}.get(whence)
+        if base is None:
+            raise ValueError(f"invalid whence {whence!r}")
         if base + offset < 0:
             raise ValueError(f"negative seek position {base + offset}")
         self._pos = base + offset

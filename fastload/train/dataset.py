@@ -426,7 +426,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
                     f"{mine!r}; resume with the same dataset, seed, shuffle and even settings"
                 )
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
-        resumed = self._resumed_by({**state, "world_size": old_world}, world)
+        resumed = self._resumed_by(state, int(old_world), world)
         if old_world == world:
             start = delivered
             total = len(self._plan(epoch, resumed).samples)

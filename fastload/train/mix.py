@@ -254,7 +254,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
                 "settings, weights, schedule, stop, seed or batch size); resume with the same settings"
             )
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
-        resumed = self._resumed_by(state, world)
+        resumed = self._resumed_by(state, old_world, world)
         if old_world != world:
             uneven = [n for n, d in zip(self.names, self.sources, strict=True) if d.even == "none"]
             if uneven:

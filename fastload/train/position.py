@@ -107,11 +107,11 @@ class PositionMethods:
         self._shared.fields.skipped += n
 
     @staticmethod
-    def _resumed_by(state: dict[str, Any], world: int) -> tuple[int, int] | None:
-        """``(old world size, positions each old rank had delivered)`` that the epoch ``state`` describes
-        continues from when restored under ``world``; None when it is that world's own order. A checkpoint
-        of an epoch already resumed under another world size resumes only under that one."""
-        old_world, delivered = int(state["world_size"]), int(state["delivered"])
+    def _resumed_by(state: dict[str, Any], old_world: int, world: int) -> tuple[int, int] | None:
+        """``(old world size, positions each old rank had delivered)`` that the epoch ``state`` (taken under
+        ``old_world``) continues from when restored under ``world``; None when it is that world's own order.
+        A checkpoint of an epoch already resumed under another world size resumes only under that one."""
+        delivered = int(state["delivered"])
         earlier = state.get("resumed_from")
         if old_world == world:
             return None if earlier is None else (int(earlier["world_size"]), int(earlier["delivered"]))

@@ -293,7 +293,7 @@ class MainSlots:
     def remove_dead_children(self) -> None:
         """Remove the unsent slot files of watched workers that are gone (e.g. killed); those are no longer
         watched (a pid may be reused)."""
-        self.children -= remove_dead(self.children)
+        self.children = self.children - remove_dead(self.children)  # (rebound: a SIGCHLD may call this)
 
     def _unpack_inline(self, rest: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:
         values = {}

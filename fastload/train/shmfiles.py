@@ -114,7 +114,7 @@ def remove_dead(pids: set[int]) -> set[int]:
     """Remove the slot files of processes ``pids`` (this process's own children, so their pids mean the
     same here) that are gone and whose files nobody holds: a killed worker's unsent slots. Returns the
     pids found gone."""
-    dead = {pid for pid in pids if _gone(pid)}
+    dead = {pid for pid in list(pids) if _gone(pid)}
 
     def theirs(name: str) -> bool:
         part = name.split("-")[1:2]

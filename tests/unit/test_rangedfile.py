@@ -50,6 +50,8 @@ def test_reads_seeks_and_ends_like_a_file(kind: int) -> None:
         f.seek(-1)
     with pytest.raises(ValueError, match="negative seek position"):
         f.seek(-len(DATA) - 1, io.SEEK_END)
+    with pytest.raises(ValueError, match="invalid whence 7"):
+        f.seek(0, 7)
 
 
 @pytest.mark.parametrize("kind", range(3))
