@@ -134,6 +134,8 @@ def _pack_tokens(args: argparse.Namespace) -> int:
             key_column=args.key_column,
             tokenizer=args.tokenizer,
             text_column=args.text_column,
+            bos_id=args.bos_id,
+            eos_id=args.eos_id,
             vocab_size=args.vocab_size,
             dtype=args.dtype,
             shard_size_bytes=args.shard_size,

@@ -229,8 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--column", default="input_ids", help="field holding a list of token ids (default input_ids)"
     )
     t.add_argument(
-        "--tokenizer", default=None, metavar="MODULE:FUNCTION", help="tokenise the text of --text-column"
+        "--tokenizer",
+        default=None,
+        metavar="SPEC",
+        help="tokenise the text of --text-column: module:function (from the working directory), "
+        "path/to/file.py:function, a tokenizers tokenizer.json file, or hf:NAME (Hugging Face Hub)",
     )
+    t.add_argument("--bos-id", type=int, default=None, metavar="ID", help="an id put before every document")
+    t.add_argument("--eos-id", type=int, default=None, metavar="ID", help="an id put after every document")
     t.add_argument("--text-column", default="text", help="text field for --tokenizer (default text)")
     t.add_argument("--key-column", default=None, help="field holding document ids (default FILE/ROW)")
     t.add_argument(
@@ -238,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--dtype", choices=("auto", "uint16", "int32"), default="auto", help="stored id type")
     t.add_argument(
-        "--shard-size", type=_size, default=256 << 20, metavar="SIZE", help="token bytes per shard"
+        "--shard-size", type=_size, default=256 << 20, metavar="SIZE", help="token bytes per shard (256MiB)"
     )
     t.add_argument(
         "--row-group-size",

@@ -13,7 +13,8 @@ import numpy as np
 
 from fastload.config import S3Config
 from fastload.errors import ConfigError, Skip
-from fastload.packing.token_inputs import TokenInput, Tokenizer, open_input
+from fastload.packing.token_inputs import TokenInput, open_input
+from fastload.packing.tokenizer_hook import Tokenizer
 
 CHUNK_DOCS = 4096
 
@@ -40,9 +41,13 @@ class Reader:
         tokenizer: Tokenizer | None,
         s3_config: S3Config | None,
         skipped: list[Skip],
+        bos_id: int | None = None,
+        eos_id: int | None = None,
     ) -> None:
         self.inp, self.column, self.key_column = inp, column, key_column
         self.tokenizer, self.s3_config, self.skipped = tokenizer, s3_config, skipped
+        self.bos = np.asarray([] if bos_id is None else [bos_id], dtype=np.int64)
+        self.eos = np.asarray([] if eos_id is None else [eos_id], dtype=np.int64)
 
     def where(self, row: int) -> str:
         return f"{self.inp.url} row {row}" if self.inp.is_parquet else f"{self.inp.url}:{row + 1}"
@@ -50,24 +55,59 @@ class Reader:
     def _key(self, row: int, record_key: Any) -> str:
         return str(record_key) if self.key_column is not None else f"{self.inp.key_prefix}/{row}"
 
-    def _ids(self, value: Any, row: int) -> np.ndarray | None:
-        """A document's ids as a 1-D int64 array, or None (and a skip) when they are not token ids."""
+    def _ids(self, value: Any, row: int, tokenized: Any = None) -> np.ndarray | None:
+        """A document's ids as a 1-D int64 array (``bos``/``eos`` added), or None (and a skip) when they
+        are not token ids. ``tokenized``: the tokenizer's output for ``value``, made in a batch."""
         try:
             if self.tokenizer is not None:
                 if not isinstance(value, str):
                     raise ValueError(f"{self.column!r} is {type(value).__name__}, not text")
-                value = self.tokenizer(value)
+                value = self.tokenizer(value) if tokenized is None else tokenized
                 if isinstance(value, dict) or hasattr(value, "keys"):
                     value = value["input_ids"]
                 if hasattr(value, "detach"):
                     value = value.detach().cpu().numpy()
+            elif isinstance(value, list) and any(v is True or v is False for v in value):
+                raise ValueError(f"{self.column!r} holds true/false, not token ids")
             arr = np.asarray(value)
             if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
                 raise ValueError(f"{self.column!r} is not a list of integers")
-            return arr.astype(np.int64, copy=False)
+            arr = arr.astype(np.int64, copy=False)
+            if self.bos.size or self.eos.size:
+                arr = np.concatenate((self.bos, arr, self.eos))
+            return arr
         except Exception as exc:
             self.skipped.append(Skip(self.where(row), f"{exc}; document left out"))
             return None
+
+    def _with_ends(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Documents ``ids`` (of ``lengths``) with ``bos`` before and ``eos`` after each."""
+        b, e = self.bos.size, self.eos.size
+        if not (b or e):
+            return ids, lengths
+        new_lengths = lengths + b + e
+        starts = np.concatenate(([0], np.cumsum(new_lengths)[:-1])).astype(np.int64)
+        old_starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        out = np.empty(int(new_lengths.sum()), dtype=np.int64)
+        body = np.repeat(starts + b - old_starts, lengths) + np.arange(ids.size, dtype=np.int64)
+        out[body] = ids
+        if b:
+            out[starts] = self.bos[0]
+        if e:
+            out[starts + b + lengths] = self.eos[0]
+        return out, new_lengths
+
+    def _batch(self, values: list[Any]) -> list[Any]:
+        """The tokenizer's outputs for ``values`` made at once where it has a batch form (None each
+        where it has none, or the batch failed: then each is tokenised alone and its error reported)."""
+        batch = getattr(self.tokenizer, "batch", None)
+        if batch is None or not values or not all(isinstance(v, str) for v in values):
+            return [None] * len(values)
+        try:
+            out = list(batch(values))
+        except Exception:
+            return [None] * len(values)
+        return out if len(out) == len(values) else [None] * len(values)
 
     def chunks(self) -> Iterator[Chunk]:
         try:
@@ -81,9 +121,9 @@ class Reader:
             )
 
     def _jsonl(self, f: IO[bytes]) -> Iterator[Chunk]:
-        keys: list[str] = []
         rows: list[int] = []
-        docs: list[np.ndarray] = []
+        record_keys: list[Any] = []
+        values: list[Any] = []
         for row, line in enumerate(f):
             if not line.strip():
                 continue
@@ -98,17 +138,29 @@ class Reader:
             if self.key_column is not None and self.key_column not in record:
                 self.skipped.append(Skip(self.where(row), f"no {self.key_column!r} field; document left out"))
                 continue
-            arr = self._ids(record[self.column], row)
-            if arr is None:
-                continue
-            keys.append(self._key(row, record.get(self.key_column) if self.key_column else None))
             rows.append(row)
-            docs.append(arr)
-            if len(docs) >= CHUNK_DOCS:
-                yield _chunk(keys, rows, docs)
-                keys, rows, docs = [], [], []
+            record_keys.append(record.get(self.key_column) if self.key_column else None)
+            values.append(record[self.column])
+            if len(values) >= CHUNK_DOCS:
+                yield from self._made(rows, record_keys, values)
+                rows, record_keys, values = [], [], []
+        yield from self._made(rows, record_keys, values)
+
+    def _made(self, rows: list[int], record_keys: list[Any], values: list[Any]) -> Iterator[Chunk]:
+        """The chunk of these documents (rows, their key column's values, their ids or text)."""
+        keys: list[str] = []
+        kept: list[int] = []
+        docs: list[np.ndarray] = []
+        for row, record_key, value, tokenized in zip(
+            rows, record_keys, values, self._batch(values), strict=True
+        ):
+            arr = self._ids(value, row, tokenized)
+            if arr is not None:
+                keys.append(self._key(row, record_key))
+                kept.append(row)
+                docs.append(arr)
         if docs:
-            yield _chunk(keys, rows, docs)
+            yield _chunk(keys, kept, docs)
 
     def _parquet(self, f: IO[bytes]) -> Iterator[Chunk]:
         import pyarrow as pa
@@ -129,25 +181,20 @@ class Reader:
                 if pa.types.is_integer(flat.type) and flat.null_count == 0 and col.null_count == 0:
                     ids = flat.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
                     keys = [self._key(row + i, record_keys[i]) for i in range(n)]
-                    yield Chunk(keys, list(range(row, row + n)), ids, lengths.astype(np.int64))
+                    ids, lengths = self._with_ends(ids, lengths.astype(np.int64))
+                    yield Chunk(keys, list(range(row, row + n)), ids, lengths)
                     row += n
                     continue
             values = col.to_pylist()  # slow path: text to tokenise, or lists with nulls to report
-            keys, rows, docs = [], [], []
             for i, value in enumerate(values):
-                arr = None
                 if value is None:
                     self.skipped.append(
                         Skip(self.where(row + i), f"{self.column!r} is null; document left out")
                     )
-                else:
-                    arr = self._ids(value, row + i)
-                if arr is not None:
-                    keys.append(self._key(row + i, record_keys[i]))
-                    rows.append(row + i)
-                    docs.append(arr)
-            if docs:
-                yield _chunk(keys, rows, docs)
+            present = [i for i, value in enumerate(values) if value is not None]
+            yield from self._made(
+                [row + i for i in present], [record_keys[i] for i in present], [values[i] for i in present]
+            )
             row += n
 
 

@@ -1,16 +1,15 @@
 """The inputs of ``fastload pack-tokens``: listing JSONL/Parquet files (through the pack's listers), opening
-them, checking their columns before anything is written, and loading a tokenizer hook."""
+them, checking their columns before anything is written."""
 
 from __future__ import annotations
 
 import contextlib
 import gzip
 import hashlib
-import importlib
 import io
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -22,8 +21,6 @@ from fastload.storage.listing import FileEntry, LocalSource
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson")
 PARQUET_SUFFIX = ".parquet"
 SUFFIXES = (*JSONL_SUFFIXES, PARQUET_SUFFIX)
-
-Tokenizer = Callable[[str], Any]
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,7 @@ def list_inputs(sources: Sequence[str], s3_config: S3Config | None) -> tuple[lis
         if inp.key_prefix in seen:
             raise ConfigError(
                 f"{seen[inp.key_prefix]} and {inp.url} would give their documents the same keys "
-                f"({inp.key_prefix}/ROW); pack them from one folder, or pass key_column"
+                f"({inp.key_prefix}/ROW); pack them from one folder, or pass key_column= (--key-column)"
             )
         seen[inp.key_prefix] = inp.url
     if not inputs:
@@ -136,24 +133,6 @@ def open_input(url: str, s3_config: S3Config | None) -> Iterator[IO[bytes]]:
         if url.endswith(".gz"):
             raw = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))  # type: ignore[arg-type]
         yield raw
-
-
-def load_tokenizer(spec: str) -> Tokenizer:
-    """``"module:function"`` (the function may be dotted, ``pkg.mod:tok.encode``) as a callable."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"tokenizer {spec!r}: write module:function, e.g. mytok:encode")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"tokenizer {spec!r}: cannot import {module_name!r} ({exc})") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"tokenizer {spec!r}: {module_name} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ConfigError(f"tokenizer {spec!r} is not callable")
-    return obj  # type: ignore[no-any-return]
 
 
 def check_input(

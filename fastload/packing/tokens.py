@@ -35,13 +35,12 @@ from fastload.packing.plan import source_and_target
 from fastload.packing.token_docs import Chunk, Reader, check_range
 from fastload.packing.token_inputs import (
     PARQUET_SUFFIX,
-    Tokenizer,
     check_input,
     fingerprint,
     list_inputs,
-    load_tokenizer,
 )
 from fastload.packing.token_shards import ShardCutter, TokenGroup, shard_jobs
+from fastload.packing.tokenizer_hook import Tokenizer, load_tokenizer
 
 DTYPES = {"uint16": "u16", "int32": "i32"}  # --dtype name -> field extension
 DEFAULT_WORKERS = 4  # publishers when not given; reading, in one thread, is the usual limit
@@ -114,6 +113,8 @@ def pack_tokens(
     key_column: str | None = None,
     tokenizer: str | Tokenizer | None = None,
     text_column: str = "text",
+    bos_id: int | None = None,
+    eos_id: int | None = None,
     vocab_size: int | None = None,
     dtype: str = "auto",
     field_name: str = "tokens",
@@ -131,7 +132,10 @@ def pack_tokens(
     token shards plus ``index.json`` in ``dst`` (a new or empty folder, or an ``s3://`` prefix).
 
     ``column`` holds each document's token ids (a JSON list of ints; a Parquet ``list<int>``); or pass
-    ``tokenizer`` (a callable, or ``"module:function"``) taking the text in ``text_column`` and returning ids.
+    ``tokenizer`` taking the text in ``text_column`` and returning ids: a callable, or a spec string
+    (``"module:function"``, ``"path/to/file.py:function"``, a ``tokenizer.json`` file of Hugging Face's
+    ``tokenizers``, or ``"hf:NAME"`` from the Hub; the last two tokenise 4,096 documents at a time on
+    every core). ``bos_id`` / ``eos_id``: an id put before / after every document's ids.
     Keys are ``FILE/ROW`` (``FILE`` relative to its source without extension, ``ROW`` from 0: a JSONL
     line number minus one), or the value of ``key_column``. Ids are stored as ``uint16`` when
     ``vocab_size <= 65536`` (else ``int32``; ``dtype`` forces one); an id below 0 or not below
@@ -165,6 +169,11 @@ def pack_tokens(
         raise ConfigError(
             f"prefix={prefix!r} must be a non-empty file name part without '/', not starting with '.'"
         )
+    for name, special in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if special is not None and (
+            isinstance(special, bool) or not isinstance(special, int) or not 0 <= special < limit
+        ):
+            raise ConfigError(f"{name}={special!r} must be a token id in 0..{limit - 1:,}")
     if workers is not None and (isinstance(workers, bool) or workers < 1):
         raise ConfigError(f"workers={workers!r} must be >= 1")
     srcs, target = source_and_target(
@@ -188,6 +197,8 @@ def pack_tokens(
         "column": read_column,
         "key_column": key_column,
         "tokenizer": tokenizer if isinstance(tokenizer, str) else None,
+        **({"bos_id": bos_id} if bos_id is not None else {}),
+        **({"eos_id": eos_id} if eos_id is not None else {}),
         "shard_size_bytes": shard_size_bytes,
         "row_group_bytes": row_group_bytes,
         "compression": compression,
@@ -222,6 +233,8 @@ def pack_tokens(
                 tokenizer=hook,
                 s3_config=s3_config,
                 skipped=skipped,
+                bos_id=bos_id,
+                eos_id=eos_id,
             )
             for chunk in reader.chunks():
                 chunk = check_range(chunk, reader, limit=limit, vocab_size=vocab_size, dtype=chosen)

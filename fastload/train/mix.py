@@ -80,7 +80,16 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             if d.index.samples == 0:
                 raise ConfigError(f"source {name!r} ({d.root}) has no samples")
         steps = [(0, self._weights(weights))]
-        for step, w in schedule or ():
+        if callable(schedule) or isinstance(schedule, (str, bytes, Mapping)):
+            raise ConfigError(
+                f"schedule={schedule!r} must be a list of (step, weights) pairs; a function is not taken "
+                "(a checkpoint must be able to tell the schedule is the same): build the list from it, e.g. "
+                "[(s, f(s)) for s in range(0, steps, every)]"
+            )
+        for item in schedule or ():
+            if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], int):
+                raise ConfigError(f"schedule entry {item!r} must be a (step, weights) pair with an int step")
+            step, w = item
             if step <= steps[-1][0]:
                 raise ConfigError(f"schedule steps must be > 0 and increase; got {step} after {steps[-1][0]}")
             steps.append((int(step), self._weights(w)))
@@ -91,6 +100,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
         self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
         self._chunked = False
+        self._loader_batch: int | None = None  # the batch size of the fastload.DataLoader reading it
 
     def _weights(self, weights: Weights | None) -> tuple[float, ...]:
         if weights is None:
@@ -119,6 +129,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         ``batch_size`` positions, dealt to workers in turns: what ``fastload.DataLoader`` reads."""
         if batch_size < 1:
             raise ConfigError(f"batch_size={batch_size} must be >= 1")
+        self._loader_batch = batch_size  # its schedule's steps, reports and state count these batches
         handle = object.__new__(Mix)
         handle.__dict__.update(self.__getstate__())
         handle.batch_size, handle._chunked = batch_size, True
@@ -132,13 +143,18 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
 
     # -- planning -----------------------------------------------------------------------------------------
 
+    def _step_size(self) -> int | None:
+        """The batch size a schedule's steps count: that of the ``fastload.DataLoader`` reading this
+        mixture, else ``batch_size=`` (None: neither)."""
+        return self._loader_batch or self.batch_size
+
     def schedule(self, epoch: int | None = None) -> Schedule:
         """The choices of mixture epoch ``epoch`` (default: the current one)."""
-        if len(self.steps) > 1 and self.batch_size is None:
+        if len(self.steps) > 1 and self._step_size() is None:
             raise ConfigError(
                 "a Mix with a schedule needs batch_size= (steps are batches of it), or fastload.DataLoader"
             )
-        size = self.batch_size or 1
+        size = self._step_size() or 1
         starts = [step * size for step, _ in self.steps]
         epoch = self.epoch if epoch is None else epoch
         return Schedule(starts, [w for _, w in self.steps], seed=self.seed, epoch=epoch)
@@ -150,7 +166,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def _plan(self, epoch: int, resumed: tuple[int, int] | None) -> MixPlan:
         rank, world = self.rank_world()
-        key = (epoch, resumed, rank, world, self.batch_size)
+        key = (epoch, resumed, rank, world, self._step_size())
         cached = self.__dict__.get("_plan_cache")
         if cached is not None and cached[0] == key:
             return cached[1]  # type: ignore[no-any-return]
@@ -205,7 +221,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         when a schedule needs it, and each source's order at ``world_size`` (default: this run's)."""
         world = self.rank_world()[1] if world_size is None else world_size
         orders = [d.order_fingerprint(world) for d in self.sources]
-        size = self.batch_size if len(self.steps) > 1 else None
+        size = self._step_size() if len(self.steps) > 1 else None
         settings = repr((self.names, self.steps, self.stop, self.seed, size, orders))
         return hashlib.sha256(settings.encode()).hexdigest()[:16]
 

@@ -332,3 +332,22 @@ def test_sigkill_mid_stream_then_resume(sources: dict[str, Packed], tmp_path: Pa
     resumed = pairs(itertools.islice(iter(dl), 10))
     longer = pairs(itertools.islice(iter(loader(mix(sources, stop="never"))), d // 4 + 10))
     assert recorded[:d] + resumed == longer
+
+
+def test_a_scheduled_mix_reports_through_fastload_dataloader(sources: dict[str, Packed]) -> None:
+    """docs/mixtures.md's form: the schedule's steps are the DataLoader's batches, and the mixture's own
+    reports (which count them) work on the object the user made, as with ``Mix(batch_size=)``."""
+    schedule = [(3, {"a": 0, "b": 1, "c": 0})]
+    m = mix(sources, weights={"a": 1, "b": 0, "c": 0}, schedule=schedule)
+    got = pairs(itertools.islice(iter(loader(m, batch=4)), 5))
+    assert [s for s, _ in got] == ["a"] * 12 + ["b"] * 8
+    explicit = mix(sources, weights={"a": 1, "b": 0, "c": 0}, schedule=schedule, batch_size=4)
+    assert m.epoch_report() == explicit.epoch_report()
+    assert m.source_counts(20) == explicit.source_counts(20) == {"a": 12, "b": 8, "c": 0}
+
+
+def test_a_schedule_that_is_not_a_list_of_steps_is_refused(sources: dict[str, Packed]) -> None:
+    with pytest.raises(ConfigError, match=r"a function is not taken.*\[\(s, f\(s\)\)"):
+        mix(sources, schedule=lambda step: WEIGHTS, batch_size=4)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"must be a \(step, weights\) pair"):
+        mix(sources, schedule=[WEIGHTS], batch_size=4)  # type: ignore[list-item]
