@@ -95,6 +95,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     tar sample's CRC32C checked; a mismatch raises ``VerifyError`` naming shard, key and byte offset),
     ``partition_columns`` (each shard's hive partition values added to its samples, typed as filters
     compare them).
+    ``key_column``: for Parquet files without an index, the column that names samples (as
+    :class:`~fastload.ShardDataset`).
     Remote shards: ``cache_dir`` (whole shards and tables kept on disk, ``cache_limit_bytes``,
     ``cache_verify``), ``s3_config``. Bounds, per process: ``max_open_shards`` shards with their tables
     and open files; ``row_group_cache_bytes`` of Parquet row groups (by stored size; the last one is always
@@ -119,6 +121,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         cache_limit_bytes: int | None = None,
         cache_verify: bool = True,
         s3_config: S3Config | None = None,
+        key_column: str | None = None,
         threads: int = 8,
         max_open_shards: int = 64,
         row_group_cache_bytes: int = 64 << 20,
@@ -145,7 +148,9 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self.row_group_cache_bytes, self.max_gap_bytes = row_group_cache_bytes, max_gap_bytes
         parent = partition_parent(source, s3_config=s3_config)  # .../split=train of a dataset: a filter
         with gc_paused():
-            self.root, self.index = open_index(parent[0] if parent else source, s3_config=s3_config)
+            self.root, self.index = open_index(
+                parent[0] if parent else source, s3_config=s3_config, key_column=key_column
+            )
         if columns is not None and not by_name(self.index.shard_format).projects_columns:
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
         self.filters = normalise(filters)

@@ -79,6 +79,17 @@ def test_key_column_projection_and_shuffle(hive: Hive) -> None:
         opened(hive.root, key_column="nope")
 
 
+def test_map_dataset_takes_a_key_column(hive: Hive) -> None:
+    """As ShardDataset does (it was a raw TypeError): samples named by the column, in index order."""
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        ds = fastload.MapDataset(hive.root, decode=False, key_column="id")
+        with pytest.raises(ConfigError, match="no column 'nope'"):
+            fastload.MapDataset(hive.root, key_column="nope")
+    by_index, _ = read_all(hive.root, key_column="id")
+    assert [ds[i]["__key__"] for i in range(len(ds))] == [s["__key__"] for s in by_index]
+
+
 def test_fastload_index_then_no_warning_verify_and_inspect(
     hive: Hive, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
