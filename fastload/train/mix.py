@@ -50,6 +50,8 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
     endless stream; each source starts its next pass when one ends). ``seed`` sets where each segment's
     period starts; the sources' own seeds shuffle them. ``batch_size``: the DataLoader's batch size
     (``fastload.DataLoader`` gives its own); needed with a schedule or several torch DataLoader workers.
+    ``weigh_by="tokens"``: the weights are shares of tokens, not of samples, for token datasets (``fastload
+    pack-tokens``): each source's sample weight is its token weight over its mean tokens per document.
     Each sample carries ``__source__``, its source's name. Bound on the proportions: docs/mixtures.md.
     """
 
@@ -62,6 +64,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         stop: str = "first_exhausted",
         seed: int | None = None,
         batch_size: int | None = None,
+        weigh_by: str = "samples",
     ) -> None:
         super().__init__()
         named = dict(sources) if isinstance(sources, Mapping) else {str(i): d for i, d in enumerate(sources)}
@@ -79,6 +82,10 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         for name, d in named.items():
             if d.index.samples == 0:
                 raise ConfigError(f"source {name!r} ({d.root}) has no samples")
+        if weigh_by not in ("samples", "tokens"):
+            raise ConfigError(f"weigh_by={weigh_by!r}; choose 'samples' or 'tokens'")
+        self.weigh_by = weigh_by
+        self._per_sample = _tokens_per_sample(named) if weigh_by == "tokens" else None
         steps = [(0, self._weights(weights))]
         if callable(schedule) or isinstance(schedule, (str, bytes, Mapping)):
             raise ConfigError(
@@ -103,6 +110,13 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         self._loader_batch: int | None = None  # the batch size of the fastload.DataLoader reading it
 
     def _weights(self, weights: Weights | None) -> tuple[float, ...]:
+        values = self._given_weights(weights)
+        if self._per_sample is None:
+            return values
+        values = tuple(w / m for w, m in zip(values, self._per_sample, strict=True))  # tokens -> samples
+        return tuple(w / sum(values) for w in values)
+
+    def _given_weights(self, weights: Weights | None) -> tuple[float, ...]:
         if weights is None:
             return (1.0,) * len(self.names)
         if isinstance(weights, Mapping):
@@ -334,6 +348,21 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             samples.close()
             for stream in streams:
                 stream.close()
+
+
+def _tokens_per_sample(named: Mapping[str, ShardDataset]) -> tuple[float, ...]:
+    """Each source's mean tokens per document, from its index (written by ``pack-tokens``)."""
+    means = []
+    for name, d in named.items():
+        opts = d.index.options
+        tokens, documents = opts.get("tokens"), opts.get("documents")
+        if opts.get("kind") != "tokens" or not tokens or not documents:
+            raise ConfigError(
+                f"weigh_by='tokens': source {name!r} ({d.root}) is not a token dataset with tokens in it "
+                "(write it with fastload pack-tokens), or weigh by samples"
+            )
+        means.append(int(tokens) / int(documents))
+    return tuple(means)
 
 
 __all__ = ["Mix"]
