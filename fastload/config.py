@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from fastload.errors import ConfigError
@@ -37,9 +37,10 @@ class PackConfig:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        from fastload import formats  # (the registry; formats import this module at their top)
-
-        formats.by_name(self.shard_format)  # ConfigError naming the registered formats
+        # (shard_format is checked against the format registry where a pack starts, packing.options:
+        # formats import this module, so it cannot import them)
+        if not isinstance(self.shard_format, str) or not self.shard_format:
+            raise ConfigError(f"shard_format={self.shard_format!r} must name a shard format, e.g. 'tar'")
         if self.shard_size_bytes < 4096:
             raise ConfigError(
                 f"shard_size_bytes={self.shard_size_bytes} is too small; use at least 4 KiB "
@@ -76,20 +77,6 @@ class PackConfig:
         if self.partition_level is None:
             return None
         return self.partition_name or f"level{self.partition_level}"
-
-    def output_options(self) -> dict[str, Any]:
-        """The options that decide the output bytes (not workers, progress or resume)."""
-        out = asdict(self)
-        for name in ("workers", "resume", "allow_skip", "fsync", "progress"):
-            out.pop(name)
-        from fastload import formats
-
-        own = formats.by_name(self.shard_format).pack_options
-        for fmt in formats.all_formats():  # options of other formats do not change this one's bytes
-            for name in fmt.pack_options:
-                if name not in own:
-                    out.pop(name, None)
-        return out
 
 
 @dataclass(frozen=True, kw_only=True)

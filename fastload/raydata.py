@@ -21,6 +21,7 @@ from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry
 from fastload.errors import ConfigError, FastloadError, PackError
 from fastload.packing.dest import destination
 from fastload.packing.journal import STATE_DIR
+from fastload.packing.options import checked, output_options
 from fastload.packing.ray_engine import require_ray
 from fastload.packing.report import PackReport
 from fastload.storage import access as storage
@@ -104,7 +105,7 @@ def from_ray(
     require_ray()
     from fastload.packing.ray_sink import KEY, ShardSink
 
-    config = replace(config or PackConfig(), **options) if options else (config or PackConfig())
+    config = checked(replace(config or PackConfig(), **options) if options else (config or PackConfig()))
     default = PackConfig()
     for name, advice in _PIPELINE_OPTIONS.items():
         if getattr(config, name) != getattr(default, name):
@@ -157,7 +158,7 @@ def from_ray(
         shard_format=config.shard_format,
         fields=sorted({f for r in written for f in r["fields"]}),
         shards=shards,
-        options={**config.output_options(), "source": "ray.data"},
+        options={**output_options(config), "source": "ray.data"},
         payload_bytes=sum(r["payload_bytes"] for r in written),
     )
     dest.write_bytes(INDEX_NAME, index.to_json())

@@ -142,6 +142,11 @@ def use_native(native: NativeShuffle | None) -> None:
     _NATIVE_OK.clear()
 
 
+def accelerated(native: NativeShuffle) -> bool:
+    """Whether ``native`` is the accelerator given (so that giving it again would check it again)."""
+    return bool(_NATIVE) and _NATIVE[0] is native
+
+
 def native_in_use() -> bool:
     """Whether :func:`buffer_shuffle` runs on the accelerator given to :func:`use_native`."""
     if _NATIVE and not _NATIVE_OK:

@@ -3,9 +3,9 @@ compiler is available): which ones this process uses.
 
 Each is an accelerator behind its format's one read function (tar:
 :func:`fastload.formats.tar.reader.read_run`), which hands the rest of a run to the Python parser where the
-C reader stops. It also gives :mod:`fastload.core.shuffle` the C loop of the sample shuffle (a pure
-function that ``core`` may not import itself). ``FASTLOAD_NATIVE=0`` in the environment turns them off
-(the Python readers are then used everywhere; both give the same samples and the same errors)."""
+C reader stops. :func:`accelerate_shuffle` gives :mod:`fastload.core.shuffle` the C loop of the sample
+shuffle (a pure function that ``core`` may not import itself). ``FASTLOAD_NATIVE=0`` in the environment
+turns them off (the Python readers are then used everywhere; both give the same samples and errors)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,25 @@ def _load() -> tuple[Run | None, Run | None]:
         from fastload import _native
     except ImportError:  # not built (no C compiler at install time): the Python reader is used
         return None, None
-    shuffle.use_native(_native.buffer_shuffle)  # the sample shuffle's loop (checked at its first use)
     # (TFRecord records only with a CRC32C instruction here: the crc32c package is faster than a table)
     return _native.layout_run, _native.tfrecord_run if _native.crc32c_hardware else None
 
 
 # fastload._native.layout_run and tfrecord_run: see fastload/_native.c
 layout_run, tfrecord_run = _load()
+
+
+def accelerate_shuffle() -> bool:
+    """Give :mod:`fastload.core.shuffle` the C loop of the sample shuffle, where it is built (and not
+    turned off); it is used once it passes its checks at its first use. Called by what plans sample orders
+    (``ShardDataset``), not at import. Returns whether the C loop was given."""
+    if layout_run is None:  # not built, or FASTLOAD_NATIVE=0
+        return False
+    from fastload import _native
+
+    if not shuffle.accelerated(_native.buffer_shuffle):
+        shuffle.use_native(_native.buffer_shuffle)
+    return True
 
 
 def in_use(shard_format: str = "tar") -> str:

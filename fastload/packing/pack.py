@@ -23,6 +23,7 @@ from fastload.formats.tar.writer import ShardResult
 from fastload.gcpause import gc_paused
 from fastload.packing.engine import Engine, LocalEngine
 from fastload.packing.journal import finish_pack, open_pack
+from fastload.packing.options import checked, output_options
 from fastload.packing.plan import plan_pack, shard_sizes, source_and_target
 from fastload.packing.progress import Progress
 from fastload.packing.report import PackReport
@@ -112,7 +113,7 @@ def pack(
     if unknown:
         known = ", ".join(sorted(f.name for f in fields(PackConfig)))
         raise ConfigError(f"unknown pack option(s) {', '.join(unknown)}; PackConfig has: {known}")
-    config = replace(config or PackConfig(), **options) if options else (config or PackConfig())
+    config = checked(replace(config or PackConfig(), **options) if options else (config or PackConfig()))
     srcs, target = source_and_target(sources, dst, missing="pass the folder holding the files to pack")
     if any(u.startswith("s3://") for u in [*srcs, target]):
         s3_config = s3_config or S3Config.from_env()
@@ -188,7 +189,7 @@ def pack(
         numbers=[p.number for p in plan.shards],
         shard_format=config.shard_format,
         fields=plan.fields,
-        options={**config.output_options(), "layout": plan.layout},
+        options={**output_options(config), "layout": plan.layout},
         planned_skips=plan.skipped,
         kept=len(kept),
         allow_skip=config.allow_skip,

@@ -16,6 +16,7 @@ from fastload.config import PackConfig, S3Config
 from fastload.core.keys import KeyRuleError, Sample, group_samples, partition_value, split_key
 from fastload.core.plan import ShardPlan, plan_shards, sample_order
 from fastload.errors import ConfigError, PackError, Skip
+from fastload.packing.options import output_options
 from fastload.storage.inputs import Input
 from fastload.storage.listing import FileEntry, LocalSource
 
@@ -104,7 +105,7 @@ def plan_pack(sources: Sequence[str], config: PackConfig, s3_config: S3Config | 
         suffix=suffix,
         overhead_bytes=overhead,
     )
-    layout = hashlib.sha256(json.dumps(config.output_options(), sort_keys=True).encode())
+    layout = hashlib.sha256(json.dumps(output_options(config), sort_keys=True).encode())
     versions = hashlib.sha256()
     fields: set[str] = set()
     payload = files = empty = 0

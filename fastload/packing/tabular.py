@@ -37,6 +37,7 @@ from fastload.formats.parquet.writer import KEY_COLUMN
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.engine import LocalEngine
 from fastload.packing.journal import finish_pack, open_pack
+from fastload.packing.options import output_options
 from fastload.packing.progress import Progress
 from fastload.packing.report import PackReport
 from fastload.packing.table_shards import TableShard
@@ -150,7 +151,7 @@ def plan_table_pack(
     root = (
         os.path.commonpath([_folder(u) for u in urls]) if not storage.is_remote(urls[0]) else _folder(urls[0])
     )
-    layout = hashlib.sha256(json.dumps([config.output_options(), options.to_dict()], sort_keys=True).encode())
+    layout = hashlib.sha256(json.dumps([output_options(config), options.to_dict()], sort_keys=True).encode())
     file_fields = options.file_fields()
     tables, keys, files = [], [], {f: [] for f in file_fields.values()}  # type: ignore[var-annotated]
     for url in urls:
@@ -362,7 +363,7 @@ def pack_table(
         numbers=[p.number for p in plan.shards],
         shard_format="parquet",
         fields=plan.fields,
-        options={**config.output_options(), "kind": "table", **options.to_dict(), "layout": plan.layout},
+        options={**output_options(config), "kind": "table", **options.to_dict(), "layout": plan.layout},
         planned_skips=plan.skipped,
         kept=len(kept),
         allow_skip=config.allow_skip,

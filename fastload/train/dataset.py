@@ -46,6 +46,7 @@ from fastload.core.sharding import (
     worker_span,
 )
 from fastload.errors import ConfigError
+from fastload.formats.native import accelerate_shuffle
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 from fastload.storage.cache import ShardCache
@@ -167,6 +168,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         caching: CacheConfig | None = None,
     ) -> None:
         super().__init__()
+        accelerate_shuffle()  # the C loop of the sample shuffle, where built
         flat = locals()
         self.order = merge(order, OrderConfig, flat, ORDER_KEYWORDS)
         self.decoding = merge(decoding, DecodeConfig, flat, DECODE_KEYWORDS)

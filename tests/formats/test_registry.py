@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import fastload
 from fastload import formats
 from fastload.core.index import DatasetIndex, ShardEntry, parse_index
 from fastload.errors import ConfigError, IndexFormatError
@@ -68,13 +69,24 @@ def test_register_refuses_duplicates_and_non_formats() -> None:
         formats.register(object())  # type: ignore[arg-type]
 
 
-def test_pack_config_validates_through_the_registry() -> None:
+def test_pack_config_validates_through_the_registry(tmp_path: Path) -> None:
+    """Where a pack starts (the config module cannot import the formats that import it): nothing written."""
     from fastload.config import PackConfig
+    from fastload.packing.options import output_options
 
-    with pytest.raises(ConfigError, match=r"shard_format='zip'; choose one of tar, parquet, tfrecord"):
-        PackConfig(shard_format="zip")
-    tar = PackConfig(shard_format="tar").output_options()
-    parquet = PackConfig(shard_format="parquet").output_options()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    for call in (
+        lambda: fastload.pack(tmp_path / "src", tmp_path / "dst", shard_format="zip"),
+        lambda: fastload.pack(tmp_path / "src", tmp_path / "dst", config=PackConfig(shard_format="zip")),
+    ):
+        with pytest.raises(ConfigError, match=r"shard_format='zip'; choose one of tar, parquet, tfrecord"):
+            call()
+        assert not (tmp_path / "dst").exists()
+    with pytest.raises(ConfigError, match="must name a shard format"):
+        PackConfig(shard_format="")
+    tar = output_options(PackConfig(shard_format="tar"))
+    parquet = output_options(PackConfig(shard_format="parquet"))
     assert "row_group_bytes" not in tar and "compression" not in tar
     assert parquet["row_group_bytes"] == 64 << 20 and parquet["compression"] == "none"
 

@@ -5,6 +5,8 @@ needs) against a plain reference: the list-of-pairs implementation they replaced
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -181,9 +183,10 @@ def test_buffer_shuffles_with_a_large_buffer(impl) -> None:
 
 
 def test_the_c_shuffle_is_used_once_it_passes_its_checks() -> None:
-    import fastload.formats  # noqa: F401  (registers the C loop when it is built)
     from fastload import _native
+    from fastload.formats.native import accelerate_shuffle
 
+    assert accelerate_shuffle()  # (what ShardDataset calls)
     assert shuffle.native_in_use()
     try:
         shuffle.use_native(lambda n, b, key, pos: (bytearray(np.arange(n).tobytes()), key, pos))
@@ -283,3 +286,16 @@ def test_worker_positions_are_the_reference_loop(total: int, workers: int, chunk
             want.extend(range(a, min(a + chunk, total)))
         got = worker_position_array(total, worker=worker, workers=workers, chunk=chunk, start=start)
         assert got.tolist() == want
+
+
+def test_importing_fastload_gives_core_no_accelerator_until_asked() -> None:
+    """The C shuffle is given by an explicit call (ShardDataset's), not as a side effect of an import."""
+    code = (
+        "import fastload, fastload.formats\n"
+        "from fastload.core import shuffle\n"
+        "assert not shuffle._NATIVE, 'installed at import'\n"
+        "fastload.ShardDataset\n"
+        "from fastload.formats.native import accelerate_shuffle\n"
+        "assert accelerate_shuffle() and shuffle.native_in_use()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -11,6 +11,7 @@ shard's footer once.
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 from collections import OrderedDict
@@ -26,6 +27,16 @@ TAIL_BYTES = 64 << 10  # the first read of a footer not recorded in the table (p
 _CACHED = 256  # parsed footers kept per process
 _cache: OrderedDict[tuple[str, int, str, int], Any] = OrderedDict()
 _lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) gets a new lock: another thread of the parent may have held
+    this one at the fork, and nothing in the child would ever release it."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def footer_of(tail: bytes, *, where: str) -> bytes | int:
@@ -57,8 +68,6 @@ def read_footer(read: Callable[[int, int], bytes], size: int, *, where: str) -> 
 
 def tail_footer(path: str) -> bytes:
     """The footer of a local Parquet file (what the writer records in the shard's table)."""
-    import os
-
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
 

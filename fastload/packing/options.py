@@ -1,0 +1,36 @@
+"""What of a :class:`~fastload.config.PackConfig` a pack depends on, checked against the format registry
+(``config`` is a base module every package imports, so it cannot consult ``formats`` itself)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastload import formats
+from fastload.config import PackConfig
+
+RUNTIME_FIELDS = ("workers", "resume", "allow_skip", "fsync", "progress")  # never change the bytes
+
+
+def checked(config: PackConfig) -> PackConfig:
+    """``config``, once its ``shard_format`` is a registered format (a :class:`ConfigError` naming the
+    registered ones otherwise); what every pack entry point calls before anything is listed or written."""
+    formats.by_name(config.shard_format)
+    return config
+
+
+def output_options(config: PackConfig) -> dict[str, Any]:
+    """The options that decide the output bytes: not workers, progress or resume, and not the options of
+    other formats (a Parquet row group size does not change a tar shard)."""
+    out = asdict(config)
+    for name in RUNTIME_FIELDS:
+        out.pop(name)
+    own = formats.by_name(config.shard_format).pack_options
+    for fmt in formats.all_formats():
+        for name in fmt.pack_options:
+            if name not in own:
+                out.pop(name, None)
+    return out
+
+
+__all__ = ["checked", "output_options"]
