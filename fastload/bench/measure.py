@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastload.core.gpuutil import GpuTimeline
+from fastload.train.torchprivate import shut_down_workers
 
 Step = Callable[[dict[str, Any]], None]
 PREFETCH = 2
@@ -162,9 +163,7 @@ def _close(it: Any) -> None:
     close = getattr(it, "close", None)  # a generator (fastload.DataLoader): closing ends the inner iterator
     if close is not None:
         close()
-    shutdown = getattr(it, "_shutdown_workers", None)  # torch's multi-process iterator
-    if shutdown is not None:
-        shutdown()
+    shut_down_workers(it)  # torch's multi-process iterator
 
 
 def consume(

@@ -6,5 +6,6 @@ state in ``position``, shard runs in ``reading`` and ``shardread``), ``fastload.
 with ``chunks``: batches made in workers), shared-memory batch slots (``shmbatch``), ordered prefetch of read
 tasks (``prefetch``), decoders (``decode``), collate functions (``collate``), ``PackedSequences``
 (``packed``), ``fastload.loader`` and the device prefetcher (``feed``), ``MapDataset``
-(``mapview``, its open shards in ``mapshards``).
+(``mapview``, its open shards in ``mapshards``). Names torch does not document are used only in
+``torchprivate``.
 """

@@ -25,6 +25,7 @@ from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
 from fastload.train.mix import Mix
 from fastload.train.shmbatch import MainSlots
+from fastload.train.torchprivate import is_worker_death, shut_down_workers
 
 WORKER_DIED = (
     "fastload.DataLoader: a worker process died ({cause}); the usual cause is the out-of-memory killer "
@@ -37,7 +38,7 @@ WORKER_DIED = (
 def _worker_died(exc: RuntimeError, slots: MainSlots) -> WorkerDiedError | None:
     """:class:`WorkerDiedError` for torch's "worker ... killed by signal / exited unexpectedly" (its slot
     files removed), or None for another error."""
-    if "exited unexpectedly" not in str(exc) and "killed by signal" not in str(exc):
+    if not is_worker_death(exc):
         return None
     slots.remove_dead_children()
     return WorkerDiedError(WORKER_DIED.format(cause=str(exc).split(". ")[0]))
@@ -78,9 +79,7 @@ def _workers_watched(batches: Iterator[Any], slots: MainSlots) -> Generator[Any,
 def _shut_down(workers: Iterator[Any]) -> None:
     """Stop the DataLoader iterator's worker processes now (torch does it when the iterator is collected),
     so that the slot files of batches they made but never sent can be removed."""
-    shutdown = getattr(workers, "_shutdown_workers", None)
-    if callable(shutdown):
-        shutdown()
+    shut_down_workers(workers)
 
 
 class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
