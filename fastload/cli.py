@@ -16,6 +16,9 @@ from fastload.config import PackConfig
 from fastload.errors import ConfigError, FastloadError, SkippedInputError
 from fastload.storage.urls import check_url
 
+# string options that are not paths or dataset URLs (an http:// endpoint is right there)
+_NOT_PATHS = frozenset({"endpoint_url"})
+
 
 def _pack(args: argparse.Namespace) -> int:
     from fastload.packing.pack import pack
@@ -176,7 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.environ["AWS_ENDPOINT_URL"] = endpoint
     try:
-        for value in vars(args).values():  # a mistyped s3:// URL would otherwise be taken as a local path
+        for name, value in vars(args).items():  # a mistyped or unknown URL would be taken as a local path
+            if name in _NOT_PATHS:
+                continue
             for text in value if isinstance(value, list) else [value]:
                 if isinstance(text, str):
                     check_url(text)
