@@ -241,7 +241,7 @@ def _workers_line(facts: Facts, needed: float | None, loader_bound: bool) -> tup
             return suggested, (
                 f"the loader alone delivers {_rate(best_rate)} at num_workers={suggested}, more than the "
                 f"step consumes ({_rate(needed)}), yet the loop waited for data with {running}: the workers "
-                f"and the step share {facts.cores} cores: {measure}give the loader more CPU, or make each "
+                f"and the step share {facts.cores} cores; {measure}give the loader more CPU, or make each "
                 "sample cheaper to load (see below)"
             )
         return suggested, (
