@@ -16,8 +16,9 @@ from fastload.config import PackConfig
 from fastload.errors import ConfigError, FastloadError, SkippedInputError
 from fastload.storage.urls import check_url
 
-# string options that are not paths or dataset URLs (an http:// endpoint is right there)
-_NOT_PATHS = frozenset({"endpoint_url"})
+# string options that are not paths or dataset URLs (an http:// endpoint is right there): --endpoint-url,
+# bench's --endpoint
+_NOT_PATHS = frozenset({"endpoint_url", "endpoint"})
 
 
 def _pack(args: argparse.Namespace) -> int:
@@ -118,6 +119,17 @@ def _ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mb(args: argparse.Namespace) -> int:
+    from fastload.s3.buckets import bucket_of, make_bucket
+
+    bucket = bucket_of(args.url)
+    if make_bucket(args.url):
+        print(f"make_bucket: s3://{bucket}")
+    else:
+        print(f"s3://{bucket} already exists (yours): nothing to do")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from fastload.demo import make_demo_tree
 
@@ -170,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pack-tokens": _pack_tokens,
         "cp": _cp,
         "ls": _ls,
+        "mb": _mb,
         "bench": _bench,
         "index": _index,
     }[args.command]

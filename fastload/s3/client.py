@@ -342,9 +342,11 @@ def fail_fast_error(failure: Failure, bucket: str, key: str, what: str = "read")
     """The error for a failure not worth retrying (404, 403, other 4xx), saying what to check."""
     url = f"s3://{bucket}/{key}"
     if failure.fault is Fault.NOT_FOUND:
+        create = f"; to write to a new bucket, create it: fastload mb s3://{bucket}"
         return S3NotFoundError(
             f"{url}: not found ({failure.message}); check the bucket and key names, and that the endpoint "
-            "and region point at the store that holds them",
+            "and region point at the store that holds them"
+            + (create if "NoSuchBucket" in failure.message else ""),
             bucket=bucket,
             key=key,
         )
