@@ -78,7 +78,7 @@ class S3Stats:
         the first-byte latencies), or None if nothing was: a DataLoader worker sends it with each batch so
         that the training process's counters include the workers' (:meth:`merge`)."""
         with self._lock:
-            now = {
+            now: dict[str, Any] = {
                 "requests": self.requests,
                 "bytes": self.bytes,
                 "failures": self.failures,
