@@ -116,6 +116,9 @@ def test_unsupported_url_schemes_are_refused_listing_the_supported_ones(
         lambda: fastload.open(url),
         lambda: fastload.pack("src", url),
         lambda: fastload.pack(url, "out"),
+        lambda: fastload.copy(url, "out", recursive=True),
+        lambda: fastload.copy("src/a.txt", url),
+        lambda: fastload.verify(url),
     ):
         with pytest.raises(ConfigError, match=supported):
             call()
