@@ -15,7 +15,8 @@ def s3_stats(*, reset: bool = False) -> dict[str, Any]:
 
     In a training process these include the S3 requests of its :class:`fastload.DataLoader` workers: each
     worker sends what it counted with every batch, and it is added here when the batch arrives (so a
-    worker's requests for batches not yet delivered show up with them). A plain ``torch`` DataLoader's
+    worker's requests for batches not yet delivered show up with them; read-ahead a worker does after its
+    last batch of an epoch cut short arrives with its next batch, if any). A plain ``torch`` DataLoader's
     workers keep theirs to themselves."""
     stats = runtime.current().stats
     snap = stats.snapshot()
