@@ -16,6 +16,10 @@ from fastload.config import PackConfig
 from fastload.errors import ConfigError, FastloadError, SkippedInputError
 from fastload.storage.urls import check_url
 
+# string options that are not paths or dataset URLs (an http:// endpoint is right there): --endpoint-url,
+# bench's --endpoint
+_NOT_PATHS = frozenset({"endpoint_url", "endpoint"})
+
 
 def _pack(args: argparse.Namespace) -> int:
     from fastload.packing.pack import pack
@@ -115,6 +119,17 @@ def _ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mb(args: argparse.Namespace) -> int:
+    from fastload.s3.buckets import bucket_of, make_bucket
+
+    bucket = bucket_of(args.url)
+    if make_bucket(args.url):
+        print(f"make_bucket: s3://{bucket}")
+    else:
+        print(f"s3://{bucket} already exists (yours): nothing to do")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from fastload.demo import make_demo_tree
 
@@ -169,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pack-tokens": _pack_tokens,
         "cp": _cp,
         "ls": _ls,
+        "mb": _mb,
         "bench": _bench,
         "index": _index,
     }[args.command]
@@ -178,7 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.environ["AWS_ENDPOINT_URL"] = endpoint
     try:
-        for value in vars(args).values():  # a mistyped s3:// URL would otherwise be taken as a local path
+        for name, value in vars(args).items():  # a mistyped or unknown URL would be taken as a local path
+            if name in _NOT_PATHS:
+                continue
             for text in value if isinstance(value, list) else [value]:
                 if isinstance(text, str):
                     check_url(text)

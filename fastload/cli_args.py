@@ -209,6 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("url", metavar="URL", help="s3://bucket/prefix/ (or a local folder)")
     ls.add_argument("--recursive", "-r", action="store_true", help="list every key, not one level")
 
+    mb = sub.add_parser(
+        "mb",
+        parents=[s3_options],
+        help="make a bucket (s3://bucket), e.g. on a local endpoint to try fastload on",
+    )
+    mb.add_argument(
+        "url", metavar="URL", help="s3://bucket (in AWS_REGION; nothing done if it is yours already)"
+    )
+
     d = sub.add_parser("demo-data", help="write a small generated tree of sample files to try fastload on")
     d.add_argument("dir", metavar="DIR", help="folder to write the sample files into")
     d.add_argument("--samples", type=int, default=2000, help="samples to write (default 2000)")

@@ -18,6 +18,7 @@ from fastload.config import S3Config
 from fastload.errors import ConfigError, NotFoundError
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
+from fastload.storage.urls import check_url
 
 
 @dataclass
@@ -77,6 +78,8 @@ def copy(
     from fastload.s3.upload import upload_file
     from fastload.storage.s3source import unsafe_key_part
 
+    check_url(src)  # a mistyped s3:// or an https:// URL is not a local path
+    check_url(dst)
     src_remote, dst_remote = storage.is_remote(src), storage.is_remote(dst)
     if src_remote == dst_remote:
         raise ConfigError(

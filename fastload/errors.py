@@ -152,6 +152,7 @@ class RangeReadError(S3Error, OSError):
             "timeout": "responses stalled or never came: check the endpoint and network, or raise "
             "read_timeout_s",
             "connection": "connections kept failing: check the endpoint URL and that the server is up",
+            "unreachable": "no connection could be made to an endpoint that never answered here",
         }.get(
             cause, "the store kept failing: retry later or raise the retry budget (max_attempts, deadline_s)"
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -82,9 +83,17 @@ def add_parser(sub: Any) -> None:
         metavar="LIST",
         help="peers to run too: naive (a per-file Dataset; default), webdataset; 'none' for neither",
     )
-    b.add_argument("--json", dest="json_path", metavar="FILE", help="write every figure and the machine")
     b.add_argument(
-        "--plot", dest="plot_path", metavar="FILE.png", help="throughput and wait/compute timeline"
+        "--json",
+        dest="json_path",
+        metavar="FILE",
+        help="write every figure and the machine (and the plot next to it, FILE with .png)",
+    )
+    b.add_argument(
+        "--plot",
+        dest="plot_path",
+        metavar="FILE.png",
+        help="throughput and wait/compute timeline, with the run's conclusion (needs matplotlib)",
     )
     b.add_argument(
         "--cache-dir", default=None, help="where the generated dataset is kept (~/.cache/fastload/bench)"
@@ -123,6 +132,18 @@ def options_from_args(args: argparse.Namespace) -> Any:
     )
 
 
+NO_PLOT = "for a plot: --plot FILE.png (or --json FILE.json: the plot is written next to it)"
+
+
+def plot_path_for(plot_path: str | None, json_path: str | None) -> str | None:
+    """Where the plot goes: ``--plot``, else next to ``--json`` (``run.json`` -> ``run.png``), else none."""
+    if plot_path:
+        return plot_path
+    if json_path:  # the picture goes with the figures
+        return os.path.splitext(json_path)[0] + ".png"
+    return None
+
+
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """Run the bench for parsed ``args``; exit status 1 when a measurement failed (named in the table)."""
     options = options_from_args(args)
@@ -137,11 +158,19 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         with open(options.json_path, "w") as f:
             json.dump(to_json(report, argv if argv is not None else sys.argv[1:]), f, indent=1, default=str)
         print(f"figures written to {options.json_path}")
-    if options.plot_path:
+    plot_path = plot_path_for(options.plot_path, options.json_path)
+    if plot_path:
         from fastload.bench.plot import write_png
 
-        write_png(report, options.plot_path)
-        print(f"plot written to {options.plot_path}")
+        try:
+            write_png(report, plot_path)
+            print(f"plot written to {plot_path}")
+        except ConfigError as exc:  # matplotlib missing: the run's figures are still good
+            if options.plot_path:
+                raise
+            print(f"no plot: {exc}")
+    else:
+        print(NO_PLOT)
     failed = [r for r in [*report.runs, *report.training] if r.error]
     bad_checks = [name for name, check in report.checks.items() if not check.get("ok")]
     if bad_checks:

@@ -12,13 +12,37 @@ from fastload.bench.runner import BenchReport
 from fastload.errors import ConfigError
 
 WAIT_COLOUR, COMPUTE_COLOUR, GPU_COLOUR = "#d62728", "#1f77b4", "#2ca02c"
-TOOL_COLOURS = {"fastload": "#2ca02c", "per-file": "#7f7f7f", "webdataset": "#9467bd"}
-POINT_STYLES = [("#17becf", "D"), ("#8c564b", "^"), ("#bcbd22", "v"), ("#e377c2", "P")]  # one-off variants
+# one colour per variant, in table order (none of them the timeline's red or blue)
+VARIANT_COLOURS = [
+    "#2ca02c",
+    "#7f7f7f",
+    "#9467bd",
+    "#ff7f0e",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#000000",
+    "#aec7e8",
+]
+POINT_MARKERS = ["D", "^", "v", "P", "X", "*"]  # variants measured at one num_workers
+POINT_SPREAD = 0.12  # points at the same num_workers are set apart by this much, so none hides another
 TIMELINE_S = 2.0
 
 
 def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
     """Write the plot to ``path`` (a PNG of about 40-80 KB)."""
+    fig = figure(report)
+    import matplotlib.pyplot as plt
+
+    fig.savefig(os.fspath(path), format="png", bbox_inches="tight")
+    plt.close(fig)
+
+
+def figure(report: BenchReport) -> Any:
+    """The matplotlib figure of a run: the sweep (a line per variant, each its own colour; variants measured
+    at one num_workers as large points, set apart so none hides another), the training loop's timelines,
+    and the run's one-line conclusion as its title."""
     try:
         import matplotlib
 
@@ -26,6 +50,8 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'fastload[bench]'") from None
+    from fastload.bench.report import conclusion
+
     gpu = any(r.gpu is not None for r in report.training)
     per_run = 2 if gpu else 1  # the utilisation axis above each timeline
     rows = max(1, len(report.training)) * per_run
@@ -38,31 +64,29 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
         wspace=0.28,
         hspace=0.55,
     )
+    fig.suptitle(_wrapped(conclusion(report)), fontsize=10, x=0.02, ha="left", y=1.0, va="bottom")
     ax = fig.add_subplot(grid[:, 0])
     ticks: set[int] = set()
-    points = iter(POINT_STYLES * 4)
-    for v in report.variants:  # the sweeps as lines; the variants measured at one num_workers as points
+    singles = [v for v in report.variants if not v["sweep"]]
+    for i, v in enumerate(report.variants):  # sweeps as lines; those measured at one num_workers as points
         by = report.by_workers(v["name"])
         if not by:
             continue
         ticks.update(by)
-        style = ("", "") if v["sweep"] else next(points)
-        xs = list(by)
-        rates = [sorted(r.samples_per_s for r in by[w]) for w in xs]
+        colour = VARIANT_COLOURS[i % len(VARIANT_COLOURS)]
+        xs = [float(w) for w in by]
+        rates = [sorted(r.samples_per_s for r in by[w]) for w in by]
         mid = [r[len(r) // 2] for r in rates]
         low = [m - r[0] for m, r in zip(mid, rates, strict=True)]
         high = [r[-1] - m for m, r in zip(mid, rates, strict=True)]
-        ax.errorbar(
-            xs,
-            mid,
-            yerr=[low, high],
-            fmt=("o-" if v["where"] == "local" else "s--") if v["sweep"] else style[1],
-            color=TOOL_COLOURS.get(v["tool"], "#333333") if v["sweep"] else style[0],
-            capsize=3,
-            label=v["name"],
-            lw=1.6,
-            ms=4,
-        )
+        if v["sweep"]:
+            style: dict[str, Any] = {"fmt": "o-" if v["where"] == "local" else "s--", "ms": 4, "zorder": 2}
+        else:
+            k = singles.index(v)
+            xs = [x + POINT_SPREAD * (k - (len(singles) - 1) / 2) for x in xs]
+            marker = POINT_MARKERS[k % len(POINT_MARKERS)]
+            style = {"fmt": marker, "ms": 9, "mec": "black", "mew": 0.8, "zorder": 4}
+        ax.errorbar(xs, mid, yerr=[low, high], color=colour, capsize=3, label=v["name"], lw=1.6, **style)
     ax.set_yscale("log")
     ax.set_xticks(sorted(ticks))  # whole workers, not fractions
     ax.set_xlabel("num_workers")
@@ -99,8 +123,13 @@ def write_png(report: BenchReport, path: str | os.PathLike[str]) -> None:
         )
         if i == len(report.training) - 1:
             tl.set_xlabel("seconds of the training loop (red: waiting for data, blue: step)")
-    fig.savefig(os.fspath(path), format="png", bbox_inches="tight")
-    plt.close(fig)
+    return fig
+
+
+def _wrapped(text: str, width: int = 130) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
 
 
 def _utilisation(ax: Any, run: Run, window: float) -> None:

@@ -52,12 +52,43 @@ def _header(report: BenchReport) -> list[str]:
         s3 = f" · embedded S3: {o.latency_ms:g} ms first byte, {cap}"
     ram = f", {format_size(m['ram_bytes'])} RAM" if m.get("ram_bytes") else ""
     load = m.get("load_average_before")
+    if w.get("image_fields", True):  # (a report from before fields were recorded: images)
+        work = f"decode to {o.image_px}x{o.image_px}"
+    else:
+        fields = ", ".join(w.get("fields") or []) or "none"
+        work = f"no image fields to decode (fields: {fields}): bytes read and counted"
     return [
-        f"fastload bench: {w['label']}{size} · batch {o.batch_size} · "
-        f"decode to {o.image_px}x{o.image_px}{s3}",
+        f"fastload bench: {w['label']}{size} · batch {o.batch_size} · {work}{s3}",
         f"machine: {m['cpu'] or '?'}, {m['cores']} cores{ram} · python {m['python']} · "
         f"torch {m['versions'].get('torch')}" + (f" · load {load[0]}" if load else ""),
     ]
+
+
+def conclusion(report: BenchReport) -> str:
+    """The run in one line (closing the table, and on the plot): packed against one request per file where
+    both were measured (or fastload's best rate), and how much of the training loop waits for data."""
+    names = {v["name"] for v in report.variants}
+    where = "s3" if "fastload s3" in names else "local"
+    parts: list[str] = []
+    mine = report.median_rate(f"fastload {where}")
+    theirs = report.median_rate(f"per-file {where}")
+    how = "over S3" if where == "s3" else "locally"
+    if mine and theirs:
+        parts.append(
+            f"fastload reads {_x(mine / theirs)} the samples/s of one "
+            f"{'GET' if where == 's3' else 'open()'} per file {how} ({mine:,.0f} vs {theirs:,.0f}, each at "
+            "its best num_workers)"
+        )
+    elif mine:
+        sweep = report.sweep(f"fastload {where}")
+        best = max(sweep, key=lambda w: sweep[w])
+        parts.append(f"fastload reads {mine:,.0f} samples/s {how} (best at num_workers={best})")
+    waits = {r.variant: r.wait_share for r in report.training if r.error is None and r.computes}
+    if waits:
+        ordered = sorted(waits, key=lambda n: (not n.startswith("fastload"), n))
+        shares = ", ".join(f"{waits[n] * 100:.0f}% with {n}" for n in ordered)
+        parts.append(f"the training loop waits for data {shares}")
+    return "; ".join(parts) if parts else "no measurement completed"
 
 
 def table(report: BenchReport) -> str:
@@ -149,7 +180,7 @@ def table(report: BenchReport) -> str:
         lines += [f"  {e}" for e in examples]
     for note in report.notes:
         lines.append(f"note: {note}")
-    lines.append("")
+    lines += ["", f"conclusion: {conclusion(report)}"]
     lines.append(f"took {report.timings.get('total_s', 0):.0f} s")
     return "\n".join(lines)
 
@@ -228,4 +259,5 @@ def to_json(report: BenchReport, argv: list[str] | None = None) -> dict[str, Any
         "checks": report.checks,
         "timings_s": {k: round(v, 3) for k, v in report.timings.items()},
         "notes": report.notes,
+        "conclusion": conclusion(report),
     }

@@ -117,10 +117,27 @@ class Workload:
     def file_bytes_mean(self) -> float | None:
         return self.file_bytes / self.file_count if self.file_count else None
 
+    def fields(self) -> list[str]:
+        """The samples' field names (file extensions), from the files or the packed index."""
+        if self.samples is not None:
+            return sorted({name for s in self.samples for name, _ in s.members})
+        from fastload.storage.manifest import load_index
+
+        where = self.packed_local or self.packed_s3
+        if where is None:
+            return []
+        config = None if self.packed_local else self.s3_config
+        return sorted(load_index(where, s3_config=config).fields)
+
     def describe(self) -> dict[str, Any]:
+        from fastload.train.decode import IMAGE_EXTENSIONS
+
+        fields = self.fields()
         return {
             "label": self.label,
             "kind": self.kind,
+            "fields": fields,
+            "image_fields": [f for f in fields if f.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS],
             "samples_per_file_view": len(self.samples) if self.samples is not None else None,
             "files": self.file_count or None,
             "file_bytes": self.file_bytes or None,

@@ -5,10 +5,16 @@ The rules, in order:
 
 - **Verdict.** ``loader-bound`` when at least ``LOADER_BOUND_SHARE`` (10%) of wall time waits for data,
   otherwise ``compute-bound`` (the loader keeps up).
-- **num_workers.** The step consumes ``batch_size / step_s`` samples/s. The suggestion is the fewest
-  measured workers whose loader-alone throughput covers that with ``HEADROOM`` (20%) to spare; if none does,
-  the fastest setting (fewest workers within 5% of the best), and the advice says that more workers alone
-  will not do. Without a step time (loader alone) it is the fastest setting.
+- **num_workers.** The step consumes ``batch_size / step_s`` samples/s. The sweep measures the loader
+  alone; what the *loop* would see differs at 0 workers, where loading runs in series with the step
+  (:func:`loop_rate`: the loop waits ``demand / (demand + rate)`` of its time however fast the loader is).
+  A setting covers the step when its workers deliver ``HEADROOM`` (20%) more than it consumes, or, at 0
+  workers, when the loop would wait under ``LOADER_BOUND_SHARE``. The suggestion is the fewest measured
+  workers that cover it; if none does, the fastest setting (fewest workers within 5% of the best loop
+  rate), and the advice says that more workers alone will not do. A loop measured loader-bound is never
+  told to use fewer workers than it ran with or than the fastest setting measured (it waits with them
+  already); fewer workers are suggested only to a compute-bound loop. Without a step time (loader alone)
+  it is the fastest setting.
 - **Stages.** The stage with the largest share of per-sample time gets a sentence when it holds at least
   ``DOMINANT_SHARE`` (40%) of it: what helps for decode, fetch, collate or host-to-device copies.
 - **Packing.** For data stored as one object per sample: with the measured packed/per-file ratio above
@@ -142,18 +148,62 @@ def fastest_workers(throughput_by_workers: Mapping[int, float]) -> int | None:
     return min(w for w, t in throughput_by_workers.items() if t >= NEAR_BEST * best)
 
 
+def loop_rate(workers: int, rate: float, needed: float | None) -> float:
+    """Samples/s the training loop would get from a loader measured alone at ``rate`` with ``workers``: with
+    workers the loader runs beside the step (the slower of the two); with none, each sample's loading runs
+    in series with the step. ``needed``: what the step consumes (None: no step, the loader's own rate)."""
+    if needed is None:
+        return rate
+    if workers == 0:
+        return 1.0 / (1.0 / rate + 1.0 / needed) if rate > 0 else 0.0
+    return min(rate, needed)
+
+
+def serial_wait_share(rate: float, needed: float) -> float:
+    """The share of the loop's time spent loading with 0 workers (loading in series with the step)."""
+    return needed / (needed + rate) if rate > 0 else 1.0
+
+
+def covers(workers: int, rate: float, needed: float) -> bool:
+    """Whether ``workers`` measured at ``rate`` would keep a step consuming ``needed`` samples/s fed: with
+    ``HEADROOM`` to spare, or at 0 workers a loop waiting under ``LOADER_BOUND_SHARE``."""
+    if workers == 0:
+        return serial_wait_share(rate, needed) < LOADER_BOUND_SHARE
+    return rate >= needed * HEADROOM
+
+
 def suggest_workers(
-    throughput_by_workers: Mapping[int, float], needed: float | None
+    throughput_by_workers: Mapping[int, float],
+    needed: float | None,
+    *,
+    running: int | None = None,
+    loader_bound: bool = False,
 ) -> tuple[int | None, bool]:
-    """``(num_workers, enough)``: the fewest measured workers covering ``needed`` samples/s with headroom,
-    or the fastest setting with ``enough=False`` when none does (or ``needed`` is None)."""
+    """``(num_workers, enough)``: the fewest measured workers covering ``needed`` samples/s (:func:`covers`),
+    or the fastest setting by :func:`loop_rate` with ``enough=False`` when none does (``enough=True`` when
+    ``needed`` is None: the fastest is all there is to ask). ``loader_bound``: the loop, run with
+    ``running`` workers, was measured waiting for data; then no fewer workers than ``running`` or than the
+    fastest setting are suggested (``running`` itself, unmeasured, when nothing at or above it was)."""
     if not throughput_by_workers:
         return None, False
-    if needed is not None:
-        covering = [w for w, t in throughput_by_workers.items() if t >= needed * HEADROOM]
+    if needed is None:
+        return fastest_workers(throughput_by_workers), True
+    rates = {w: loop_rate(w, t, needed) for w, t in throughput_by_workers.items()}
+    best = fastest_workers(rates)
+    assert best is not None
+    if loader_bound and running is not None:  # it waited with `running` workers: measured, not guessed
+        floor = max(best, running)
+        above = {w: r for w, r in rates.items() if w >= floor}
+        covering = [w for w in above if w > running and covers(w, throughput_by_workers[w], needed)]
         if covering:
             return min(covering), True
-    return fastest_workers(throughput_by_workers), needed is None
+        if not above:  # nothing measured at or above what it ran with: keep that
+            return running, False
+        return fastest_workers(above), False
+    covering = [w for w, t in throughput_by_workers.items() if covers(w, t, needed)]
+    if covering:
+        return min(covering), True
+    return best, False
 
 
 def _pct(share: float) -> str:
@@ -172,26 +222,45 @@ def _ratio(x: float) -> str:
     return f"{x:.1f}x" if x < 10 else f"{x:.0f}x"
 
 
-def _workers_line(facts: Facts, needed: float | None) -> tuple[int | None, str | None]:
+def _workers_line(facts: Facts, needed: float | None, loader_bound: bool) -> tuple[int | None, str | None]:
     sweep = facts.throughput_by_workers
-    suggested, enough = suggest_workers(sweep, needed)
+    running = facts.num_workers
+    suggested, enough = suggest_workers(sweep, needed, running=running, loader_bound=loader_bound)
     if suggested is None:
         return None, None
+    if suggested not in sweep:
+        return suggested, (
+            f"the loop waited for data with num_workers={running}, more than any setting measured: "
+            f"measure more workers (--workers {running},{2 * max(running, 1)})"
+        )
     best_rate = sweep[suggested]
     if needed is not None and not enough:
+        if suggested > 0 and best_rate >= needed * HEADROOM:  # alone it keeps up; in the loop it did not
+            untried = max(sweep) <= running  # nothing above `running` was measured
+            measure = f"measure more workers (--workers {running},{2 * max(running, 1)}), " if untried else ""
+            return suggested, (
+                f"the loader alone delivers {_rate(best_rate)} at num_workers={suggested}, more than the "
+                f"step consumes ({_rate(needed)}), yet the loop waited for data with {running}: the workers "
+                f"and the step share {facts.cores} cores; {measure}give the loader more CPU, or make each "
+                "sample cheaper to load (see below)"
+            )
         return suggested, (
             f"even the fastest setting measured (num_workers={suggested}: {_rate(best_rate)}) is below what "
             f"the step consumes ({_rate(needed)}); more workers alone will not fix it on {facts.cores} "
             "cores: make each sample cheaper to load (see below) or give the loader more CPU"
         )
-    if suggested > facts.num_workers:
+    if suggested > running:
         return suggested, f"raise num_workers to {suggested} ({_rate(best_rate)} measured)"
-    if suggested < facts.num_workers:
-        what = (
-            f"already covers the step ({_rate(best_rate)} measured, the step consumes {_rate(needed)})"
-            if needed is not None
-            else f"is as fast as any setting measured ({_rate(best_rate)})"
-        )
+    if suggested < running:
+        if needed is not None and suggested == 0:
+            what = (
+                f"already covers the step (the loader alone: {_rate(best_rate)}; loading in series with "
+                f"the step, the loop would wait {_pct(serial_wait_share(best_rate, needed))})"
+            )
+        elif needed is not None:
+            what = f"already covers the step ({_rate(best_rate)} measured, the step consumes {_rate(needed)})"
+        else:
+            what = f"is as fast as any setting measured ({_rate(best_rate)})"
         return (
             suggested,
             f"num_workers={suggested} {what}; {facts.num_workers} costs memory and CPU for nothing",
@@ -273,7 +342,7 @@ def advise(facts: Facts) -> Advice:
             facts.gpu_util_pct or (), facts.wait_share, not_measured=facts.gpu_not_measured
         )
         lines.append(pattern.line)
-    suggested, workers_line = _workers_line(facts, needed)
+    suggested, workers_line = _workers_line(facts, needed, verdict == "loader-bound")
     fewer = suggested is not None and suggested < facts.num_workers
     if workers_line and (verdict != "compute-bound" or fewer):
         lines.append(workers_line)
@@ -301,7 +370,10 @@ __all__ = [
     "Facts",
     "StageTimes",
     "advise",
+    "covers",
     "demand",
     "fastest_workers",
+    "loop_rate",
+    "serial_wait_share",
     "suggest_workers",
 ]

@@ -19,6 +19,7 @@ from fastload.errors import ConfigError, PackError, Skip
 from fastload.packing.options import output_options
 from fastload.storage.inputs import Input
 from fastload.storage.listing import FileEntry, LocalSource
+from fastload.storage.urls import check_url
 
 if TYPE_CHECKING:
     from fastload.storage.s3source import S3Source
@@ -151,6 +152,8 @@ def source_and_target(
     if not srcs:
         raise ConfigError(f"no source given; {missing}")
     target = os.fspath(dst)
+    for url in [*srcs, target]:  # a mistyped s3:// or an https:// URL is not a local path
+        check_url(url)
     for src in srcs:
         if not src.startswith("s3://") and not target.startswith("s3://"):
             a, b = os.path.realpath(src), os.path.realpath(target)

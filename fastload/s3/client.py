@@ -114,6 +114,44 @@ class Failure:
     message: str
 
 
+class Unreachable(ConnectionError):
+    """No connection to ``endpoint`` (``scheme://host:port``) at all: refused, no route, unknown host."""
+
+    def __init__(self, endpoint: str, reason: str) -> None:
+        super().__init__(f"cannot connect to {endpoint} ({reason})")
+        self.endpoint, self.reason = endpoint, reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.endpoint, self.reason))
+
+
+UNREACHABLE_ADVICE = (
+    "nothing answers there: check the endpoint (AWS_ENDPOINT_URL or --endpoint-url, S3Config.endpoint_url) "
+    "and that the server is running"
+)
+
+
+def _unreachable(exc: BaseException) -> Failure | None:
+    """The UNREACHABLE failure for a connection that could not be made at all, naming the endpoint."""
+    if isinstance(exc, Unreachable):
+        endpoint, reason = exc.endpoint, exc.reason
+    elif isinstance(exc, botocore.exceptions.EndpointConnectionError):
+        parts = urlsplit(str(exc.kwargs.get("endpoint_url", "")))
+        endpoint = f"{parts.scheme}://{parts.netloc}" if parts.netloc else "the S3 endpoint"
+        reason = "refused or unreachable"
+    elif isinstance(exc, ConnectionRefusedError):
+        endpoint, reason = "the S3 endpoint", "connection refused"
+    else:
+        return None
+    return Failure(Fault.UNREACHABLE, None, f"cannot connect to {endpoint} ({reason}); {UNREACHABLE_ADVICE}")
+
+
+def endpoint_key(config: S3Config) -> str:
+    """What the requests of ``config`` go to, as :class:`~fastload.s3.retrying.Retrier` remembers whether
+    it ever answered: the endpoint URL, or the AWS default (by profile and region)."""
+    return config.endpoint_url or f"aws:{config.profile or ''}:{config.region or ''}"
+
+
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     http.client.HTTPException,  # a malformed or missing status line (IncompleteRead is tested first)
     ssl.SSLError,  # a TLS connection cut mid-stream (a failed certificate check is not retried)
@@ -164,6 +202,9 @@ def classify_exception(exc: BaseException) -> Failure | None:
         return Failure(Fault.TIMEOUT, None, f"timed out ({type(exc).__name__})")
     if isinstance(exc, _SHORT_ERRORS) or _is_incomplete_read(exc):
         return Failure(Fault.SHORT_BODY, None, f"response body ended early ({type(exc).__name__})")
+    unreachable = _unreachable(exc)
+    if unreachable is not None:
+        return unreachable
     if isinstance(exc, _CONNECTION_ERRORS):
         return Failure(Fault.CONNECTION, None, f"connection failed ({type(exc).__name__})")
     return None
@@ -301,9 +342,11 @@ def fail_fast_error(failure: Failure, bucket: str, key: str, what: str = "read")
     """The error for a failure not worth retrying (404, 403, other 4xx), saying what to check."""
     url = f"s3://{bucket}/{key}"
     if failure.fault is Fault.NOT_FOUND:
+        create = f"; to write to a new bucket, create it: fastload mb s3://{bucket}"
         return S3NotFoundError(
             f"{url}: not found ({failure.message}); check the bucket and key names, and that the endpoint "
-            "and region point at the store that holds them",
+            "and region point at the store that holds them"
+            + (create if "NoSuchBucket" in failure.message else ""),
             bucket=bucket,
             key=key,
         )

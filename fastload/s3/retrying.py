@@ -14,7 +14,7 @@ from typing import TypeVar
 from fastload.config import S3Config
 from fastload.core.retry import Fault, RetryPolicy
 from fastload.s3 import runtime
-from fastload.s3.client import Failure, classify_exception, fail_fast_error
+from fastload.s3.client import Failure, classify_exception, endpoint_key, fail_fast_error
 from fastload.s3.gate import ConcurrencyGate
 from fastload.s3.stats import S3Stats
 
@@ -54,6 +54,10 @@ class Retrier:
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     stats: S3Stats = field(default_factory=S3Stats)
+    # the endpoint requests go to, and the endpoints that ever answered (this process's, from from_config):
+    # a refused connection to one never answered fails within seconds (RetryPolicy.unreachable_deadline_s)
+    endpoint: str = ""
+    answered: set[str] = field(default_factory=set)
 
     @classmethod
     def from_config(cls, config: S3Config, **kwargs: object) -> Retrier:
@@ -65,6 +69,8 @@ class Retrier:
         )
         process = runtime.current()
         kwargs.setdefault("stats", process.stats)
+        kwargs.setdefault("endpoint", endpoint_key(config))
+        kwargs.setdefault("answered", process.answered)
         return cls(policy, process.gate(config.process_max_concurrency), **kwargs)  # type: ignore[arg-type]
 
     def call(self, attempt: Callable[[], T], give_up: GiveUp, *, stop: threading.Event | None = None) -> T:
@@ -92,12 +98,16 @@ class Retrier:
                     failure, cause = classified, exc
                 else:
                     outcome = "ok"
+                    self.answered.add(self.endpoint)
                     return result
+                if failure.status is not None:  # an HTTP response: the endpoint is there
+                    self.answered.add(self.endpoint)
                 if failure.fault is Fault.THROTTLE:
                     outcome = "throttle"
             finally:  # the slot is freed on every path, KeyboardInterrupt included
                 self.gate.release(throttled=outcome == "throttle", succeeded=outcome == "ok")
-            delay = self.policy.decide(failure.fault, tries, self.clock() - began, self.rng)
+            elapsed_s, answered = self.clock() - began, self.endpoint in self.answered
+            delay = self.policy.decide(failure.fault, tries, elapsed_s, self.rng, answered=answered)
             self.stats.request_failed(failure.fault, retried=delay is not None)
             if delay is None:
                 raise give_up(failure, tries, self.clock() - began) from cause

@@ -109,6 +109,10 @@ class S3Runtime:
         self.transports: KeyedCache[Hashable, Any] = KeyedCache(max_configs, close=_close)
         # a gate in use is never closed; one evicted while readers hold it only stops being shared
         self.gates: KeyedCache[int, ConcurrencyGate] = KeyedCache(max_configs)
+        # endpoints (``client.endpoint_key``) that answered a request: a refused connection to one of these
+        # is retried in full; to any other it fails within seconds (``core.retry.RetryPolicy``). A forked
+        # child starts with its parent's (a worker's first request may meet a restart the parent would ride)
+        self.answered: set[str] = set()
 
     def gate(self, max_limit: int) -> ConcurrencyGate:
         """The gate shared by every request of this process whose config allows ``max_limit`` in flight."""
@@ -154,6 +158,8 @@ def _start(*, replace: bool) -> S3Runtime:
             return old
         _current = S3Runtime()
         runtime = _current
+        if old is None and not replace and _inherited is not None:
+            runtime.answered |= _inherited.answered
     if old is not None:
         old.close()
     return runtime

@@ -17,6 +17,8 @@ class S3Stats:
     def __init__(self, latency_window: int = 10_000) -> None:
         self._lock = threading.Lock()
         self._latencies: deque[float] = deque(maxlen=latency_window)
+        self._unsent: deque[float] = deque(maxlen=latency_window)  # latencies since the last delta()
+        self._sent: dict[str, Any] = _zero()
         self.reset()
 
     def reset(self) -> None:
@@ -31,12 +33,15 @@ class S3Stats:
             self.last_throttle_at: float | None = None  # time.monotonic() of the last 503/429
             self.hedges: Counter[str] = Counter()
             self._latencies.clear()
+            self._unsent.clear()
+            self._sent = _zero()
 
     def request_done(self, first_byte_s: float, nbytes: int) -> None:
         with self._lock:
             self.requests += 1
             self.bytes += nbytes
             self._latencies.append(first_byte_s)
+            self._unsent.append(first_byte_s)
 
     def request_failed(self, fault: Fault, *, retried: bool) -> None:
         with self._lock:
@@ -67,6 +72,44 @@ class S3Stats:
     def set_concurrency(self, limit: int, in_flight: int) -> None:
         self.concurrency_limit = limit
         self.in_flight = in_flight
+
+    def delta(self) -> dict[str, Any] | None:
+        """What was counted since the last call (requests, bytes, retries, failures, throttles, hedges and
+        the first-byte latencies), or None if nothing was: a DataLoader worker sends it with each batch so
+        that the training process's counters include the workers' (:meth:`merge`)."""
+        with self._lock:
+            now: dict[str, Any] = {
+                "requests": self.requests,
+                "bytes": self.bytes,
+                "failures": self.failures,
+                "throttles": self.throttles,
+                "retries": dict(self.retries),
+                "hedges": dict(self.hedges),
+            }
+            sent, self._sent = self._sent, now
+            latencies = list(self._unsent)
+            self._unsent.clear()
+        out: dict[str, Any] = {k: now[k] - sent[k] for k in ("requests", "bytes", "failures", "throttles")}
+        for name in ("retries", "hedges"):
+            before = sent[name]
+            out[name] = {k: v - before.get(k, 0) for k, v in now[name].items() if v != before.get(k, 0)}
+        out["latencies"] = latencies
+        if not any(out.values()):
+            return None
+        return out
+
+    def merge(self, delta: dict[str, Any]) -> None:
+        """Add another process's :meth:`delta` to these counters (they are reported as one)."""
+        with self._lock:
+            self.requests += delta["requests"]
+            self.bytes += delta["bytes"]
+            self.failures += delta["failures"]
+            self.throttles += delta["throttles"]
+            self.retries.update(delta["retries"])
+            self.hedges.update(delta["hedges"])
+            self._latencies.extend(delta["latencies"])
+            # a later delta() of this process includes them, as it includes the merged counts
+            self._unsent.extend(delta["latencies"])
 
     def snapshot(self) -> dict[str, Any]:
         """All counters as a plain dict (latency percentiles in milliseconds)."""
@@ -102,3 +145,7 @@ class S3Stats:
                     )
                 },
             }
+
+
+def _zero() -> dict[str, Any]:
+    return {"requests": 0, "bytes": 0, "failures": 0, "throttles": 0, "retries": {}, "hedges": {}}

@@ -41,6 +41,7 @@ from fastload.s3.client import (
     ObjectTarget,
     Signer,
     Targets,
+    Unreachable,
     classify_exception,
     credentials,
     get_client,
@@ -138,12 +139,20 @@ class _Pool:
         conn = Connection(self.scheme, self.host, self.port, timeout=timeout, context=context)
         try:
             conn.connect()
-        except (TimeoutError, ConnectionError, ssl.SSLError):
+        except (TimeoutError, ssl.SSLError):
             conn.close()
             raise
-        except OSError as exc:  # unreachable host, failed DNS lookup: retried like a refused connection
+        except (ConnectionRefusedError, socket.gaierror) as exc:  # nothing listens there, or no such host
             conn.close()
-            raise ConnectionError(f"cannot connect to {self.host}:{self.port} ({exc})") from exc
+            refused = isinstance(exc, ConnectionRefusedError)
+            reason = "connection refused" if refused else f"host not found: {exc}"
+            raise Unreachable(f"{self.scheme}://{self.host}:{self.port}", reason) from exc
+        except ConnectionError:
+            conn.close()
+            raise
+        except OSError as exc:  # unreachable network or host
+            conn.close()
+            raise Unreachable(f"{self.scheme}://{self.host}:{self.port}", str(exc)) from exc
         sock = connection_socket(conn)
         assert sock is not None  # just connected
         sock.settimeout(self._config.read_timeout_s)  # from now on: the inactivity timeout

@@ -1,4 +1,5 @@
-"""S3 URLs as users type them: a mistyped ``s3://`` is caught before it is taken for a local path."""
+"""URLs as users type them: a mistyped ``s3://`` or a scheme fastload does not read (``https://``, ``gs://``)
+is caught before it is taken for a local path."""
 
 from __future__ import annotations
 
@@ -8,15 +9,39 @@ from fastload.errors import ConfigError
 
 # s3:/b/k, S3://b/k, s3///b/k, s3//b/k, s3:b/k: meant as S3 URLs, not local paths (s3/b/k stays a path)
 _S3_TYPO = re.compile(r"^s3(?::/*|//+)", re.IGNORECASE)
+# any RFC 3986 scheme followed by "://" (https://, gs://, az://, hf://, s3a://...)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+SUPPORTED = ("local paths", "file://", "s3://")
+# Hadoop's names for S3 and the object-store URLs fsspec users type: what to write instead
+_HINTS = {
+    "s3a": "write s3:// for the same bucket",
+    "s3n": "write s3:// for the same bucket",
+    "gs": "for Google Cloud Storage, use its S3-compatible endpoint: s3://bucket/... with "
+    "--endpoint-url https://storage.googleapis.com (AWS_ENDPOINT_URL) and HMAC keys",
+    "gcs": "for Google Cloud Storage, use its S3-compatible endpoint: s3://bucket/... with "
+    "--endpoint-url https://storage.googleapis.com (AWS_ENDPOINT_URL) and HMAC keys",
+    "http": "download the files first (or copy them to S3), then give the local folder",
+    "https": "download the files first (or copy them to S3), then give the local folder",
+}
 
 
 def check_url(text: str) -> None:
-    """:class:`ConfigError` with a suggestion for a mistyped ``s3://`` URL (which would otherwise be taken
-    as a local path)."""
+    """:class:`ConfigError` for a mistyped ``s3://`` URL (with the fix) or a URL scheme fastload does not
+    read (listing the ones it does), either of which would otherwise be taken as a local path."""
     m = _S3_TYPO.match(text)
     if m is not None and not (text.startswith("s3://") and not text.startswith("s3:///")):
         fixed = "s3://" + text[m.end() :].lstrip("/")
         raise ConfigError(
             f"{text!r} looks like a mistyped S3 URL: did you mean {fixed}? (for a local path so named, "
             f"write ./{text})"
+        )
+    m = _SCHEME.match(text)
+    if m is not None and m.group(1) not in ("s3", "file"):
+        scheme = m.group(1)
+        hint = _HINTS.get(scheme.lower())
+        raise ConfigError(
+            f"{text!r}: fastload does not read {scheme}:// URLs; it reads {', '.join(SUPPORTED)} "
+            f"(s3://bucket/key, on AWS or any S3-compatible endpoint)"
+            + (f"; {hint}" if hint else "")
+            + f" (for a local path so named, write ./{text})"
         )

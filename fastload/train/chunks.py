@@ -12,6 +12,7 @@ import torch
 import torch.utils.data
 
 from fastload.errors import FastloadError
+from fastload.s3 import runtime
 from fastload.train.reading import SKIPPED
 from fastload.train.shmbatch import stackable, worker_slots
 
@@ -56,15 +57,19 @@ def chunks_of(samples: Iterator[Any], count: int, size: int, *, worker: int | No
 
 
 class ChunkCollate:
-    """Collates one chunk in the worker: ``(batch, chunk size, skips, error, slot)``; batch is None if all
-    were skipped (or an error ended the worker's share). In a DataLoader worker the batch's bytes lists and
-    small tensors travel through reusable shared memory (:mod:`fastload.train.shmbatch`); ``slot`` describes
-    where."""
+    """Collates one chunk in the worker: ``(batch, chunk size, skips, error, slot, s3)``; batch is None if
+    all were skipped (or an error ended the worker's share). In a DataLoader worker the batch's bytes lists
+    and small tensors travel through reusable shared memory (:mod:`fastload.train.shmbatch`); ``slot``
+    describes where; ``s3`` is what the worker's S3 counters counted since its last batch
+    (:meth:`~fastload.s3.stats.S3Stats.delta`, None in the training process or when nothing was), which the
+    loader adds to the training process's ``fastload.s3_stats()``."""
 
     def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
         self.collate = collate
 
-    def __call__(self, chunk: Chunk) -> tuple[Any, int, int, FastloadError | None, dict[str, Any] | None]:
+    def __call__(
+        self, chunk: Chunk
+    ) -> tuple[Any, int, int, FastloadError | None, dict[str, Any] | None, dict[str, Any] | None]:
         size = len(chunk.samples) + chunk.skipped
         samples = chunk.samples
         in_worker = torch.utils.data.get_worker_info() is not None
@@ -81,4 +86,5 @@ class ChunkCollate:
         slot = None
         if batch is not None and in_worker:
             batch, slot = worker_slots().pack(batch, stacks)
-        return batch, size, chunk.skipped, chunk.error, slot
+        s3 = runtime.current().stats.delta() if in_worker else None
+        return batch, size, chunk.skipped, chunk.error, slot, s3

@@ -21,6 +21,7 @@ import torch
 import torch.utils.data
 
 from fastload.errors import ConfigError, WorkerDiedError
+from fastload.s3 import runtime
 from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
 from fastload.train.mix import Mix
@@ -183,7 +184,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         try:
             workers = super().__iter__()
             watched = _workers_watched(workers, slots)
-            for batch, size, skipped, error, slot in watched:
+            for batch, size, skipped, error, slot, s3 in watched:
+                if s3 is not None:  # the worker's S3 counters since its last batch: s3_stats() here sums all
+                    runtime.current().stats.merge(s3)
                 if error is not None:
                     raise error
                 if slot is not None:

@@ -12,8 +12,10 @@ from fastload.core.advice import (
     Facts,
     StageTimes,
     advise,
+    covers,
     demand,
     fastest_workers,
+    loop_rate,
     suggest_workers,
 )
 
@@ -158,7 +160,56 @@ def test_suggestion_is_a_measured_setting_and_covers_the_demand_when_it_says_so(
     workers, enough = suggest_workers(sweep, needed)
     assert workers in sweep
     if needed is not None and enough:
+        assert covers(workers, sweep[workers], needed)
         assert sweep[workers] >= needed * HEADROOM
-        assert all(w >= workers for w, t in sweep.items() if t >= needed * HEADROOM)
+        assert all(w >= workers for w, t in sweep.items() if covers(w, t, needed))
     if needed is not None and not enough:
-        assert all(t < needed * HEADROOM for t in sweep.values())
+        assert not any(covers(w, t, needed) for w, t in sweep.items())
+
+
+@given(
+    st.dictionaries(st.integers(0, 16), st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=8),
+    st.floats(0.001, 1e6, allow_nan=False),
+    st.integers(0, 16),
+)
+def test_a_loader_bound_loop_is_never_told_to_use_fewer_workers(
+    sweep: dict[int, float], needed: float, running: int
+) -> None:
+    """Issue 28 item 18: not fewer than it ran with (it waited with them), nor than the best measured."""
+    workers, _ = suggest_workers(sweep, needed, running=running, loader_bound=True)
+    assert workers is not None and (workers in sweep or workers == running)
+    assert workers >= running
+    assert workers >= (fastest_workers({w: loop_rate(w, t, needed) for w, t in sweep.items()}) or 0)
+    loop = facts(num_workers=running, wait_share=0.5, step_s=32 / needed, throughput_by_workers=sweep)
+    advice = advise(loop)
+    assert "already covers" not in advice.text() and "for nothing" not in advice.text()
+
+
+def test_zero_workers_are_judged_by_what_the_loop_sees_not_the_loader_alone() -> None:
+    """Issue 28 item 18, as the issue measured it: loader-bound at 2 workers (21% waiting), and the loader
+    alone at 0 workers faster than the step consumes. With 0 workers loading runs in series with the step,
+    so it does not cover the step; the advice said "num_workers=0 already covers the step ... 2 costs
+    memory and CPU for nothing" under a loader-bound verdict."""
+    sweep = {0: 2000.0, 2: 1900.0}  # the step consumes 1,280 samples/s
+    advice = advise(facts(num_workers=2, wait_share=0.21, throughput_by_workers=sweep))
+    text = advice.text()
+    assert advice.verdict == "loader-bound"
+    assert advice.suggested_workers == 2
+    assert "already covers" not in text and "for nothing" not in text and "num_workers=0" not in text, text
+    assert "yet the loop waited for data with 2" in text and "--workers 2,4" in text, text
+    # with 0 workers the loop would wait 1280 / (1280 + 2000) = 39% of its time: not a cover
+    assert loop_rate(0, 2000.0, 1280.0) == pytest.approx(1 / (1 / 2000 + 1 / 1280))
+    assert not covers(0, 2000.0, 1280.0)
+    # more workers measured: the fewest above 2 that cover the step
+    advice = advise(facts(num_workers=2, wait_share=0.21, throughput_by_workers={**sweep, 4: 3000.0}))
+    assert advice.suggested_workers == 4 and "raise num_workers to 4" in advice.text()
+
+
+def test_a_compute_bound_loop_may_drop_to_zero_workers_only_when_the_loop_would_not_wait() -> None:
+    fast = advise(facts(num_workers=2, wait_share=0.02, throughput_by_workers={0: 20_000.0, 2: 30_000.0}))
+    assert fast.suggested_workers == 0  # 1,280 / 21,280: the loop would wait 6%
+    assert any(
+        line.startswith("num_workers=0 already covers the step") and "wait 6%" in line for line in fast.lines
+    )
+    slow = advise(facts(num_workers=2, wait_share=0.02, throughput_by_workers={0: 2000.0, 2: 3000.0}))
+    assert slow.suggested_workers == 2 and "num_workers=0" not in slow.text()

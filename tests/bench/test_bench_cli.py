@@ -167,3 +167,38 @@ def test_benchmarks_runner_lists_and_refuses_unknown_names(capsys: pytest.Captur
     assert (
         argv[1:4] == ["-m", "fastload", "bench"] and "--quick" in argv and argv[-2:] == ["--json", "/x.json"]
     )
+
+
+def test_bench_on_a_folder_without_images_says_so_and_plots_next_to_the_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28 item 19: the header said "decode to 64x64" for audio-like samples, and no PNG came without
+    --plot; now the header names the fields, the plot is written next to the JSON, and the run ends with
+    its one-line conclusion (on the plot too)."""
+    src = tmp_path / "clips"
+    for i in range(24):
+        folder = src / f"speaker{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:03d}.wav").write_bytes(b"RIFF" + bytes([i]) * (2000 + 37 * i))
+        (folder / f"{i:03d}.json").write_text(json.dumps({"id": i}))
+    out = tmp_path / "run.json"
+    argv = ["bench", str(src), *TINY, "--workers", "0", "--num-workers", "0", "--latency-ms", "0"]
+    assert main([*argv, "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    header = table.splitlines()[0]
+    assert "decode to" not in header and "no image fields to decode (fields: json, wav)" in header, header
+    png = tmp_path / "run.png"
+    assert f"plot written to {png}" in table
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    doc = json.loads(out.read_text())
+    assert doc["workload"]["fields"] == ["json", "wav"] and doc["workload"]["image_fields"] == []
+    assert doc["conclusion"].startswith("fastload reads ") and f"conclusion: {doc['conclusion']}" in table
+
+
+def test_where_the_plot_goes() -> None:
+    from fastload.bench.args import NO_PLOT, plot_path_for
+
+    assert plot_path_for("p.png", "r.json") == "p.png"
+    assert plot_path_for(None, "out/run.json") == "out/run.png"
+    assert plot_path_for(None, None) is None  # then the run says how to get one:
+    assert "--plot FILE.png" in NO_PLOT and "--json" in NO_PLOT

@@ -3,6 +3,8 @@ as the same dataset on local disk."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -10,6 +12,8 @@ import pytest
 from botocore.config import Config
 
 import fastload
+from fastload.s3 import runtime
+from fastload.testing.s3serve import S3Server
 
 from .conftest import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, s3_env  # noqa: F401 (tests/tfrecord imports s3_env here)
 from .helpers import Packed, make_loader, pack_files, small_files
@@ -116,3 +120,39 @@ def test_s3_parquet_shards_read_whole_are_one_get_without_their_tables(
     with pytest.raises(VerifyError, match="CRC32C") as raised:
         read(f"s3://{BUCKET}/pq-damaged", s3_config=config)
     assert raised.value.shard == packed.index["shards"][1]["name"]
+
+
+@pytest.mark.usefixtures("s3_env")
+@pytest.mark.parametrize("persistent", [False, True])
+def test_s3_stats_in_the_loop_include_the_workers_requests(
+    uneven: Packed, tmp_path: Path, persistent: bool
+) -> None:
+    """Issue 28 item 17: after 2 epochs with ``num_workers=2``, ``fastload.s3_stats()`` in the training
+    process showed only its own requests (index.json); the workers' counts now arrive with their batches,
+    so requests and bytes equal what the server answered."""
+    root = tmp_path / "bucket"
+    shutil.copytree(uneven.root, root / "ds")
+    with S3Server(root, bucket="stats") as server:
+        config = fastload.S3Config(
+            endpoint_url=server.endpoint_url, addressing_style="path", part_size_bytes=64 << 10, hedge=0
+        )
+        runtime.reset()
+        _, dl = make_loader(
+            "s3://stats/ds",
+            batch_size=4,
+            num_workers=2,
+            loader={"collate_fn": list, "persistent_workers": persistent},
+            decode=False,
+            seed=1,
+            s3_config=config,
+        )
+        keys = [s["__key__"] for _ in range(2) for batch in dl for s in batch]
+        served = server.stats()
+        del dl
+    assert sorted(keys) == sorted(uneven.keys * 2)
+    stats = fastload.s3_stats()
+    answered = sum(served.requests.values())
+    assert answered > 10  # the workers' shard and table reads, not only index.json
+    assert stats["requests"] == answered, (stats, served)
+    assert stats["bytes"] == served.body_bytes, (stats, served)
+    assert stats["first_byte_latency"]["p50_ms"] is not None

@@ -32,7 +32,7 @@ def test_every_argument_of_every_command_has_help() -> None:
 
 
 @pytest.mark.parametrize(
-    "command", ["pack", "verify", "index", "inspect", "cp", "ls", "pack-tokens", "bench"]
+    "command", ["pack", "verify", "index", "inspect", "cp", "ls", "mb", "pack-tokens", "bench"]
 )
 def test_s3_commands_take_endpoint_url(command: str) -> None:
     sub = _subparsers(build_parser())[command]

@@ -92,6 +92,44 @@ def test_mistyped_s3_urls_are_not_taken_for_local_paths(
     assert main(["ls", "src"]) == 0  # a plain relative path is still a path
 
 
+@pytest.mark.parametrize(
+    "url", ["https://example.com/data/", "http://host/x.tar", "gs://b/p", "hf://d/x", "s3a://b/p"]
+)
+def test_unsupported_url_schemes_are_refused_listing_the_supported_ones(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28 item 10: an http(s)/gs/hf... URL was read as a local path ("/cwd/https:/example.com/data/
+    index.json not found"); every entry point now says which schemes fastload reads."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    supported = "local paths, file://, s3://"
+    argvs = (["ls", url], ["pack", "src", url], ["pack", url, "out"], ["cp", "-r", url, "dst"])
+    for argv in (*argvs, ["cp", "-r", "src", url], ["verify", url], ["inspect", url], ["index", url]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert supported in err and url in err and "Traceback" not in err, (argv, err)
+    assert sorted(os.listdir(tmp_path)) == ["src"], "an unsupported URL made a local folder"
+    for call in (
+        lambda: fastload.ShardDataset(url),
+        lambda: fastload.MapDataset(url),
+        lambda: fastload.open(url),
+        lambda: fastload.pack("src", url),
+        lambda: fastload.pack(url, "out"),
+        lambda: fastload.copy(url, "out", recursive=True),
+        lambda: fastload.copy("src/a.txt", url),
+        lambda: fastload.verify(url),
+    ):
+        with pytest.raises(ConfigError, match=supported):
+            call()
+    # an http:// endpoint is not a dataset URL; a local folder whose name has "://" is reached as ./
+    assert main(["ls", "--endpoint-url", "http://127.0.0.1:1", "src"]) == 0
+    odd = tmp_path / "src" / "http:" / "x"
+    odd.mkdir(parents=True)
+    (odd / "b.txt").write_text("b")
+    assert main(["ls", "./src/http://x"]) == 0
+
+
 def test_output_piped_into_head_ends_quietly(tmp_path: Path) -> None:
     """`fastload ls -r DIR | head -1`: the reader goes away; fastload stops without a word, as Unix tools
     do (no "Broken pipe", no traceback)."""

@@ -56,6 +56,7 @@ def test_retryable_faults() -> None:
         Fault.SERVER,
         Fault.TIMEOUT,
         Fault.CONNECTION,
+        Fault.UNREACHABLE,
         Fault.SHORT_BODY,
         Fault.BAD_RANGE,
     }
@@ -75,6 +76,7 @@ def test_retryable_faults() -> None:
         {"base_backoff_s": 2.0, "max_backoff_s": 1.0},
         {"deadline_s": 0.0},
         {"deadline_s": -1.0},
+        {"unreachable_deadline_s": 0.0},
     ],
 )
 def test_policy_rejects_bad_settings(kwargs: dict[str, float]) -> None:
@@ -231,3 +233,17 @@ def test_storm_longer_than_the_deadline_gives_up_by_the_deadline(deadline_s: flo
         assert end < deadline_s + ATTEMPT_S
         # ...and it did not stop much earlier than it had to: the next wait would have crossed the deadline.
         assert end >= deadline_s - policy.max_backoff_s
+
+
+def test_an_endpoint_that_never_answered_gets_seconds_not_the_full_deadline() -> None:
+    """Issue 28 item 9: refused connections to an endpoint that never answered are retried only for
+    ``unreachable_deadline_s``; one that answered before (a restart) keeps the whole budget, as do other
+    faults."""
+    policy = RetryPolicy(unreachable_deadline_s=3.0)
+    rng = random.Random(0)
+    assert policy.decide(Fault.UNREACHABLE, 1, 0.0, rng, answered=False) is not None  # a server starting
+    assert policy.decide(Fault.UNREACHABLE, 2, 2.99, random.Random(0), answered=False) is None
+    for attempt in range(1, 6):
+        assert policy.decide(Fault.UNREACHABLE, attempt, 10.0, rng, answered=True) is not None
+    assert policy.decide(Fault.CONNECTION, 2, 10.0, rng, answered=False) is not None
+    assert policy.decide(Fault.THROTTLE, 2, 10.0, rng, answered=False) is not None

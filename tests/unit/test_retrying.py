@@ -364,3 +364,36 @@ def test_gave_up_throttle_still_lowers_the_limit() -> None:
     assert gate.limit == 4
     assert gate.in_flight == 0
     assert_slots_free(gate, 4)
+
+
+# --- an endpoint that never answered (issue 28 item 9) -----------------------------------------------
+
+
+def refused() -> botocore.exceptions.EndpointConnectionError:
+    return botocore.exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:9/b/k")
+
+
+def test_a_refused_endpoint_that_never_answered_fails_within_seconds() -> None:
+    retrier, attempt, fake, _, give_up = setup([refused()] * 40)
+    retrier.endpoint = "http://127.0.0.1:9"
+    began = fake.now
+    with pytest.raises(GiveUp) as info:
+        retrier.call(attempt, give_up)
+    assert fake.now - began < RetryPolicy().unreachable_deadline_s + 0.5
+    assert info.value.failure.fault is Fault.UNREACHABLE
+    assert "http://127.0.0.1:9" in info.value.failure.message
+    assert "AWS_ENDPOINT_URL" in info.value.failure.message
+    assert "http://127.0.0.1:9" not in retrier.answered
+
+
+def test_a_refused_endpoint_that_answered_before_is_retried_in_full() -> None:
+    """A success (or any HTTP response) marks the endpoint: a later refusal (a restart) is ridden out."""
+    retrier, attempt, fake, _, give_up = setup([client_error(404, "NoSuchKey")])
+    retrier.endpoint = "http://127.0.0.1:9"
+    with pytest.raises(GiveUp):
+        retrier.call(attempt, give_up)  # a 404 is an answer
+    assert retrier.answered == {"http://127.0.0.1:9"}
+    attempt.outcomes = [refused()] * 12
+    began = fake.now
+    assert retrier.call(attempt, give_up) == "payload"
+    assert fake.now - began > RetryPolicy().unreachable_deadline_s

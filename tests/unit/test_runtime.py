@@ -231,6 +231,15 @@ def test_a_forked_child_gets_a_runtime_of_its_own() -> None:
     assert client is not None
 
 
+def test_a_forked_child_knows_which_endpoints_answered_its_parent() -> None:
+    """A DataLoader worker's first request may meet a restarting server the parent would ride out: the
+    child starts with its parent's answered endpoints (refusals there are retried in full; issue 28 #9)."""
+    runtime.current().answered.add("http://127.0.0.1:9")
+    result = in_child(lambda: {"answered": sorted(runtime.current().answered)})
+    assert result == {"answered": ["http://127.0.0.1:9"]}
+    assert runtime.reset().answered == set()  # a reset (tests) starts afresh
+
+
 def test_a_fork_while_another_thread_builds_a_client_does_not_hang_the_child() -> None:
     """A parent thread is inside the client cache (its lock held) at the moment of the fork: the child's
     runtime is fresh, so its first client does not wait for a lock no thread of the child will release."""
