@@ -22,7 +22,7 @@ from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
 from fastload.gcpause import gc_paused
 from fastload.packing.engine import Engine, LocalEngine
-from fastload.packing.journal import finish_pack, open_pack
+from fastload.packing.journal import finish_pack, open_pack, reopen_pack
 from fastload.packing.plan import plan_pack, shard_sizes, source_and_target
 from fastload.packing.progress import Progress
 from fastload.packing.report import PackReport
@@ -126,8 +126,8 @@ def pack(
     began = time.monotonic()
     with gc_paused():  # planning makes many small objects and no cycles; collections here only cost time
         plan = plan_pack(srcs, config, s3_config)
-    if plan.skipped and not config.allow_skip:
-        raise SkippedInputError(plan.skipped, written=False)
+    if (plan.skipped or plan.unreadable) and not config.allow_skip:
+        raise SkippedInputError(plan.skipped + plan.unreadable, written=False)
 
     names = {p.number: p.name for p in plan.shards}
     dest, journal, kept = open_pack(
@@ -139,16 +139,32 @@ def pack(
         name_of=names.get,
         s3_config=s3_config,
     )
-    if kept is None:  # already complete
+    if kept is None:  # complete: but the inputs it had to skip may be fixed now
         index = parse_index(dest.read_bytes(INDEX_NAME) or b"", where=f"{dest.url}/{INDEX_NAME}")
-        return PackReport(
-            dest.url,
-            index,
-            skipped=[Skip(s["path"], s["reason"]) for s in index.skipped],
-            shards_kept=len(index.shards),
-            seconds=time.monotonic() - began,
-            already_complete=True,
-        )
+        retry = plan.shards_holding({s["path"] for s in index.skipped})
+        if retry:
+            kept = reopen_pack(
+                dest,
+                journal,
+                index,
+                numbers=[p.number for p in plan.shards],
+                retry=retry,
+                totals=plan.shard_totals,
+                name_of=names.get,
+                fingerprint=plan.fingerprint,
+            )
+        else:
+            skipped = [Skip(s["path"], s["reason"]) for s in index.skipped]
+            if skipped and not config.allow_skip:
+                raise SkippedInputError(skipped, written=True)
+            return PackReport(
+                dest.url,
+                index,
+                skipped=skipped,
+                shards_kept=len(index.shards),
+                seconds=time.monotonic() - began,
+                already_complete=True,
+            )
 
     results: dict[int, ShardResult] = dict(kept)
     done_bytes = sum(r.payload_bytes for r in results.values())

@@ -7,8 +7,8 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fastload import formats
@@ -36,6 +36,22 @@ class PackPlan:
     payload_bytes: int
     files: int
     empty_files: int = 0  # packed as empty values
+    unreadable: list[Skip] = field(default_factory=list)  # planned inputs this process cannot read now
+
+    def shards_holding(self, paths: Collection[str]) -> set[int]:
+        """The numbers of the shards whose planned samples have an input shown as one of ``paths``."""
+        return {
+            shard.number
+            for shard in self.shards
+            for s in self.samples[shard.start : shard.stop]
+            if any(it.shown in paths for _, it in s.members)
+        }
+
+    def shard_totals(self, number: int) -> tuple[int, int]:
+        """The payload bytes and files of shard ``number`` written whole, as planned."""
+        shard = next(s for s in self.shards if s.number == number)
+        members = [it for s in self.samples[shard.start : shard.stop] for _, it in s.members]
+        return sum(it.entry.size for it in members), len(members)
 
 
 def list_sources(
@@ -129,6 +145,9 @@ def plan_pack(sources: Sequence[str], config: PackConfig, s3_config: S3Config | 
         payload_bytes=payload,
         files=files,
         empty_files=empty,
+        unreadable=[
+            Skip(it.shown, it.entry.unreadable) for s in samples for _, it in s.members if it.entry.unreadable
+        ],
     )
 
 

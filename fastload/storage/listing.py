@@ -24,12 +24,22 @@ def display(path: str) -> str:
 @dataclass(frozen=True)
 class FileEntry:
     """One file of a source: its ``/``-separated path relative to the root, its full path or URL, its size
-    and a version tag that changes when the content may have (mtime for files, ETag for objects)."""
+    and a version tag that changes when the content may have (mtime for files, ETag for objects).
+    ``unreadable`` says why this process cannot read it (empty when it can, or when nobody checked): such
+    an entry is still planned, so shards are cut the same once it is fixed, but the pack reports it."""
 
     relpath: str
     path: str
     size: int
     version: str
+    unreadable: str = ""
+
+
+def _unreadable(path: str) -> str:
+    """Why this process may not read ``path`` (its permissions as they are now), or ``""``."""
+    if os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
+        return ""
+    return "unreadable: permission denied; fix its permissions"
 
 
 class LocalSource:
@@ -79,7 +89,7 @@ class LocalSource:
                     continue
                 yield from self._walk(entry.path, relpath + "/", (*ancestors, ident))
             elif stat.S_ISREG(st.st_mode):
-                yield FileEntry(relpath, entry.path, st.st_size, str(st.st_mtime_ns))
+                yield FileEntry(relpath, entry.path, st.st_size, str(st.st_mtime_ns), _unreadable(entry.path))
             else:
                 yield Skip(display(relpath), "not a regular file (a FIFO, socket or device)")
 

@@ -235,7 +235,7 @@ def test_unreadable_file_is_reported_and_its_sample_left_out(shared_tmp, how):
         proc = _run_unprivileged("api", root, dst)
         assert proc.returncode == 1, proc.stdout + proc.stderr
         raised = json.loads(proc.stdout)
-        assert raised["written"] is True
+        assert raised["written"] is False  # found while listing: nothing is written
         assert [path for path, _ in raised["skipped"]] == [bad]
         assert "permission denied" in raised["skipped"][0][1]
     else:
@@ -248,7 +248,9 @@ def test_unreadable_file_is_reported_and_its_sample_left_out(shared_tmp, how):
         else:
             assert proc.returncode == 0, proc.stderr
             assert bad in proc.stdout
-    # Found while writing: the shards and index are written either way, the skip recorded in the index.
+    if how != "cli-allow-skip":  # found while listing, with every other problem: nothing written
+        assert not dst.exists() or not any(dst.iterdir())
+        return
     _assert_packed_without(dst, Case([root], [bad], "permission denied", {"bad/0104"}, dict(GOOD)))
     assert "permission denied" in {s["path"]: s["reason"] for s in read_index(dst)["skipped"]}[bad]
 
