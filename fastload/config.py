@@ -35,9 +35,17 @@ class PackConfig:
     allow_skip: bool = False
     fsync: bool = False
     progress: bool | None = None
+    include_hidden: bool = False  # pack hidden files and folders too (.DS_Store, .git/); default: left out
+    exclude: tuple[str, ...] = ()  # globs of paths to leave out (see fastload.core.pathrules)
+    prefix_sources: bool = False  # keys start with each source folder's name (sources with the same names)
 
     def __post_init__(self) -> None:
         from fastload import formats  # (the registry; formats import this module at their top)
+
+        exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
+        if not all(isinstance(g, str) and g.strip("/") for g in exclude):
+            raise ConfigError(f"exclude={self.exclude!r}: give non-empty globs such as '*.tmp' or 'cache/'")
+        object.__setattr__(self, "exclude", exclude)
 
         formats.by_name(self.shard_format)  # ConfigError naming the registered formats
         if self.shard_size_bytes < 4096:
@@ -80,7 +88,10 @@ class PackConfig:
     def output_options(self) -> dict[str, Any]:
         """The options that decide the output bytes (not workers, progress or resume)."""
         out = asdict(self)
-        for name in ("workers", "resume", "allow_skip", "fsync", "progress"):
+        # which files are listed (include_hidden, exclude) and their keys (prefix_sources) are in the layout
+        # already, through the names packed
+        listing = ("include_hidden", "exclude", "prefix_sources")
+        for name in ("workers", "resume", "allow_skip", "fsync", "progress", *listing):
             out.pop(name)
         from fastload import formats
 

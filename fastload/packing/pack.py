@@ -127,7 +127,7 @@ def pack(
     with gc_paused():  # planning makes many small objects and no cycles; collections here only cost time
         plan = plan_pack(srcs, config, s3_config)
     if (plan.skipped or plan.unreadable) and not config.allow_skip:
-        raise SkippedInputError(plan.skipped + plan.unreadable, written=False)
+        raise SkippedInputError(plan.skipped + plan.unreadable, written=False, hint=plan.hint)
 
     names = {p.number: p.name for p in plan.shards}
     dest, journal, kept = open_pack(
@@ -164,6 +164,7 @@ def pack(
                 shards_kept=len(index.shards),
                 seconds=time.monotonic() - began,
                 already_complete=True,
+                notes=plan.notes,
             )
 
     results: dict[int, ShardResult] = dict(kept)
@@ -197,7 +198,7 @@ def pack(
             dest.cleanup()
             raise
 
-    return finish_pack(
+    report = finish_pack(
         dest,
         journal,
         results,
@@ -211,3 +212,5 @@ def pack(
         seconds=time.monotonic() - began,
         empty_files=plan.empty_files,
     )
+    report.notes = plan.notes
+    return report

@@ -85,12 +85,6 @@ def not_utf8_name(tmp_path: Path) -> Case:
     return Case([root], [f"{root}/bad/bad\\xff.jpg"], "UTF-8", set(), good)
 
 
-def hidden_file(tmp_path: Path) -> Case:
-    root, good = _base(tmp_path)
-    _write(root, {"good/.0003.jpg": b"hidden"})
-    return Case([root], [f"{root}/good/.0003.jpg"], "hidden", set(), good)
-
-
 def no_extension(tmp_path: Path) -> Case:
     root, good = _base(tmp_path)
     _write(root, {"good/README": b"hello"})
@@ -123,7 +117,6 @@ LISTING_CASES: dict[str, Callable[[Path], Case]] = {
         folder_symlink_loop,
         file_symlink_loop,
         not_utf8_name,
-        hidden_file,
         no_extension,
         fifo,
         duplicate_key_and_field,

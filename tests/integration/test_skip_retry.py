@@ -126,14 +126,15 @@ def test_unreadable_file_reported_before_writing_and_retried_by_resume_once_fixe
     (root / "t").mkdir()
     (root / "t/0001.jpg").write_bytes(b"a")
     (root / "t/0001.jpg").chmod(0)
-    (root / "t/0002").write_bytes(b"no extension")  # another problem: all are named in one run
+    (root / "t/0002").write_bytes(b"no extension")  # other problems: all are named in one run
+    (root / "t/.DS_Store").write_bytes(b"finder")  # (a problem only with --include-hidden)
     bad = f"{root}/s/0007.jpg"
     os.chmod(bad, 0)
     dst = tmp_path / "dst"
 
-    strict = _fastload("pack", root, dst, *SMALL)
+    strict = _fastload("pack", root, dst, *SMALL, "--include-hidden")
     assert strict.returncode == 1, strict.stdout + strict.stderr
-    for problem in (bad, f"{root}/t/0001.jpg", f"{root}/t/0002"):
+    for problem in (bad, f"{root}/t/0001.jpg", f"{root}/t/0002", f"{root}/t/.DS_Store"):
         assert problem in strict.stderr
     assert "permission denied" in strict.stderr and "nothing was written" in strict.stderr
     assert not dst.exists() or not any(dst.iterdir())
