@@ -6,6 +6,7 @@ last, the journal removed), shared by the pack of files and the pack of tables."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Collection, Sequence
@@ -115,6 +116,15 @@ def prepare_destination(
             )
     if not dest.is_empty():
         hint = "pass --resume to continue the interrupted pack there, or " if journal.exists() else ""
+        raw = None if hint else dest.read_bytes(INDEX_NAME)
+        if raw is not None:
+            with contextlib.suppress(ValueError):  # not an index we can read: the plain message
+                left_out = len(parse_index(raw, where=f"{dest.url}/{INDEX_NAME}").skipped)
+                if left_out:
+                    hint = (
+                        f"it holds a pack that left out {left_out} input(s): pass --resume to retry them "
+                        "(with --allow-skip to accept any that still fail), or "
+                    )
         raise PackError(f"destination {dest.url} is not empty; {hint}choose an empty or new folder")
     dest.prepare()
     journal.start(fingerprint, shards)

@@ -144,6 +144,9 @@ def test_unreadable_file_reported_before_writing_and_retried_by_resume_once_fixe
     allowed = _fastload("pack", root, dst, *SMALL, "--allow-skip")
     assert allowed.returncode == 0, allowed.stderr
     assert bad in allowed.stdout
+    # without --resume the destination is not empty: the message says what --resume would do
+    plain = _fastload("pack", root, dst, *SMALL, "--allow-skip")
+    assert plain.returncode == 1 and "left out 1 input(s): pass --resume to retry" in plain.stderr
     # still unreadable: --resume refuses (exit 1) naming it; with --allow-skip it is accepted
     again = _fastload("pack", root, dst, *SMALL, "--resume")
     assert again.returncode == 1 and bad in again.stderr, again.stdout + again.stderr
