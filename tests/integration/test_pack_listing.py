@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 
 import fastload
-from fastload.core.keys import DECODED_EXTENSIONS
-from fastload.core.pathrules import EXCLUDED, HIDDEN, PathRules
 from fastload.errors import ConfigError, SkippedInputError
 
 from .helpers import read_index, run_cli, shard_paths, webdataset_samples
@@ -80,20 +78,6 @@ def test_exclude_globs_leave_paths_out_from_the_cli_and_python(tmp_path):
         fastload.pack(str(root), tmp_path / "bad", exclude=[""])
 
 
-def test_path_rules():
-    rules = PathRules(exclude=("*.tmp", "raw/*.wav", "cache/"))
-    assert rules.left_out(".git", folder=True) == HIDDEN
-    assert rules.left_out("a/.DS_Store", folder=False) == HIDDEN
-    assert rules.left_out("a/b.tmp", folder=False) == EXCLUDED
-    assert rules.left_out("raw/x.wav", folder=False) == EXCLUDED
-    assert rules.left_out("b/raw/x.wav", folder=False) is None
-    assert rules.left_out("cache", folder=True) == EXCLUDED
-    assert rules.left_out("cache", folder=False) is None
-    assert rules.left_out_key(".git/objects/ab") == HIDDEN
-    assert rules.left_out_key("cache/x/0102.jpg") == EXCLUDED
-    assert PathRules(include_hidden=True).left_out(".git", folder=True) is None
-
-
 def test_sources_with_the_same_names_are_named_and_prefix_sources_keeps_both(tmp_path):
     one = _write(tmp_path / "one", GOOD)
     two = _write(tmp_path / "two", {k: v + b"-two" for k, v in GOOD.items()})
@@ -127,10 +111,3 @@ def test_symlinks_followed_are_counted_and_fields_no_decoder_knows_get_a_hint(tm
     assert "no built-in decoder for field(s) v2.wav, wav" in proc.stdout
     quiet = run_cli("pack", _write(tmp_path / "plain", GOOD), tmp_path / "dst2", "--quiet", check=0)
     assert quiet.stdout.splitlines()[1:] == ["skipped nothing"]
-
-
-def test_decoded_extensions_are_the_decoders():
-    from fastload.train import decode
-
-    known = decode.IMAGE_EXTENSIONS | decode.PICKLE_EXTENSIONS | set(decode._DECODERS)
-    assert known == DECODED_EXTENSIONS
