@@ -90,7 +90,11 @@ def pack(
     ``options`` override fields of ``config`` (see :class:`PackConfig`); ``s3_config`` defaults to
     :meth:`S3Config.from_env`. Raises :class:`~fastload.errors.SkippedInputError` when inputs had to be
     left out and ``allow_skip`` is false: before writing anything for problems seen while listing, after
-    writing for files that vanished or became unreadable during the run.
+    writing for files that vanished or became unreadable during the run. A pack that skipped inputs is not
+    complete: with ``resume`` the shards of those that can be listed again (fixed since) are written again,
+    the others kept, giving what a fresh pack gives (:func:`~fastload.packing.journal.reopen_pack`).
+    Hidden files and folders are left out unless ``include_hidden``, and so are paths matching ``exclude``
+    globs; ``prefix_sources`` starts each key with its source folder's name.
 
     ``engine="local"`` writes the shards with ``workers`` threads here; ``engine="ray"`` as Ray tasks
     (:class:`~fastload.packing.ray_engine.RayEngine`) on the cluster at ``ray_address`` (default:
