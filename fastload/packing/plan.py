@@ -135,14 +135,22 @@ def list_sources(sources: Sequence[str], s3_config: S3Config | None, config: Pac
     return Listed(items, skipped, bad_keys, notes, collisions)
 
 
+def _key_or_name(relpath: str) -> tuple[str, str]:
+    try:
+        return split_key(relpath)
+    except KeyRuleError:
+        return relpath, ""
+
+
 def collision_hint(collisions: dict[tuple[str, str], list[str]]) -> str:
     """What to say when sources hold the same relative names: which, between which sources, and the fix."""
     lines = []
     for (a, b), names in collisions.items():
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        lines.append(f"{len(names)} name(s) are in both {a} and {b}: {shown}")
+        keys = sorted({k for k, _ in map(_key_or_name, names)})
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        lines.append(f"{len(names)} name(s) are in both {a} and {b}: sample key(s) {shown} collide")
     return (
-        "\n".join(lines) + "\nTheir samples would collide, so they are left out. To keep both, pass "
+        "\n".join(lines) + "\nThose samples are left out. To keep both, pass "
         "--prefix-sources (prefix_sources=True): each key then starts with its source folder's name."
     )
 
@@ -167,10 +175,24 @@ def plan_pack(sources: Sequence[str], config: PackConfig, s3_config: S3Config | 
             partitions.append(f"{config.partition_column}={value}")
         samples = kept
     if not samples:
-        if skipped:  # every input had a problem: say which, not that there were none
-            raise SkippedInputError(skipped, written=False, hint=hint or "No sample is left to pack.")
         where = ", ".join(sources)
-        raise PackError(f"no samples found in {where}: it holds no regular files with an extension")
+        if skipped and not config.allow_skip:  # every input had a problem: say which, not that there is none
+            raise SkippedInputError(skipped, written=False, hint=hint or "No sample is left to pack.")
+        if skipped:
+            shown = "\n  ".join(str(s) for s in skipped[:20])
+            more = f"\n  ... and {len(skipped) - 20} more" if len(skipped) > 20 else ""
+            raise PackError(
+                f"no samples left to pack in {where}: all {len(skipped)} input(s) were skipped:"
+                f"\n  {shown}{more}" + (f"\n{hint}" if hint else "")
+            )
+        notes = listed.notes
+        aside = (
+            f" (left out: {len(notes.hidden)} hidden, {len(notes.excluded)} matching --exclude; "
+            "--include-hidden packs hidden names)"
+            if notes.hidden or notes.excluded
+            else ""
+        )
+        raise PackError(f"no samples found in {where}: it holds no regular files with an extension{aside}")
     order = sample_order(len(samples), partitions, seed=config.shuffle_seed)
     samples = [samples[i] for i in order]
     if partitions is not None:

@@ -44,6 +44,9 @@ def test_hidden_files_and_folders_are_left_out_and_counted(tmp_path):
     strict = run_cli("pack", root, tmp_path / "dst2", "--quiet", "--include-hidden", check=1)
     assert f"{root}/.DS_Store" in strict.stderr and "hidden file" in strict.stderr
     run_cli("pack", root, tmp_path / "dst3", "--quiet", "--include-hidden", "--allow-skip", check=0)
+    only_hidden = _write(tmp_path / "only", hidden)
+    empty = run_cli("pack", only_hidden, tmp_path / "dst4", "--quiet", check=1)
+    assert "no samples found" in empty.stderr and "left out: 3 hidden" in empty.stderr
     assert _packed(tmp_path / "dst3") == {**GOOD, ".extra/0009.jpg": b"kept on request"}
 
 
@@ -83,7 +86,12 @@ def test_sources_with_the_same_names_are_named_and_prefix_sources_keeps_both(tmp
     two = _write(tmp_path / "two", {k: v + b"-two" for k, v in GOOD.items()})
     proc = run_cli("pack", one, two, tmp_path / "dst", "--quiet", check=1)
     assert "holds no regular files" not in proc.stderr
-    assert f"8 name(s) are in both {one} and {two}" in proc.stderr and "--prefix-sources" in proc.stderr
+    assert f"8 name(s) are in both {one} and {two}: sample key(s) a/0000, a/0001, a/0002 and 1 more" in (
+        proc.stderr
+    )
+    assert "--prefix-sources" in proc.stderr
+    allowed = run_cli("pack", one, two, tmp_path / "dst", "--quiet", "--allow-skip", check=1)
+    assert "no samples left to pack" in allowed.stderr and "--prefix-sources" in allowed.stderr
     with pytest.raises(SkippedInputError) as info:
         fastload.pack([str(one), str(two)], tmp_path / "api", progress=False)
     assert f"{one}" in info.value.hint and f"{two}" in info.value.hint
