@@ -44,6 +44,9 @@ def _pack(args: argparse.Namespace) -> int:
         allow_skip=args.allow_skip,
         fsync=args.fsync,
         progress=False if args.quiet else None,
+        include_hidden=args.include_hidden,
+        exclude=tuple(args.exclude),
+        prefix_sources=args.prefix_sources,
     )
     try:
         report = pack(

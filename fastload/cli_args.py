@@ -121,6 +121,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COLUMN",
         help="tables: the column whose values are the sample keys (default <table name>/<row>)",
     )
+    p.add_argument(
+        "--include-hidden",
+        action="store_true",
+        help="pack hidden files and folders too (names starting with '.': .DS_Store, .git/); by default "
+        "they are left out and counted in the summary",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="leave out paths matching GLOB: without '/' it matches a name at any depth (*.tmp), with '/' "
+        "the path under the source (raw/*.wav), ending in '/' folders only (cache/); repeatable",
+    )
+    p.add_argument(
+        "--prefix-sources",
+        action="store_true",
+        help="start each key with its source folder's name (a/x.jpg from SRC1/ and SRC2/ become SRC1/a/x "
+        "and SRC2/a/x), for sources holding the same relative names",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted pack into DST")
     p.add_argument(
         "--allow-skip",

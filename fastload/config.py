@@ -35,12 +35,20 @@ class PackConfig:
     allow_skip: bool = False
     fsync: bool = False
     progress: bool | None = None
+    include_hidden: bool = False  # pack hidden files and folders too (.DS_Store, .git/); default: left out
+    exclude: tuple[str, ...] = ()  # globs of paths to leave out (see fastload.core.pathrules)
+    prefix_sources: bool = False  # keys start with each source folder's name (sources with the same names)
 
     def __post_init__(self) -> None:
         # (shard_format is checked against the format registry where a pack starts, packing.options:
         # formats import this module, so it cannot import them)
         if not isinstance(self.shard_format, str) or not self.shard_format:
             raise ConfigError(f"shard_format={self.shard_format!r} must name a shard format, e.g. 'tar'")
+
+        exclude = (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude)
+        if not all(isinstance(g, str) and g.strip("/") for g in exclude):
+            raise ConfigError(f"exclude={self.exclude!r}: give non-empty globs such as '*.tmp' or 'cache/'")
+        object.__setattr__(self, "exclude", exclude)
         if self.shard_size_bytes < 4096:
             raise ConfigError(
                 f"shard_size_bytes={self.shard_size_bytes} is too small; use at least 4 KiB "

@@ -75,15 +75,17 @@ class Skip:
 class SkippedInputError(PackError):
     """A pack finished but left inputs out; re-run with ``allow_skip=True`` to accept that."""
 
-    def __init__(self, skipped: Sequence[Skip], *, written: bool) -> None:
+    def __init__(self, skipped: Sequence[Skip], *, written: bool, hint: str = "") -> None:
         self.skipped = list(skipped)
         self.written = written
+        self.hint = hint  # what to do besides fixing the files (e.g. sources with the same names)
         head = "\n  ".join(str(s) for s in self.skipped[:20])
         more = f"\n  ... and {len(self.skipped) - 20} more" if len(self.skipped) > 20 else ""
         what = "the shards and index were written without them" if written else "nothing was written"
         super().__init__(
             f"{len(self.skipped)} input(s) skipped ({what}):\n  {head}{more}\n"
-            "Fix or remove these files, or pass --allow-skip (allow_skip=True) to pack without them."
+            + (f"{hint}\n" if hint else "")
+            + "Fix or remove these files, or pass --allow-skip (allow_skip=True) to pack without them."
         )
 
 

@@ -16,6 +16,15 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
+# The last extensions of the fields fastload's decoders turn into values (fastload.train.decode; a test keeps
+# the two equal): images, text, labels, JSON, NumPy, token ids, pickles. Any other field is read as bytes.
+DECODED_EXTENSIONS = frozenset(
+    {"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "txt", "text", "cls", "cls2", "index"}
+    | {"json", "npy", "pickle", "pkl", "pyd", "pth", "pt"}
+    | {"u16", "i32"}
+)
+
+
 class KeyRuleError(ValueError):
     """A name cannot be turned into a (key, field) pair; the message says why."""
 

@@ -6,9 +6,10 @@ last, the journal removed), shared by the pack of files and the pack of tables."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -101,12 +102,29 @@ def prepare_destination(
             done = parse_index(raw, where=f"{dest.url}/{INDEX_NAME}")
             if done.options.get("layout") == layout:
                 return False
+            if done.skipped:
+                names = "\n  ".join(f"{s['path']}: {s['reason']}" for s in done.skipped[:20])
+                more = f"\n  ... and {len(done.skipped) - 20} more" if len(done.skipped) > 20 else ""
+                raise PackError(
+                    f"{dest.url} holds a pack that left out {len(done.skipped)} input(s), and the files "
+                    f"listed today are not the ones it planned (so its shards cannot be completed in "
+                    f"place):\n  {names}{more}\nPack into an empty destination to include them."
+                )
             raise PackError(
                 f"{dest.url} holds a finished pack of other files or options; pack into an empty "
                 "destination instead of resuming"
             )
     if not dest.is_empty():
         hint = "pass --resume to continue the interrupted pack there, or " if journal.exists() else ""
+        raw = None if hint else dest.read_bytes(INDEX_NAME)
+        if raw is not None:
+            with contextlib.suppress(ValueError):  # not an index we can read: the plain message
+                left_out = len(parse_index(raw, where=f"{dest.url}/{INDEX_NAME}").skipped)
+                if left_out:
+                    hint = (
+                        f"it holds a pack that left out {left_out} input(s): pass --resume to retry them "
+                        "(with --allow-skip to accept any that still fail), or "
+                    )
         raise PackError(f"destination {dest.url} is not empty; {hint}choose an empty or new folder")
     dest.prepare()
     journal.start(fingerprint, shards)
@@ -166,6 +184,33 @@ def kept_shards(
         return {}
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(records)))) as pool:
         return dict(kept for kept in pool.map(check, records) if kept is not None)
+
+
+def reopen_pack(
+    dest: Destination,
+    journal: PackJournal,
+    index: DatasetIndex,
+    *,
+    numbers: Sequence[int],
+    retry: Collection[int],
+    totals: Callable[[int], tuple[int, int]],
+    name_of: Callable[[int], str | None],
+    fingerprint: str,
+) -> dict[int, ShardResult]:
+    """Turn a finished pack that skipped inputs (held by the shards numbered ``retry``) back into an
+    interrupted one, so that ``--resume`` writes those shards again: the journal started afresh with every
+    other shard of ``index`` (in plan order ``numbers``) recorded as finished, whole (``totals``: its payload
+    bytes and files), then ``index.json`` removed (the shards to write are about to be replaced; a reader
+    must not meet them under the old index). Returns the shards kept, checked as :func:`kept_shards` checks
+    an interrupted run's; a killed retry resumes like any interrupted pack."""
+    dest.prepare()
+    journal.start(fingerprint, len(numbers))
+    for number, entry in zip(numbers, index.shards, strict=True):
+        if number not in retry:
+            payload, files = totals(number)
+            journal.record(shard_record(number, ShardResult(entry, [], payload, files)))
+    dest.remove(INDEX_NAME)
+    return kept_shards(dest, journal, name_of)
 
 
 def shard_record(number: int, result: ShardResult) -> dict[str, Any]:

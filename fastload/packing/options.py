@@ -10,6 +10,9 @@ from fastload import formats
 from fastload.config import PackConfig
 
 RUNTIME_FIELDS = ("workers", "resume", "allow_skip", "fsync", "progress")  # never change the bytes
+# which files are listed (include_hidden, exclude) and their keys (prefix_sources) are in the layout
+# already, through the names packed
+LISTING_FIELDS = ("include_hidden", "exclude", "prefix_sources")
 
 
 def checked(config: PackConfig) -> PackConfig:
@@ -23,7 +26,7 @@ def output_options(config: PackConfig) -> dict[str, Any]:
     """The options that decide the output bytes: not workers, progress or resume, and not the options of
     other formats (a Parquet row group size does not change a tar shard)."""
     out = asdict(config)
-    for name in RUNTIME_FIELDS:
+    for name in (*RUNTIME_FIELDS, *LISTING_FIELDS):
         out.pop(name)
     own = formats.by_name(config.shard_format).pack_options
     for fmt in formats.all_formats():

@@ -22,7 +22,7 @@ from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
 from fastload.gcpause import gc_paused
 from fastload.packing.engine import Engine, LocalEngine
-from fastload.packing.journal import finish_pack, open_pack
+from fastload.packing.journal import finish_pack, open_pack, reopen_pack
 from fastload.packing.options import checked, output_options
 from fastload.packing.plan import plan_pack, shard_sizes, source_and_target
 from fastload.packing.progress import Progress
@@ -91,7 +91,11 @@ def pack(
     ``options`` override fields of ``config`` (see :class:`PackConfig`); ``s3_config`` defaults to
     :meth:`S3Config.from_env`. Raises :class:`~fastload.errors.SkippedInputError` when inputs had to be
     left out and ``allow_skip`` is false: before writing anything for problems seen while listing, after
-    writing for files that vanished or became unreadable during the run.
+    writing for files that vanished or became unreadable during the run. A pack that skipped inputs is not
+    complete: with ``resume`` the shards of those that can be listed again (fixed since) are written again,
+    the others kept, giving what a fresh pack gives (:func:`~fastload.packing.journal.reopen_pack`).
+    Hidden files and folders are left out unless ``include_hidden``, and so are paths matching ``exclude``
+    globs; ``prefix_sources`` starts each key with its source folder's name.
 
     ``engine="local"`` writes the shards with ``workers`` threads here; ``engine="ray"`` as Ray tasks
     (:class:`~fastload.packing.ray_engine.RayEngine`) on the cluster at ``ray_address`` (default:
@@ -127,8 +131,8 @@ def pack(
     began = time.monotonic()
     with gc_paused():  # planning makes many small objects and no cycles; collections here only cost time
         plan = plan_pack(srcs, config, s3_config)
-    if plan.skipped and not config.allow_skip:
-        raise SkippedInputError(plan.skipped, written=False)
+    if (plan.skipped or plan.unreadable) and not config.allow_skip:
+        raise SkippedInputError(plan.skipped + plan.unreadable, written=False, hint=plan.hint)
 
     names = {p.number: p.name for p in plan.shards}
     dest, journal, kept = open_pack(
@@ -140,16 +144,33 @@ def pack(
         name_of=names.get,
         s3_config=s3_config,
     )
-    if kept is None:  # already complete
+    if kept is None:  # complete: but the inputs it had to skip may be fixed now
         index = parse_index(dest.read_bytes(INDEX_NAME) or b"", where=f"{dest.url}/{INDEX_NAME}")
-        return PackReport(
-            dest.url,
-            index,
-            skipped=[Skip(s["path"], s["reason"]) for s in index.skipped],
-            shards_kept=len(index.shards),
-            seconds=time.monotonic() - began,
-            already_complete=True,
-        )
+        retry = plan.shards_holding({s["path"] for s in index.skipped})
+        if retry:
+            kept = reopen_pack(
+                dest,
+                journal,
+                index,
+                numbers=[p.number for p in plan.shards],
+                retry=retry,
+                totals=plan.shard_totals,
+                name_of=names.get,
+                fingerprint=plan.fingerprint,
+            )
+        else:
+            skipped = [Skip(s["path"], s["reason"]) for s in index.skipped]
+            if skipped and not config.allow_skip:
+                raise SkippedInputError(skipped, written=True)
+            return PackReport(
+                dest.url,
+                index,
+                skipped=skipped,
+                shards_kept=len(index.shards),
+                seconds=time.monotonic() - began,
+                already_complete=True,
+                notes=plan.notes,
+            )
 
     results: dict[int, ShardResult] = dict(kept)
     done_bytes = sum(r.payload_bytes for r in results.values())
@@ -182,7 +203,7 @@ def pack(
             dest.cleanup()
             raise
 
-    return finish_pack(
+    report = finish_pack(
         dest,
         journal,
         results,
@@ -196,3 +217,5 @@ def pack(
         seconds=time.monotonic() - began,
         empty_files=plan.empty_files,
     )
+    report.notes = plan.notes
+    return report

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from fastload.config import S3Config
+from fastload.core.pathrules import PathRules
 from fastload.core.retry import Fault
 from fastload.errors import RangeReadError, Skip
 from fastload.s3 import runtime
@@ -16,7 +17,7 @@ from fastload.s3.client import Failure, parse_s3_url
 from fastload.s3.listing import ObjectInfo, list_objects
 from fastload.s3.reader import RangedReader
 from fastload.s3.retrying import BadResponse, Retrier, give_up_on
-from fastload.storage.listing import FileEntry
+from fastload.storage.listing import FileEntry, Note
 
 
 def unsafe_key_part(relpath: str) -> str | None:
@@ -46,6 +47,12 @@ class S3Source:
         return f"S3Source({self.root!r})"
 
     def list(self) -> Iterator[FileEntry | Skip]:
+        for found in self.walk():
+            if not isinstance(found, Note):
+                yield found
+
+    def walk(self, rules: PathRules | None = None) -> Iterator[FileEntry | Skip | Note]:
+        """The objects under the prefix, leaving out what ``rules`` say (each as a :class:`Note`)."""
         for obj in list_objects(self.bucket, self.prefix, config=self.config):
             assert isinstance(obj, ObjectInfo)
             relpath = obj.key[len(self.prefix) :]
@@ -54,6 +61,10 @@ class S3Source:
             problem = unsafe_key_part(relpath)
             if problem:
                 yield Skip(relpath, f"key {problem}; it cannot name a sample")
+                continue
+            why = rules.left_out_key(relpath) if rules is not None else None
+            if why is not None:
+                yield Note(relpath, why)
                 continue
             yield FileEntry(relpath, f"s3://{self.bucket}/{obj.key}", obj.size, obj.etag)
 
