@@ -7,14 +7,18 @@ as tensors. Batch blocks with :func:`fastload.train.collate.blocks`.
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
+import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
 
+from fastload.core.packranks import check_even, equal_steps
 from fastload.core.seqpack import (
     TOKEN_DTYPES,
     Blocks,
@@ -27,9 +31,8 @@ from fastload.core.seqpack import (
     segment_ids,
 )
 from fastload.errors import ConfigError
-
-STATE_VERSION = 1
-_EMPTY = np.zeros(0, dtype=np.int64)
+from fastload.train.packstate import Live, Round, joined, load_state, save_state
+from fastload.train.packsync import data_group, gather_counts, gather_objects, rank_of
 
 
 @dataclass
@@ -47,24 +50,6 @@ class PackStats:
         """Padding share of the blocks handed out (0.0 when none were)."""
         total = self.tokens + self.padding
         return self.padding / total if total else 0.0
-
-
-@dataclass
-class _Round:
-    """A materialised round and how far it was handed out."""
-
-    plan: RoundPlan
-    blocks: Blocks
-    next: int = 0
-
-
-@dataclass
-class _Live:
-    """Everything a checkpoint must hold at a point between two blocks."""
-
-    upstream: dict[str, Any]
-    carry: list[np.ndarray] = field(default_factory=list)
-    round: _Round | None = None
 
 
 class _Upstream:
@@ -169,11 +154,13 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
         ignore_index: int = -100,
         ignore_doc_starts: bool = True,
         attention_mask: bool = False,
+        even: str = "balance",
     ) -> None:
         super().__init__()
         try:
             check_seq_len(seq_len)
             check_split(split)
+            check_even(even)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -185,9 +172,15 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.ignore_doc_starts, self.attention_mask = bool(ignore_doc_starts), bool(attention_mask)
         self.stats = PackStats()
         self._upstream = _Upstream(dataset)
-        self._live: _Live | None = None
-        self._restored: _Live | None = None
+        self._live: Live | None = None
+        self._restored: Live | None = None
         self._auto_field: str | None = None
+        self.even = even
+        self._report: dict[str, Any] = {}
+        self._restored_pid = 0
+        self._completed = False  # the last pass ran to its end
+        # set by a DataLoader worker's copy when it iterates (shared: the training process sees it)
+        self._in_workers = multiprocessing.get_context("spawn").RawValue(ctypes.c_int64, 0)
 
     def __repr__(self) -> str:
         return f"PackedSequences({self.dataset!r}, seq_len={self.seq_len}, window={self.window})"
@@ -257,9 +250,10 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from fastload.train.dataset import ShardDataset
 
+        in_worker = torch.utils.data.get_worker_info() is not None
         splits = isinstance(self.dataset, ShardDataset)  # it deals itself to workers
         if (
-            torch.utils.data.get_worker_info() is not None
+            in_worker
             and not splits
             and (self._upstream.kind == "stateful" or isinstance(self.dataset, Sequence))
         ):
@@ -269,41 +263,167 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
                 "the upstream the workers (fastload.DataLoader), or wrap a ShardDataset (it splits by worker)"
             )
         restored, self._restored = self._restored, None
-        it = self._upstream.start()
-        live = restored or _Live(self._upstream.snapshot(0))
-        self._live = live
-        if live.round is not None:
-            yield from self._hand_out(live.round)
-        consumed = 0
-        exhausted = False
-        while not exhausted or live.carry:
-            docs: list[np.ndarray] = []
-            while len(docs) < self.window:
-                item = next(it, _END)
-                if item is _END:
-                    exhausted = True
-                    break
-                consumed += 1
-                docs += self._documents(item)
-            self.stats.documents += len(docs)
-            inputs = live.carry + docs
-            lengths = np.fromiter((d.size for d in inputs), dtype=np.int64, count=len(inputs))
-            fresh = np.arange(len(inputs)) >= len(live.carry)
-            plan = plan_round(lengths, seq_len=self.seq_len, split=self.split, fresh=fresh, final=exhausted)
-            self.stats.truncated += plan.truncated
-            carry = [
-                inputs[i][s : s + n].copy()
-                for i, s, n in zip(
-                    plan.held_item.tolist(), plan.held_start.tolist(), plan.held_length.tolist(), strict=True
+        self._completed = False
+        if in_worker:
+            if restored is not None and self._restored_pid != os.getpid():
+                raise ConfigError(
+                    "this PackedSequences was restored (load_state_dict) in the training process and is now "
+                    "iterated in DataLoader workers, which would each hand out the restored blocks; iterate "
+                    "it in the training process (num_workers=0) and give the upstream the workers "
+                    "(fastload.DataLoader)"
                 )
-            ]
-            current = _Round(plan, self._materialize(inputs, plan))
-            live.upstream, live.carry, live.round = self._upstream.snapshot(consumed), carry, current
-            yield from self._hand_out(current)
+            self._in_workers.value = 1
+        live = restored or Live(self._upstream.snapshot(0))
+        it: Iterator[Any] = iter(()) if live.exhausted else self._upstream.start()
+        self._live = live
+        group = None if in_worker or self.even == "none" else data_group()
+        if group is None:
+            live.report.setdefault("equal_steps", None if self.even == "none" else False)
+            yield from self._local(live, it)
+        else:
+            yield from self._synced(live, it, group)
+        self._report = live.report
+        self._completed = True
         self._upstream.finished()
         self._live = None
 
-    def _materialize(self, inputs: list[np.ndarray], plan: RoundPlan) -> Blocks:
+    def _local(self, live: Live, it: Iterator[Any]) -> Iterator[dict[str, Any]]:
+        while True:
+            while not live.avail() and self._read_round(live, it):
+                pass
+            if live.avail():
+                yield self._take(live)
+            elif live.owed:
+                yield self._empty(live)
+            else:
+                return
+
+    def _synced(self, live: Live, it: Iterator[Any], group: Any) -> Iterator[dict[str, Any]]:
+        """Blocks with every rank of ``group`` handing out as many (see :mod:`fastload.core.packranks`):
+        ranks compare the blocks they hold whenever one of them may run out, and settle the end of the pass
+        once every upstream is exhausted."""
+        next_sync = live.handed
+        while True:
+            if not live.final and live.handed >= next_sync:
+                next_sync = live.handed + self._sync(live, it, group)
+            if live.avail():
+                yield self._take(live)
+            elif live.owed:
+                yield self._empty(live)
+            elif live.final:
+                return
+            else:  # cannot happen: a sync comes before any rank runs out
+                raise RuntimeError("PackedSequences: a rank ran out of blocks between two syncs")
+
+    def _sync(self, live: Live, it: Iterator[Any], group: Any) -> int:
+        """Blocks every rank can hand out before the next sync (after settling the end, a large number)."""
+        while True:
+            while not live.avail() and self._read_round(live, it):
+                pass
+            counts = gather_counts(group, live.avail(), live.done)
+            if all(done for _, done in counts):
+                self._settle(live, group, [a for a, _ in counts])
+                return 1 << 62
+            if any(done and not a for a, done in counts):  # a rank is out: the others read to the end
+                while self._read_round(live, it):
+                    pass
+                continue
+            return min(a for a, _ in counts)
+
+    def _settle(self, live: Live, group: Any, avail: list[int]) -> None:
+        rank, world = rank_of(group)
+        plan = equal_steps(avail, self.even)
+        mine = plan.keep[rank]
+        extra = self._cut(live, mine)  # blocks after the ones kept: sent to other ranks, or dropped
+        moved_in = 0
+        if plan.moves:
+            sent = gather_objects(group, extra)
+            taken = [0] * world
+            for src, dst, n in plan.moves:
+                if dst == rank:
+                    tokens, lengths, per_block = sent[src]
+                    live.rounds.append(self._received(tokens, lengths, per_block, taken[src], n))
+                    moved_in += n
+                taken[src] += n
+        dropped_tokens = int(extra[0].size) if plan.dropped[rank] else 0
+        live.owed, live.final = plan.empty[rank], True
+        live.report.update(
+            equal_steps=True,
+            steps=live.handed + plan.steps,
+            blocks_per_rank=[
+                live_handed + a for live_handed, a in zip([live.handed] * world, avail, strict=True)
+            ],
+            empty_blocks=plan.empty[rank],
+            blocks_in=moved_in,
+            blocks_out=sum(n for src, _, n in plan.moves if src == rank),
+            dropped_blocks=plan.dropped[rank],
+            dropped_tokens=dropped_tokens,
+        )
+
+    def _cut(self, live: Live, keep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Take the blocks after the first ``keep`` still to come out of ``live``, as pieces."""
+        parts = []
+        left = keep
+        for r in live.rounds:
+            n = r.stop - r.next
+            if left >= n:
+                left -= n
+                continue
+            first = r.next + left
+            parts.append(r.pieces(first, r.stop))
+            r.stop, left = first, 0
+        while live.rounds and live.rounds[-1].next >= live.rounds[-1].stop:
+            live.rounds.pop()
+        return joined(parts)
+
+    def _received(
+        self, tokens: np.ndarray, lengths: np.ndarray, per_block: np.ndarray, first: int, n: int
+    ) -> Round:
+        """Blocks ``first:first + n`` of what another rank sent, as a round of this rank."""
+        piece_at = np.concatenate(([0], np.cumsum(per_block)))
+        token_at = np.concatenate(([0], np.cumsum(lengths)))
+        a, b = int(piece_at[first]), int(piece_at[first + n])
+        return self._round_of(tokens[token_at[a] : token_at[b]], lengths[a:b], per_block[first : first + n])
+
+    def _round_of(self, tokens: np.ndarray, lengths: np.ndarray, per_block: np.ndarray) -> Round:
+        pieces = np.split(tokens, np.cumsum(lengths)[:-1]) if lengths.size else []
+        plan = plan_from_blocks(lengths, per_block)
+        return Round(plan, self._materialize(pieces, plan))
+
+    def _read_round(self, live: Live, it: Iterator[Any]) -> bool:
+        """Read up to a window of documents and plan them (with the pieces held over) into a round of
+        blocks; False when there is nothing more to read or plan."""
+        if live.done:
+            return False
+        docs: list[np.ndarray] = []
+        while not live.exhausted and len(docs) < self.window:
+            item = next(it, _END)
+            if item is _END:
+                live.exhausted = True
+                break
+            live.consumed += 1
+            new = self._documents(item)
+            if live.resume is not None:
+                new, live.seen = live.resume.keep(new, live.seen), live.seen + len(new)
+            docs += new
+        self.stats.documents += len(docs)
+        inputs = live.carry + docs
+        lengths = np.fromiter((d.size for d in inputs), dtype=np.int64, count=len(inputs))
+        fresh = np.arange(len(inputs)) >= len(live.carry)
+        plan = plan_round(lengths, seq_len=self.seq_len, split=self.split, fresh=fresh, final=live.exhausted)
+        self.stats.truncated += plan.truncated
+        live.carry = [
+            inputs[i][s : s + n].copy()
+            for i, s, n in zip(
+                plan.held_item.tolist(), plan.held_start.tolist(), plan.held_length.tolist(), strict=True
+            )
+        ]
+        if plan.blocks:
+            live.rounds.append(Round(plan, self._materialize(inputs, plan)))
+        live.upstream = self._upstream.snapshot(live.consumed)
+        return True
+
+    def _materialize(self, inputs: Sequence[np.ndarray], plan: RoundPlan) -> Blocks:
         return materialize(
             inputs,
             plan,
@@ -313,84 +433,92 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
             ignore_doc_starts=self.ignore_doc_starts,
         )
 
-    def _hand_out(self, current: _Round) -> Iterator[dict[str, Any]]:
-        blocks = current.blocks
-        while current.next < len(blocks):
-            b = current.next
-            current.next = b + 1  # counted before the yield: a checkpoint taken after it excludes it
-            fill = int(blocks.fill[b])
-            self.stats.blocks += 1
-            self.stats.tokens += fill
-            self.stats.padding += self.seq_len - fill
-            cu = blocks.cu_seqlens[blocks.cu_ptr[b] : blocks.cu_ptr[b + 1]]
-            out: dict[str, Any] = {
-                "input_ids": torch.from_numpy(blocks.input_ids[b]),
-                "position_ids": torch.from_numpy(blocks.position_ids[b]),
-                "labels": torch.from_numpy(blocks.labels[b]),
-                "cu_seqlens": torch.from_numpy(cu),
-                "max_seqlen": int(blocks.max_seqlen[b]),
-                "num_tokens": fill,
-            }
-            if self.attention_mask:
-                seg = segment_ids(cu)
-                out["attention_mask"] = torch.from_numpy(seg[:, None] == seg[None, :])
-            yield out
+    def _take(self, live: Live) -> dict[str, Any]:
+        """The next block (counted before it is handed out: a checkpoint taken after excludes it)."""
+        while live.rounds[0].next >= live.rounds[0].stop:
+            live.rounds.popleft()
+        current = live.rounds[0]
+        blocks, b = current.blocks, current.next
+        current.next = b + 1
+        if current.next >= current.stop:
+            live.rounds.popleft()
+        live.handed += 1
+        fill = int(blocks.fill[b])
+        self.stats.blocks += 1
+        self.stats.tokens += fill
+        self.stats.padding += self.seq_len - fill
+        cu = blocks.cu_seqlens[blocks.cu_ptr[b] : blocks.cu_ptr[b + 1]]
+        out: dict[str, Any] = {
+            "input_ids": torch.from_numpy(blocks.input_ids[b]),
+            "position_ids": torch.from_numpy(blocks.position_ids[b]),
+            "labels": torch.from_numpy(blocks.labels[b]),
+            "cu_seqlens": torch.from_numpy(cu),
+            "max_seqlen": int(blocks.max_seqlen[b]),
+            "num_tokens": fill,
+        }
+        if self.attention_mask:
+            seg = segment_ids(cu)
+            out["attention_mask"] = torch.from_numpy(seg[:, None] == seg[None, :])
+        return out
+
+    def _empty(self, live: Live) -> dict[str, Any]:
+        """A block of padding only (``num_tokens`` 0, every label ``ignore_index``): a step for a rank whose
+        documents are used up (equal steps)."""
+        live.owed -= 1
+        live.handed += 1
+        n = self.seq_len
+        self.stats.blocks += 1
+        self.stats.padding += n
+        out: dict[str, Any] = {
+            "input_ids": torch.full((n,), self.pad_id, dtype=torch.int64),
+            "position_ids": torch.arange(n, dtype=torch.int64),
+            "labels": torch.full((n,), self.ignore_index, dtype=torch.int64),
+            "cu_seqlens": torch.tensor([0, n], dtype=torch.int32),
+            "max_seqlen": n,
+            "num_tokens": 0,
+        }
+        if self.attention_mask:
+            out["attention_mask"] = torch.ones((n, n), dtype=torch.bool)
+        return out
+
+    def epoch_report(self) -> dict[str, Any]:
+        """How the current (else the last) pass ends on this rank: ``even``, ``equal_steps`` (True: settled
+        with every rank over the process group; False: no process group of 2+ ranks in this process, counts
+        may differ; None: ``even="none"``), and once settled ``steps`` (blocks every rank hands out this
+        pass), ``blocks_per_rank`` (blocks each rank's own documents made), ``empty_blocks``, ``blocks_in`` /
+        ``blocks_out`` (moved between ranks), ``dropped_blocks`` / ``dropped_tokens``."""
+        live = self._live or self._restored
+        report = live.report if live is not None else self._report
+        return {"even": self.even, "equal_steps": None if self.even == "none" else False, **report}
 
     # -- checkpointing ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands after the blocks handed out so far (tensors and plain values only, so
-        ``torch.save`` / ``torch.load(weights_only=True)`` keep it)."""
-        live = self._restored or self._live or _Live(self._upstream.idle())
-        pending_tokens, pending_lengths, pending_pieces = _EMPTY, _EMPTY, _EMPTY
-        if live.round is not None and live.round.next < len(live.round.blocks):
-            r, first = live.round, live.round.next
-            rows = r.blocks.input_ids[first:]
-            real = np.arange(self.seq_len) < r.blocks.fill[first:, None]
-            pending_tokens = rows[real]
-            pending_lengths = r.plan.length[r.plan.block_ptr[first] :]
-            pending_pieces = np.diff(r.plan.block_ptr)[first:]
-        carry_lengths = np.asarray([c.size for c in live.carry], dtype=np.int64)
-        carry_tokens = np.concatenate(live.carry).astype(np.int64) if live.carry else _EMPTY
-        return {
-            "version": STATE_VERSION,
-            "config": self._config(),
-            "upstream": live.upstream,
-            "carry_tokens": torch.from_numpy(carry_tokens.copy()),
-            "carry_lengths": torch.from_numpy(carry_lengths),
-            "pending_tokens": torch.from_numpy(pending_tokens.astype(np.int64, copy=True)),
-            "pending_lengths": torch.from_numpy(pending_lengths.copy()),
-            "pending_pieces": torch.from_numpy(pending_pieces.copy()),
-            "stats": vars(self.stats).copy(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields exactly the blocks not yet handed out."""
-        version = state.get("version") if isinstance(state, dict) else None
-        if version != STATE_VERSION:
+        ``torch.save`` / ``torch.load(weights_only=True)`` keep it): this rank's. Under data parallelism
+        every rank saves its own; resuming under another world size takes all of them (see
+        :meth:`load_state_dict`)."""
+        if torch.utils.data.get_worker_info() is None and self._in_workers.value:
             raise ConfigError(
-                f"not a PackedSequences state (version {version!r}, expected {STATE_VERSION}); pass what "
-                "PackedSequences.state_dict() returned"
+                "this PackedSequences was iterated in DataLoader workers: each worker packed its own copy, "
+                "so the training process cannot say what was handed out. For a checkpoint, iterate it in "
+                "the training process (torch DataLoader num_workers=0) over fastload.DataLoader(dataset, "
+                "num_workers=N, collate_fn=list), which reads in workers and resumes exactly"
             )
-        mine = self._config()
-        for name, value in state["config"].items():
-            if mine.get(name) != value:
-                raise ConfigError(
-                    f"cannot resume: the checkpoint has {name}={value!r}, this PackedSequences has "
-                    f"{mine.get(name)!r}; build it with the same options"
-                )
-        self._upstream.restore(state["upstream"])
-        carry_tokens = state["carry_tokens"].numpy()
-        bounds = np.cumsum(state["carry_lengths"].numpy())
-        carry = [c.copy() for c in np.split(carry_tokens, bounds[:-1])] if bounds.size else []
-        live = _Live(dict(state["upstream"]), carry)
-        lengths = state["pending_lengths"].numpy()
-        if lengths.size:
-            pieces = np.split(state["pending_tokens"].numpy(), np.cumsum(lengths)[:-1])
-            plan = plan_from_blocks(lengths, state["pending_pieces"].numpy())
-            live.round = _Round(plan, self._materialize(pieces, plan))
-        self.stats = PackStats(**state["stats"])
-        self._restored = live
+        state = save_state(self, self._restored or self._live or Live(self._upstream.idle()))
+        state["completed"] = self._live is None and self._restored is None and self._completed
+        return state
+
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Continue from ``state``: the next iteration yields exactly the blocks not yet handed out.
+
+        ``state`` is this rank's :meth:`state_dict`, or the list of every rank's (in any order) from a job
+        with another number of ranks: their buffered pieces are dealt to the new ranks and the documents
+        every old rank had not read are dealt as :class:`~fastload.ShardDataset` deals them, so every token
+        comes exactly once over the new ranks (a ``ShardDataset`` upstream, or ``fastload.DataLoader`` over
+        one, with ``even`` split, drop or pad)."""
+        live = load_state(self, state)
+        self._restored, self._restored_pid = live, os.getpid()
         self._live = None
 
 
