@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from fastload.core.packranks import check_even, equal_steps
+from fastload.core.packranks import check_even
 from fastload.core.seqpack import (
     TOKEN_DTYPES,
     Blocks,
@@ -31,8 +31,8 @@ from fastload.core.seqpack import (
     segment_ids,
 )
 from fastload.errors import ConfigError
-from fastload.train.packstate import Live, Round, joined, load_state, save_state
-from fastload.train.packsync import data_group, gather_counts, gather_objects, rank_of
+from fastload.train.packstate import END, Live, Round, Upstream, load_state, save_state
+from fastload.train.packsync import data_group, synced
 
 
 @dataclass
@@ -50,64 +50,6 @@ class PackStats:
         """Padding share of the blocks handed out (0.0 when none were)."""
         total = self.tokens + self.padding
         return self.padding / total if total else 0.0
-
-
-class _Upstream:
-    """The upstream's position: its own ``state_dict`` when it has one (a :class:`~fastload.ShardDataset`
-    read in this process, ``fastload.DataLoader``, any ``Stateful``), else a count of items to skip when
-    iterating it again (a list, or any iterable that yields the same items every time)."""
-
-    def __init__(self, source: Iterable[Any]) -> None:
-        self.source = source
-        if callable(getattr(source, "state_dict", None)) and callable(
-            getattr(source, "load_state_dict", None)
-        ):
-            self.kind = "stateful"
-        else:
-            self.kind = "replay"
-        self.skip = 0
-
-    def start(self) -> Iterator[Any]:
-        it = iter(self.source)
-        if self.kind == "replay" and self.skip:
-            for n in range(self.skip):
-                if next(it, _END) is _END:
-                    raise ConfigError(
-                        f"cannot resume: the upstream yielded only {n} items, the checkpoint skips "
-                        f"{self.skip}; resume with the same data"
-                    )
-        return it
-
-    def idle(self) -> dict[str, Any]:
-        """The position while no iteration is under way."""
-        return self.snapshot(0)
-
-    def snapshot(self, consumed: int) -> dict[str, Any]:
-        """The position after ``consumed`` items of the current iteration."""
-        if self.kind == "stateful":
-            return {"kind": self.kind, "state": self.source.state_dict()}  # type: ignore[attr-defined]
-        return {"kind": self.kind, "consumed": self.skip + consumed}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        kind = state.get("kind")
-        if kind == "shard_dataset" and self.kind == "stateful":  # a checkpoint of fastload <= 0.1.0
-            kind, state = "stateful", {"state": {"epoch": state["epoch"], "delivered": state["delivered"]}}
-        if kind != self.kind:
-            raise ConfigError(
-                f"cannot resume: the checkpoint's upstream is {state.get('kind')!r}, this one is "
-                f"{self.kind!r}; wrap the same kind of dataset or loader"
-            )
-        if self.kind == "stateful":
-            self.source.load_state_dict(state["state"])  # type: ignore[attr-defined]
-        else:
-            self.skip = int(state["consumed"])
-
-    def finished(self) -> None:
-        """A complete pass: the next one starts from the beginning (a stateful upstream rewinds itself)."""
-        self.skip = 0
-
-
-_END = object()
 
 
 class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
@@ -139,7 +81,14 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
     re-read. It describes iteration in *this* process: iterate this dataset in the training process
     (``torch.utils.data.DataLoader(packed, batch_size=B, collate_fn=fastload.train.collate.blocks)`` with the
     default ``num_workers=0``) and let the upstream use workers (``fastload.DataLoader``); packing costs
-    little. Memory: about ``window`` documents plus one round's blocks (3 x 8 bytes x window tokens).
+    little (iterated in DataLoader workers, :meth:`state_dict` raises). Memory: about ``window`` documents
+    plus one round's blocks (3 x 8 bytes x window tokens).
+
+    Data parallelism: under an initialised ``torch.distributed`` group every rank hands out the same number
+    of blocks (``even``: ``"balance"`` moves surplus blocks between ranks at the end of a pass, ``"pad"``
+    adds empty blocks, ``"drop"`` stops at the smallest count, ``"none"`` leaves counts uneven; see
+    :mod:`fastload.core.packranks` and :meth:`epoch_report`). Each rank's state is its own; a job of another
+    size resumes from the list of every old rank's state (:meth:`load_state_dict`).
     """
 
     def __init__(
@@ -171,7 +120,7 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.pad_id, self.ignore_index = int(pad_id), int(ignore_index)
         self.ignore_doc_starts, self.attention_mask = bool(ignore_doc_starts), bool(attention_mask)
         self.stats = PackStats()
-        self._upstream = _Upstream(dataset)
+        self._upstream = Upstream(dataset)
         self._live: Live | None = None
         self._restored: Live | None = None
         self._auto_field: str | None = None
@@ -281,7 +230,7 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
             live.report.setdefault("equal_steps", None if self.even == "none" else False)
             yield from self._local(live, it)
         else:
-            yield from self._synced(live, it, group)
+            yield from synced(self, live, it, group)
         self._report = live.report
         self._completed = True
         self._upstream.finished()
@@ -298,93 +247,6 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
             else:
                 return
 
-    def _synced(self, live: Live, it: Iterator[Any], group: Any) -> Iterator[dict[str, Any]]:
-        """Blocks with every rank of ``group`` handing out as many (see :mod:`fastload.core.packranks`):
-        ranks compare the blocks they hold whenever one of them may run out, and settle the end of the pass
-        once every upstream is exhausted."""
-        next_sync = live.handed
-        while True:
-            if not live.final and live.handed >= next_sync:
-                next_sync = live.handed + self._sync(live, it, group)
-            if live.avail():
-                yield self._take(live)
-            elif live.owed:
-                yield self._empty(live)
-            elif live.final:
-                return
-            else:  # cannot happen: a sync comes before any rank runs out
-                raise RuntimeError("PackedSequences: a rank ran out of blocks between two syncs")
-
-    def _sync(self, live: Live, it: Iterator[Any], group: Any) -> int:
-        """Blocks every rank can hand out before the next sync (after settling the end, a large number)."""
-        while True:
-            while not live.avail() and self._read_round(live, it):
-                pass
-            counts = gather_counts(group, live.avail(), live.done)
-            if all(done for _, done in counts):
-                self._settle(live, group, [a for a, _ in counts])
-                return 1 << 62
-            if any(done and not a for a, done in counts):  # a rank is out: the others read to the end
-                while self._read_round(live, it):
-                    pass
-                continue
-            return min(a for a, _ in counts)
-
-    def _settle(self, live: Live, group: Any, avail: list[int]) -> None:
-        rank, world = rank_of(group)
-        plan = equal_steps(avail, self.even)
-        mine = plan.keep[rank]
-        extra = self._cut(live, mine)  # blocks after the ones kept: sent to other ranks, or dropped
-        moved_in = 0
-        if plan.moves:
-            sent = gather_objects(group, extra)
-            taken = [0] * world
-            for src, dst, n in plan.moves:
-                if dst == rank:
-                    tokens, lengths, per_block = sent[src]
-                    live.rounds.append(self._received(tokens, lengths, per_block, taken[src], n))
-                    moved_in += n
-                taken[src] += n
-        dropped_tokens = int(extra[0].size) if plan.dropped[rank] else 0
-        live.owed, live.final = plan.empty[rank], True
-        live.report.update(
-            equal_steps=True,
-            steps=live.handed + plan.steps,
-            blocks_per_rank=[
-                live_handed + a for live_handed, a in zip([live.handed] * world, avail, strict=True)
-            ],
-            empty_blocks=plan.empty[rank],
-            blocks_in=moved_in,
-            blocks_out=sum(n for src, _, n in plan.moves if src == rank),
-            dropped_blocks=plan.dropped[rank],
-            dropped_tokens=dropped_tokens,
-        )
-
-    def _cut(self, live: Live, keep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Take the blocks after the first ``keep`` still to come out of ``live``, as pieces."""
-        parts = []
-        left = keep
-        for r in live.rounds:
-            n = r.stop - r.next
-            if left >= n:
-                left -= n
-                continue
-            first = r.next + left
-            parts.append(r.pieces(first, r.stop))
-            r.stop, left = first, 0
-        while live.rounds and live.rounds[-1].next >= live.rounds[-1].stop:
-            live.rounds.pop()
-        return joined(parts)
-
-    def _received(
-        self, tokens: np.ndarray, lengths: np.ndarray, per_block: np.ndarray, first: int, n: int
-    ) -> Round:
-        """Blocks ``first:first + n`` of what another rank sent, as a round of this rank."""
-        piece_at = np.concatenate(([0], np.cumsum(per_block)))
-        token_at = np.concatenate(([0], np.cumsum(lengths)))
-        a, b = int(piece_at[first]), int(piece_at[first + n])
-        return self._round_of(tokens[token_at[a] : token_at[b]], lengths[a:b], per_block[first : first + n])
-
     def _round_of(self, tokens: np.ndarray, lengths: np.ndarray, per_block: np.ndarray) -> Round:
         pieces = np.split(tokens, np.cumsum(lengths)[:-1]) if lengths.size else []
         plan = plan_from_blocks(lengths, per_block)
@@ -397,8 +259,8 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
             return False
         docs: list[np.ndarray] = []
         while not live.exhausted and len(docs) < self.window:
-            item = next(it, _END)
-            if item is _END:
+            item = next(it, END)
+            if item is END:
                 live.exhausted = True
                 break
             live.consumed += 1

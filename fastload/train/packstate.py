@@ -5,7 +5,7 @@ restored on the same ranks or dealt to another number of ranks (see :mod:`fastlo
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +104,64 @@ def joined(
     return tuple(np.concatenate([p[i] for p in parts]).astype(np.int64) for i in range(3))  # type: ignore[return-value]
 
 
+class Upstream:
+    """The upstream's position: its own ``state_dict`` when it has one (a :class:`~fastload.ShardDataset`
+    read in this process, ``fastload.DataLoader``, any ``Stateful``), else a count of items to skip when
+    iterating it again (a list, or any iterable that yields the same items every time)."""
+
+    def __init__(self, source: Iterable[Any]) -> None:
+        self.source = source
+        if callable(getattr(source, "state_dict", None)) and callable(
+            getattr(source, "load_state_dict", None)
+        ):
+            self.kind = "stateful"
+        else:
+            self.kind = "replay"
+        self.skip = 0
+
+    def start(self) -> Iterator[Any]:
+        it = iter(self.source)
+        if self.kind == "replay" and self.skip:
+            for n in range(self.skip):
+                if next(it, END) is END:
+                    raise ConfigError(
+                        f"cannot resume: the upstream yielded only {n} items, the checkpoint skips "
+                        f"{self.skip}; resume with the same data"
+                    )
+        return it
+
+    def idle(self) -> dict[str, Any]:
+        """The position while no iteration is under way."""
+        return self.snapshot(0)
+
+    def snapshot(self, consumed: int) -> dict[str, Any]:
+        """The position after ``consumed`` items of the current iteration."""
+        if self.kind == "stateful":
+            return {"kind": self.kind, "state": self.source.state_dict()}  # type: ignore[attr-defined]
+        return {"kind": self.kind, "consumed": self.skip + consumed}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        kind = state.get("kind")
+        if kind == "shard_dataset" and self.kind == "stateful":  # a checkpoint of fastload <= 0.1.0
+            kind, state = "stateful", {"state": {"epoch": state["epoch"], "delivered": state["delivered"]}}
+        if kind != self.kind:
+            raise ConfigError(
+                f"cannot resume: the checkpoint's upstream is {state.get('kind')!r}, this one is "
+                f"{self.kind!r}; wrap the same kind of dataset or loader"
+            )
+        if self.kind == "stateful":
+            self.source.load_state_dict(state["state"])  # type: ignore[attr-defined]
+        else:
+            self.skip = int(state["consumed"])
+
+    def finished(self) -> None:
+        """A complete pass: the next one starts from the beginning (a stateful upstream rewinds itself)."""
+        self.skip = 0
+
+
+END = object()
+
+
 def shard_dataset_of(source: Any) -> Any | None:
     """The :class:`~fastload.ShardDataset` that ``source`` reads in order (itself, or a
     ``fastload.DataLoader``'s), else None."""
@@ -170,7 +228,7 @@ def _check(packer: Any, state: Any) -> dict[str, Any]:
                 f"cannot resume: the checkpoint has {name}={value!r}, this PackedSequences has "
                 f"{mine.get(name)!r}; build it with the same options"
             )
-    return state
+    return dict(state)
 
 
 def load_state(packer: Any, state: dict[str, Any] | Sequence[dict[str, Any]]) -> Live:
@@ -249,7 +307,7 @@ def _cross(packer: Any, olds: list[dict[str, Any]], rank: int, world: int) -> Li
         )
     elif any(s["upstream"].get("kind") != "stateful" for s in olds):
         why = "the checkpoint was written by an older fastload"
-    if why:
+    if why or ds is None:
         raise ConfigError(
             f"cannot resume this {old_world}-rank PackedSequences checkpoint on {world} rank(s): {why}; "
             f"resume on {old_world} rank(s)"
@@ -292,4 +350,14 @@ def _cross(packer: Any, olds: list[dict[str, Any]], rank: int, world: int) -> Li
     return live
 
 
-__all__ = ["STATE_VERSION", "CrossWorld", "Live", "Round", "load_state", "save_state", "shard_dataset_of"]
+__all__ = [
+    "END",
+    "STATE_VERSION",
+    "CrossWorld",
+    "Live",
+    "Round",
+    "Upstream",
+    "load_state",
+    "save_state",
+    "shard_dataset_of",
+]
