@@ -222,6 +222,8 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
                     "(fastload.DataLoader)"
                 )
             self._in_workers.value = 1
+        else:
+            self._in_workers.value = 0
         live = restored or Live(self._upstream.snapshot(0))
         it: Iterator[Any] = iter(()) if live.exhausted else self._upstream.start()
         self._live = live
@@ -231,7 +233,7 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
             yield from self._local(live, it)
         else:
             yield from synced(self, live, it, group)
-        self._report = live.report
+        self._report = {**live.report, "blocks": live.handed}
         self._completed = True
         self._upstream.finished()
         self._live = None
@@ -344,14 +346,17 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
         return out
 
     def epoch_report(self) -> dict[str, Any]:
-        """How the current (else the last) pass ends on this rank: ``even``, ``equal_steps`` (True: settled
+        """How the current (else the last) pass ends on this rank: ``even``, ``blocks`` (handed out so far in
+        it, empty ones included), ``equal_steps`` (True: settled
         with every rank over the process group; False: no process group of 2+ ranks in this process, counts
         may differ; None: ``even="none"``), and once settled ``steps`` (blocks every rank hands out this
         pass), ``blocks_per_rank`` (blocks each rank's own documents made), ``empty_blocks``, ``blocks_in`` /
         ``blocks_out`` (moved between ranks), ``dropped_blocks`` / ``dropped_tokens``."""
         live = self._live or self._restored
         report = live.report if live is not None else self._report
-        return {"even": self.even, "equal_steps": None if self.even == "none" else False, **report}
+        handed = live.handed if live is not None else self._report.get("blocks", 0)
+        base = {"even": self.even, "equal_steps": None if self.even == "none" else False, "blocks": handed}
+        return {**base, **report}
 
     # -- checkpointing ------------------------------------------------------------------------------------
 

@@ -47,17 +47,17 @@ def keyed_docs(ds: fastload.ShardDataset, docs: list[np.ndarray]) -> dict[tuple[
     return out
 
 
-@pytest.mark.parametrize("new_world", [1, 3])
+@pytest.mark.parametrize(("old_world", "new_world"), [(2, 1), (2, 3), (1, 2)])
 @pytest.mark.parametrize("cut", [0, 5, 41, 100])
 def test_two_ranks_resumed_on_another_number_of_ranks_exactly_once(
-    token_dataset: TokenDataset, new_world: int, cut: int
+    token_dataset: TokenDataset, old_world: int, new_world: int, cut: int
 ) -> None:
-    """Each of 2 ranks hands out `cut` blocks and saves its state; every new rank loads both states. Every
+    """Each old rank hands out `cut` blocks and saves its state; every new rank loads all of them. Every
     token of every document comes exactly once over the old ranks' blocks and the new ranks' (the even
     split of the resumed order may cut `remaining mod new_world` documents: they are the ones reported)."""
     heads, states = [], []
-    for rank in range(2):
-        packer, _ = make(token_dataset.root, rank, 2)
+    for rank in range(old_world):
+        packer, _ = make(token_dataset.root, rank, old_world)
         heads += list(islice(iter(packer), cut))
         states.append(roundtrip(packer.state_dict()))
     rest, dropped = [], []
@@ -122,6 +122,8 @@ def test_state_after_iterating_in_dataloader_workers_is_refused(token_dataset: T
     assert len(list(islice(iter(loader), 2))) == 2
     with pytest.raises(ConfigError, match="iterated in DataLoader workers"):
         packer.state_dict()
+    assert len(list(islice(iter(packer), 2))) == 2  # iterated here again: its state is this process's
+    assert packer.state_dict()["handed"] == 2
 
 
 @pytest.mark.parametrize(
