@@ -131,3 +131,10 @@ def test_torchrun_checkpoint_resumes_on_another_number_of_ranks(
     keys = {s["__key__"]: int(s["tokens.i32"][0] // STRIDE) for s in fastload.ShardDataset(skewed.root)}
     cut = {keys[key] for _, key in dropped}
     assert_every_token_once([d for i, d in enumerate(skewed.docs) if i not in cut], segments)
+
+
+def test_torchrun_checkpoint_resumes_on_the_same_ranks_under_ddp(ddp_run: Any) -> None:
+    """The gathered states loaded on the same 2 ranks (each takes its own) in a second DDP loop: the same
+    blocks as after the cut of the uninterrupted run, equal steps again."""
+    _, ranks = ddp_run
+    assert [r["resumed"] for r in ranks] == [r["tail"] for r in ranks]

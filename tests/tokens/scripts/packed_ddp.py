@@ -2,7 +2,7 @@
 (rank 0's documents are long, rank 1's short), run through the end of the epoch. At step CUT every rank's
 ``PackedSequences.state_dict()`` is gathered and rank 0 saves the list (a checkpoint for another world
 size). Writes ``OUTDIR/rank{RANK}.json``: steps per rank, the tokens of each block handed out (before and
-after the cut) and the epoch report.
+after the cut), the epoch report, and the blocks of a second DDP run restored from the gathered states.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 packed_ddp.py DATASET OUTDIR [EVEN]
 """
@@ -51,13 +51,39 @@ def main() -> None:
                 dist.all_gather_object(states, packed.state_dict())
                 if rank == 0:
                     torch.save(states, outdir / "states.pt")
+                dist.barrier()
         steps = [0] * world
         dist.all_gather_object(steps, len(head) + len(tail))
-        out = {"steps": steps, "head": head, "tail": tail, "report": packed.epoch_report()}
+        resumed = resume_run(root, outdir, even)
+        out = {
+            "steps": steps,
+            "head": head,
+            "tail": tail,
+            "report": packed.epoch_report(),
+            "resumed": resumed,
+        }
         (outdir / f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def resume_run(root: str, outdir: Path, even: str | None) -> list[list[int]]:
+    """A new packer on every rank restored from the gathered states (the same world size: each takes its
+    own), run through the end of the epoch under DDP again: the blocks after the cut."""
+    ds = fastload.ShardDataset(root)
+    upstream = fastload.DataLoader(ds, batch_size=8, collate_fn=list)
+    extra = {} if even is None else {"even": even}
+    packed = fastload.PackedSequences(upstream, seq_len=SEQ_LEN, window=WINDOW, **extra)
+    packed.load_state_dict(torch.load(outdir / "states.pt", weights_only=True))
+    loader = torch.utils.data.DataLoader(packed, batch_size=BLOCKS_PER_STEP, collate_fn=collate_blocks)
+    model = DistributedDataParallel(torch.nn.Linear(SEQ_LEN, 1))
+    rows: list[list[int]] = []
+    for batch in loader:
+        ids, n = batch["input_ids"], batch["num_tokens"].tolist()
+        rows.extend(row[:k].tolist() for row, k in zip(ids, n, strict=True))
+        model((ids % 7).float()).square().mean().backward()
+    return rows
 
 
 if __name__ == "__main__":
