@@ -7,14 +7,18 @@ as tensors. Batch blocks with :func:`fastload.train.collate.blocks`.
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
+import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
 
+from fastload.core.packranks import check_even
 from fastload.core.seqpack import (
     TOKEN_DTYPES,
     Blocks,
@@ -27,9 +31,8 @@ from fastload.core.seqpack import (
     segment_ids,
 )
 from fastload.errors import ConfigError
-
-STATE_VERSION = 1
-_EMPTY = np.zeros(0, dtype=np.int64)
+from fastload.train.packstate import END, Live, Round, Upstream, load_state, save_state
+from fastload.train.packsync import data_group, synced
 
 
 @dataclass
@@ -47,82 +50,6 @@ class PackStats:
         """Padding share of the blocks handed out (0.0 when none were)."""
         total = self.tokens + self.padding
         return self.padding / total if total else 0.0
-
-
-@dataclass
-class _Round:
-    """A materialised round and how far it was handed out."""
-
-    plan: RoundPlan
-    blocks: Blocks
-    next: int = 0
-
-
-@dataclass
-class _Live:
-    """Everything a checkpoint must hold at a point between two blocks."""
-
-    upstream: dict[str, Any]
-    carry: list[np.ndarray] = field(default_factory=list)
-    round: _Round | None = None
-
-
-class _Upstream:
-    """The upstream's position: its own ``state_dict`` when it has one (a :class:`~fastload.ShardDataset`
-    read in this process, ``fastload.DataLoader``, any ``Stateful``), else a count of items to skip when
-    iterating it again (a list, or any iterable that yields the same items every time)."""
-
-    def __init__(self, source: Iterable[Any]) -> None:
-        self.source = source
-        if callable(getattr(source, "state_dict", None)) and callable(
-            getattr(source, "load_state_dict", None)
-        ):
-            self.kind = "stateful"
-        else:
-            self.kind = "replay"
-        self.skip = 0
-
-    def start(self) -> Iterator[Any]:
-        it = iter(self.source)
-        if self.kind == "replay" and self.skip:
-            for n in range(self.skip):
-                if next(it, _END) is _END:
-                    raise ConfigError(
-                        f"cannot resume: the upstream yielded only {n} items, the checkpoint skips "
-                        f"{self.skip}; resume with the same data"
-                    )
-        return it
-
-    def idle(self) -> dict[str, Any]:
-        """The position while no iteration is under way."""
-        return self.snapshot(0)
-
-    def snapshot(self, consumed: int) -> dict[str, Any]:
-        """The position after ``consumed`` items of the current iteration."""
-        if self.kind == "stateful":
-            return {"kind": self.kind, "state": self.source.state_dict()}  # type: ignore[attr-defined]
-        return {"kind": self.kind, "consumed": self.skip + consumed}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        kind = state.get("kind")
-        if kind == "shard_dataset" and self.kind == "stateful":  # a checkpoint of fastload <= 0.1.0
-            kind, state = "stateful", {"state": {"epoch": state["epoch"], "delivered": state["delivered"]}}
-        if kind != self.kind:
-            raise ConfigError(
-                f"cannot resume: the checkpoint's upstream is {state.get('kind')!r}, this one is "
-                f"{self.kind!r}; wrap the same kind of dataset or loader"
-            )
-        if self.kind == "stateful":
-            self.source.load_state_dict(state["state"])  # type: ignore[attr-defined]
-        else:
-            self.skip = int(state["consumed"])
-
-    def finished(self) -> None:
-        """A complete pass: the next one starts from the beginning (a stateful upstream rewinds itself)."""
-        self.skip = 0
-
-
-_END = object()
 
 
 class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
@@ -154,7 +81,14 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
     re-read. It describes iteration in *this* process: iterate this dataset in the training process
     (``torch.utils.data.DataLoader(packed, batch_size=B, collate_fn=fastload.train.collate.blocks)`` with the
     default ``num_workers=0``) and let the upstream use workers (``fastload.DataLoader``); packing costs
-    little. Memory: about ``window`` documents plus one round's blocks (3 x 8 bytes x window tokens).
+    little (iterated in DataLoader workers, :meth:`state_dict` raises). Memory: about ``window`` documents
+    plus one round's blocks (3 x 8 bytes x window tokens).
+
+    Data parallelism: under an initialised ``torch.distributed`` group every rank hands out the same number
+    of blocks (``even``: ``"balance"`` moves surplus blocks between ranks at the end of a pass, ``"pad"``
+    adds empty blocks, ``"drop"`` stops at the smallest count, ``"none"`` leaves counts uneven; see
+    :mod:`fastload.core.packranks` and :meth:`epoch_report`). Each rank's state is its own; a job of another
+    size resumes from the list of every old rank's state (:meth:`load_state_dict`).
     """
 
     def __init__(
@@ -169,11 +103,13 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
         ignore_index: int = -100,
         ignore_doc_starts: bool = True,
         attention_mask: bool = False,
+        even: str = "balance",
     ) -> None:
         super().__init__()
         try:
             check_seq_len(seq_len)
             check_split(split)
+            check_even(even)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -184,10 +120,16 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.pad_id, self.ignore_index = int(pad_id), int(ignore_index)
         self.ignore_doc_starts, self.attention_mask = bool(ignore_doc_starts), bool(attention_mask)
         self.stats = PackStats()
-        self._upstream = _Upstream(dataset)
-        self._live: _Live | None = None
-        self._restored: _Live | None = None
+        self._upstream = Upstream(dataset)
+        self._live: Live | None = None
+        self._restored: Live | None = None
         self._auto_field: str | None = None
+        self.even = even
+        self._report: dict[str, Any] = {}
+        self._restored_pid = 0
+        self._completed = False  # the last pass ran to its end
+        # set by a DataLoader worker's copy when it iterates (shared: the training process sees it)
+        self._in_workers = multiprocessing.get_context("spawn").RawValue(ctypes.c_int64, 0)
 
     def __repr__(self) -> str:
         return f"PackedSequences({self.dataset!r}, seq_len={self.seq_len}, window={self.window})"
@@ -257,9 +199,10 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from fastload.train.dataset import ShardDataset
 
+        in_worker = torch.utils.data.get_worker_info() is not None
         splits = isinstance(self.dataset, ShardDataset)  # it deals itself to workers
         if (
-            torch.utils.data.get_worker_info() is not None
+            in_worker
             and not splits
             and (self._upstream.kind == "stateful" or isinstance(self.dataset, Sequence))
         ):
@@ -269,41 +212,82 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
                 "the upstream the workers (fastload.DataLoader), or wrap a ShardDataset (it splits by worker)"
             )
         restored, self._restored = self._restored, None
-        it = self._upstream.start()
-        live = restored or _Live(self._upstream.snapshot(0))
-        self._live = live
-        if live.round is not None:
-            yield from self._hand_out(live.round)
-        consumed = 0
-        exhausted = False
-        while not exhausted or live.carry:
-            docs: list[np.ndarray] = []
-            while len(docs) < self.window:
-                item = next(it, _END)
-                if item is _END:
-                    exhausted = True
-                    break
-                consumed += 1
-                docs += self._documents(item)
-            self.stats.documents += len(docs)
-            inputs = live.carry + docs
-            lengths = np.fromiter((d.size for d in inputs), dtype=np.int64, count=len(inputs))
-            fresh = np.arange(len(inputs)) >= len(live.carry)
-            plan = plan_round(lengths, seq_len=self.seq_len, split=self.split, fresh=fresh, final=exhausted)
-            self.stats.truncated += plan.truncated
-            carry = [
-                inputs[i][s : s + n].copy()
-                for i, s, n in zip(
-                    plan.held_item.tolist(), plan.held_start.tolist(), plan.held_length.tolist(), strict=True
+        self._completed = False
+        if in_worker:
+            if restored is not None and self._restored_pid != os.getpid():
+                raise ConfigError(
+                    "this PackedSequences was restored (load_state_dict) in the training process and is now "
+                    "iterated in DataLoader workers, which would each hand out the restored blocks; iterate "
+                    "it in the training process (num_workers=0) and give the upstream the workers "
+                    "(fastload.DataLoader)"
                 )
-            ]
-            current = _Round(plan, self._materialize(inputs, plan))
-            live.upstream, live.carry, live.round = self._upstream.snapshot(consumed), carry, current
-            yield from self._hand_out(current)
+            self._in_workers.value = 1
+        else:
+            self._in_workers.value = 0
+        live = restored or Live(self._upstream.snapshot(0))
+        it: Iterator[Any] = iter(()) if live.exhausted else self._upstream.start()
+        self._live = live
+        group = None if in_worker or self.even == "none" else data_group()
+        if group is None:
+            live.report.setdefault("equal_steps", None if self.even == "none" else False)
+            yield from self._local(live, it)
+        else:
+            yield from synced(self, live, it, group)
+        self._report = {**live.report, "blocks": live.handed}
+        self._completed = True
         self._upstream.finished()
         self._live = None
 
-    def _materialize(self, inputs: list[np.ndarray], plan: RoundPlan) -> Blocks:
+    def _local(self, live: Live, it: Iterator[Any]) -> Iterator[dict[str, Any]]:
+        while True:
+            while not live.avail() and self._read_round(live, it):
+                pass
+            if live.avail():
+                yield self._take(live)
+            elif live.owed:
+                yield self._empty(live)
+            else:
+                return
+
+    def _round_of(self, tokens: np.ndarray, lengths: np.ndarray, per_block: np.ndarray) -> Round:
+        pieces = np.split(tokens, np.cumsum(lengths)[:-1]) if lengths.size else []
+        plan = plan_from_blocks(lengths, per_block)
+        return Round(plan, self._materialize(pieces, plan))
+
+    def _read_round(self, live: Live, it: Iterator[Any]) -> bool:
+        """Read up to a window of documents and plan them (with the pieces held over) into a round of
+        blocks; False when there is nothing more to read or plan."""
+        if live.done:
+            return False
+        docs: list[np.ndarray] = []
+        while not live.exhausted and len(docs) < self.window:
+            item = next(it, END)
+            if item is END:
+                live.exhausted = True
+                break
+            live.consumed += 1
+            new = self._documents(item)
+            if live.resume is not None:
+                new, live.seen = live.resume.keep(new, live.seen), live.seen + len(new)
+            docs += new
+        self.stats.documents += len(docs)
+        inputs = live.carry + docs
+        lengths = np.fromiter((d.size for d in inputs), dtype=np.int64, count=len(inputs))
+        fresh = np.arange(len(inputs)) >= len(live.carry)
+        plan = plan_round(lengths, seq_len=self.seq_len, split=self.split, fresh=fresh, final=live.exhausted)
+        self.stats.truncated += plan.truncated
+        live.carry = [
+            inputs[i][s : s + n].copy()
+            for i, s, n in zip(
+                plan.held_item.tolist(), plan.held_start.tolist(), plan.held_length.tolist(), strict=True
+            )
+        ]
+        if plan.blocks:
+            live.rounds.append(Round(plan, self._materialize(inputs, plan)))
+        live.upstream = self._upstream.snapshot(live.consumed)
+        return True
+
+    def _materialize(self, inputs: Sequence[np.ndarray], plan: RoundPlan) -> Blocks:
         return materialize(
             inputs,
             plan,
@@ -313,84 +297,95 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
             ignore_doc_starts=self.ignore_doc_starts,
         )
 
-    def _hand_out(self, current: _Round) -> Iterator[dict[str, Any]]:
-        blocks = current.blocks
-        while current.next < len(blocks):
-            b = current.next
-            current.next = b + 1  # counted before the yield: a checkpoint taken after it excludes it
-            fill = int(blocks.fill[b])
-            self.stats.blocks += 1
-            self.stats.tokens += fill
-            self.stats.padding += self.seq_len - fill
-            cu = blocks.cu_seqlens[blocks.cu_ptr[b] : blocks.cu_ptr[b + 1]]
-            out: dict[str, Any] = {
-                "input_ids": torch.from_numpy(blocks.input_ids[b]),
-                "position_ids": torch.from_numpy(blocks.position_ids[b]),
-                "labels": torch.from_numpy(blocks.labels[b]),
-                "cu_seqlens": torch.from_numpy(cu),
-                "max_seqlen": int(blocks.max_seqlen[b]),
-                "num_tokens": fill,
-            }
-            if self.attention_mask:
-                seg = segment_ids(cu)
-                out["attention_mask"] = torch.from_numpy(seg[:, None] == seg[None, :])
-            yield out
+    def _take(self, live: Live) -> dict[str, Any]:
+        """The next block (counted before it is handed out: a checkpoint taken after excludes it)."""
+        while live.rounds[0].next >= live.rounds[0].stop:
+            live.rounds.popleft()
+        current = live.rounds[0]
+        blocks, b = current.blocks, current.next
+        current.next = b + 1
+        if current.next >= current.stop:
+            live.rounds.popleft()
+        live.handed += 1
+        fill = int(blocks.fill[b])
+        self.stats.blocks += 1
+        self.stats.tokens += fill
+        self.stats.padding += self.seq_len - fill
+        cu = blocks.cu_seqlens[blocks.cu_ptr[b] : blocks.cu_ptr[b + 1]]
+        out: dict[str, Any] = {
+            "input_ids": torch.from_numpy(blocks.input_ids[b]),
+            "position_ids": torch.from_numpy(blocks.position_ids[b]),
+            "labels": torch.from_numpy(blocks.labels[b]),
+            "cu_seqlens": torch.from_numpy(cu),
+            "max_seqlen": int(blocks.max_seqlen[b]),
+            "num_tokens": fill,
+        }
+        if self.attention_mask:
+            seg = segment_ids(cu)
+            out["attention_mask"] = torch.from_numpy(seg[:, None] == seg[None, :])
+        return out
+
+    def _empty(self, live: Live) -> dict[str, Any]:
+        """A block of padding only (``num_tokens`` 0, every label ``ignore_index``): a step for a rank whose
+        documents are used up (equal steps)."""
+        live.owed -= 1
+        live.handed += 1
+        n = self.seq_len
+        self.stats.blocks += 1
+        self.stats.padding += n
+        out: dict[str, Any] = {
+            "input_ids": torch.full((n,), self.pad_id, dtype=torch.int64),
+            "position_ids": torch.arange(n, dtype=torch.int64),
+            "labels": torch.full((n,), self.ignore_index, dtype=torch.int64),
+            "cu_seqlens": torch.tensor([0, n], dtype=torch.int32),
+            "max_seqlen": n,
+            "num_tokens": 0,
+        }
+        if self.attention_mask:
+            out["attention_mask"] = torch.ones((n, n), dtype=torch.bool)
+        return out
+
+    def epoch_report(self) -> dict[str, Any]:
+        """How the current (else the last) pass ends on this rank: ``even``, ``blocks`` (handed out so far in
+        it, empty ones included), ``equal_steps`` (True: settled
+        with every rank over the process group; False: no process group of 2+ ranks in this process, counts
+        may differ; None: ``even="none"``), and once settled ``steps`` (blocks every rank hands out this
+        pass), ``blocks_per_rank`` (blocks each rank's own documents made), ``empty_blocks``, ``blocks_in`` /
+        ``blocks_out`` (moved between ranks), ``dropped_blocks`` / ``dropped_tokens``."""
+        live = self._live or self._restored
+        report = live.report if live is not None else self._report
+        handed = live.handed if live is not None else self._report.get("blocks", 0)
+        base = {"even": self.even, "equal_steps": None if self.even == "none" else False, "blocks": handed}
+        return {**base, **report}
 
     # -- checkpointing ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands after the blocks handed out so far (tensors and plain values only, so
-        ``torch.save`` / ``torch.load(weights_only=True)`` keep it)."""
-        live = self._restored or self._live or _Live(self._upstream.idle())
-        pending_tokens, pending_lengths, pending_pieces = _EMPTY, _EMPTY, _EMPTY
-        if live.round is not None and live.round.next < len(live.round.blocks):
-            r, first = live.round, live.round.next
-            rows = r.blocks.input_ids[first:]
-            real = np.arange(self.seq_len) < r.blocks.fill[first:, None]
-            pending_tokens = rows[real]
-            pending_lengths = r.plan.length[r.plan.block_ptr[first] :]
-            pending_pieces = np.diff(r.plan.block_ptr)[first:]
-        carry_lengths = np.asarray([c.size for c in live.carry], dtype=np.int64)
-        carry_tokens = np.concatenate(live.carry).astype(np.int64) if live.carry else _EMPTY
-        return {
-            "version": STATE_VERSION,
-            "config": self._config(),
-            "upstream": live.upstream,
-            "carry_tokens": torch.from_numpy(carry_tokens.copy()),
-            "carry_lengths": torch.from_numpy(carry_lengths),
-            "pending_tokens": torch.from_numpy(pending_tokens.astype(np.int64, copy=True)),
-            "pending_lengths": torch.from_numpy(pending_lengths.copy()),
-            "pending_pieces": torch.from_numpy(pending_pieces.copy()),
-            "stats": vars(self.stats).copy(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields exactly the blocks not yet handed out."""
-        version = state.get("version") if isinstance(state, dict) else None
-        if version != STATE_VERSION:
+        ``torch.save`` / ``torch.load(weights_only=True)`` keep it): this rank's. Under data parallelism
+        every rank saves its own; resuming under another world size takes all of them (see
+        :meth:`load_state_dict`)."""
+        if torch.utils.data.get_worker_info() is None and self._in_workers.value:
             raise ConfigError(
-                f"not a PackedSequences state (version {version!r}, expected {STATE_VERSION}); pass what "
-                "PackedSequences.state_dict() returned"
+                "this PackedSequences was iterated in DataLoader workers: each worker packed its own copy, "
+                "so the training process cannot say what was handed out. For a checkpoint, iterate it in "
+                "the training process (torch DataLoader num_workers=0) over fastload.DataLoader(dataset, "
+                "num_workers=N, collate_fn=list), which reads in workers and resumes exactly"
             )
-        mine = self._config()
-        for name, value in state["config"].items():
-            if mine.get(name) != value:
-                raise ConfigError(
-                    f"cannot resume: the checkpoint has {name}={value!r}, this PackedSequences has "
-                    f"{mine.get(name)!r}; build it with the same options"
-                )
-        self._upstream.restore(state["upstream"])
-        carry_tokens = state["carry_tokens"].numpy()
-        bounds = np.cumsum(state["carry_lengths"].numpy())
-        carry = [c.copy() for c in np.split(carry_tokens, bounds[:-1])] if bounds.size else []
-        live = _Live(dict(state["upstream"]), carry)
-        lengths = state["pending_lengths"].numpy()
-        if lengths.size:
-            pieces = np.split(state["pending_tokens"].numpy(), np.cumsum(lengths)[:-1])
-            plan = plan_from_blocks(lengths, state["pending_pieces"].numpy())
-            live.round = _Round(plan, self._materialize(pieces, plan))
-        self.stats = PackStats(**state["stats"])
-        self._restored = live
+        state = save_state(self, self._restored or self._live or Live(self._upstream.idle()))
+        state["completed"] = self._live is None and self._restored is None and self._completed
+        return state
+
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Continue from ``state``: the next iteration yields exactly the blocks not yet handed out.
+
+        ``state`` is this rank's :meth:`state_dict`, or the list of every rank's (in any order) from a job
+        with another number of ranks: their buffered pieces are dealt to the new ranks and the documents
+        every old rank had not read are dealt as :class:`~fastload.ShardDataset` deals them, so every token
+        comes exactly once over the new ranks (a ``ShardDataset`` upstream, or ``fastload.DataLoader`` over
+        one, with ``even`` split, drop or pad)."""
+        live = load_state(self, state)
+        self._restored, self._restored_pid = live, os.getpid()
         self._live = None
 
 
