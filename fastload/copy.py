@@ -18,6 +18,7 @@ from fastload.config import S3Config
 from fastload.errors import ConfigError, NotFoundError
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
+from fastload.storage.localfs import file_mode
 
 
 @dataclass
@@ -39,6 +40,7 @@ def download(bucket: str, key: str, path: str, *, config: S3Config, progress: Pr
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".part")
     try:
+        os.fchmod(fd, file_mode())  # as cp and open() make it, not mkstemp's 0600
         total = 0
         with os.fdopen(fd, "wb") as out, RangedReader(bucket, key, config=config) as reader:
             buf = memoryview(bytearray(config.part_size_bytes))
