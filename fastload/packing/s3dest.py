@@ -10,6 +10,7 @@ import tempfile
 from fastload.config import S3Config
 from fastload.errors import S3NotFoundError
 from fastload.s3.client import fail_fast_error, get_client, parse_s3_url
+from fastload.s3.delete import delete_keys
 from fastload.s3.listing import ObjectInfo, list_objects
 from fastload.s3.retrying import Retrier
 from fastload.s3.upload import abort_stale_uploads, upload_file
@@ -86,14 +87,13 @@ class S3Destination:
         ]
 
     def remove(self, name: str) -> None:
-        """Delete one object (nothing happens if it is not there)."""
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+        """Delete one object (nothing happens if it is not there); retried as every request."""
+        delete_keys(self.bucket, [self._key(name)], config=self.config, client=self.client)
 
     def remove_tree(self, prefix: str) -> None:
+        """Delete every object under ``prefix`` (DeleteObjects batches, retried as every request)."""
         keys = [self._key(n) for n in self.list(prefix)]
-        for i in range(0, len(keys), 1000):
-            batch = [{"Key": k} for k in keys[i : i + 1000]]
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+        delete_keys(self.bucket, keys, config=self.config, client=self.client)
 
     def cleanup(self) -> None:
         if self.tmp_dir:
