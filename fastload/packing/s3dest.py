@@ -9,6 +9,7 @@ import tempfile
 
 from fastload.config import S3Config
 from fastload.errors import S3NotFoundError
+from fastload.packing.staging import StagingFolder, sweep_stale
 from fastload.s3.client import fail_fast_error, get_client, parse_s3_url
 from fastload.s3.delete import delete_keys
 from fastload.s3.listing import ObjectInfo, list_objects
@@ -27,6 +28,7 @@ class S3Destination:
         self.config = config
         self.client = get_client(config)
         self.tmp_dir = ""
+        self._staging: StagingFolder | None = None
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -38,9 +40,12 @@ class S3Destination:
         return False
 
     def prepare(self) -> None:
-        """Make the local temporary folder, and abort multipart uploads left under the prefix by a pack
-        that was killed mid-upload (they would otherwise keep their parts, and their cost, forever)."""
-        self.tmp_dir = tempfile.mkdtemp(prefix="fastload-pack-")
+        """Make the local staging folder (:mod:`fastload.packing.staging`; those of killed packs are
+        removed), and abort multipart uploads left under the prefix by a pack that was killed mid-upload
+        (they would otherwise keep their parts, and their cost, forever)."""
+        sweep_stale()
+        self._staging = StagingFolder("fastload-pack-")
+        self.tmp_dir = self._staging.path
         abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config)
 
     def size(self, name: str) -> int | None:
@@ -96,5 +101,8 @@ class S3Destination:
         delete_keys(self.bucket, keys, config=self.config, client=self.client)
 
     def cleanup(self) -> None:
-        if self.tmp_dir:
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+        elif self.tmp_dir:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
