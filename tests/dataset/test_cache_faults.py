@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -228,3 +229,20 @@ def test_eviction_counts_a_fill_under_way(
         assert len(cached_files(cache)) == 1, "the fill under way was counted, so one shard was evicted"
     finally:
         stop(live)
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_cached_files_get_the_umask_s_mode(
+    remote: str, uneven: Packed, tmp_path: Path, config: fastload.S3Config
+) -> None:
+    """As every file fastload makes for users (tests/integration/test_file_modes.py): a cache folder shared
+    by a group (umask 002) is usable by the group."""
+    entry = index_of(uneven).shards[0]
+    old = os.umask(0o002)
+    try:
+        path = ShardCache(tmp_path / "cache", config=config).get(f"{remote}/{entry.name}", entry)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o664
+    lock = tmp_path / "cache" / ".locks" / (os.path.basename(path) + ".lock")
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o664
