@@ -197,7 +197,7 @@ class ShardCache:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
                         continue  # a live fill of that shard
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):  # (gone already; a read-only folder: leave it)
                     os.unlink(os.path.join(tmp_dir, name))
                     removed += 1
             finally:
