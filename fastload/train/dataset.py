@@ -375,7 +375,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             "dropped": named(plan.dropped),
             "repeated": named(plan.repeated),
             "skipped_on_error": self.skipped,
-            "cache_bypassed": int(self._shared.fields.cache_bypassed),
+            "cache_bypassed": self.cache_bypassed,
             "cut_from": split_rotation(self._samples(), world_size=world, seed=self.seed, epoch=epoch)
             if self.even == "split"
             else 0,

@@ -115,6 +115,12 @@ class PositionMethods:
         ``fastload.DataLoader`` for its workers)."""
         return int(self._shared.fields.skipped)
 
+    @property
+    def cache_bypassed(self) -> int:
+        """Shards (and sample tables) read past ``cache_dir`` because it could not store them (a full
+        disk), by every process of this dataset since it was made."""
+        return int(self._shared.fields.cache_bypassed)
+
     def count_skipped(self, n: int) -> None:
         """Add ``n`` samples skipped on error (what ``fastload.DataLoader`` reports from its workers)."""
         self._shared.fields.skipped += n

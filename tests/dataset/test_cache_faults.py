@@ -71,6 +71,11 @@ def test_a_cache_that_cannot_write_is_bypassed_with_one_warning_naming_the_folde
     assert ds.cache().bypassed == shards and ds.cache().fills == 0  # type: ignore[union-attr]
     assert cached_files(cache) == {} and tmp_files(cache) == []  # no partial fill left behind
 
+    mix = fastload.Mix({"a": dataset(remote, cache, config)})  # a mixture reports its sources' count
+    with pytest.warns(RuntimeWarning, match="cache_dir="):
+        assert len(list(mix)) == len(uneven.keys)
+    assert mix.epoch_report()["cache_bypassed"] == shards
+
 
 @pytest.mark.usefixtures("s3_env")
 @pytest.mark.filterwarnings("ignore:cache_dir=:RuntimeWarning")  # (given in the workers)
