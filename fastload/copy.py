@@ -3,22 +3,31 @@
 Downloads land under their final name only when complete (temporary name, then rename); a prefix copy
 never writes outside DST: keys with ``..`` or ``.`` segments, absolute paths or NUL are refused. A progress
 bar (bytes, files/s) runs on stderr when it is a terminal.
+
+Leftovers of killed runs: a download holds an ``flock`` on its temporary ``.NAME.XXXXXXXX.part`` while it
+writes, so the next download of NAME deletes the ones nobody holds, and an upload of a folder skips them
+(they are not data); an upload aborts the multipart uploads a killed upload left open on the keys it writes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fastload.config import S3Config
-from fastload.errors import ConfigError, NotFoundError
+from fastload.errors import AccessDeniedError, ConfigError, NotFoundError
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
+from fastload.storage.localfs import file_mode
 from fastload.storage.urls import check_url
+
+PART = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.part")  # a download's temporary name (mkstemp's letters)
 
 
 @dataclass
@@ -26,9 +35,38 @@ class CopyReport:
     files: int = 0
     bytes: int = 0
     copied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # unfinished downloads left out of an upload
 
     def summary(self) -> str:
-        return f"copied {self.files} file(s), {self.bytes:,} bytes"
+        text = f"copied {self.files} file(s), {self.bytes:,} bytes"
+        if self.skipped:
+            text += (
+                f"; skipped {len(self.skipped)} unfinished download(s) of fastload cp (.NAME.XXXXXXXX.part, "
+                f"e.g. {self.skipped[0]}): delete them, or download again to have them removed"
+            )
+        return text
+
+
+def sweep_parts(folder: str, name: str) -> int:
+    """Delete the temporary files of downloads of ``name`` into ``folder`` that no live download holds
+    (left by a killed ``fastload cp``); return how many."""
+    removed = 0
+    with contextlib.suppress(OSError), os.scandir(folder) as it:
+        stale = [e.path for e in it if (m := PART.fullmatch(e.name)) and m["name"] == name]
+    for path in stale:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path)
+            removed += 1
+        except OSError:  # (BlockingIOError: a live download's)
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 def download(bucket: str, key: str, path: str, *, config: S3Config, progress: Progress | None = None) -> int:
@@ -38,8 +76,11 @@ def download(bucket: str, key: str, path: str, *, config: S3Config, progress: Pr
 
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
+    sweep_parts(folder, os.path.basename(path))  # those of killed downloads
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".part")
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held while it is written: a later sweep_parts leaves it alone
+        os.fchmod(fd, file_mode())  # as cp and open() make it, not mkstemp's 0600
         total = 0
         with os.fdopen(fd, "wb") as out, RangedReader(bucket, key, config=config) as reader:
             buf = memoryview(bytearray(config.part_size_bytes))
@@ -136,6 +177,7 @@ def copy(
         if not os.path.isfile(src):
             raise NotFoundError(f"{src} is not a file (use --recursive for a folder)", path=src)
         target_key = key + os.path.basename(src) if not key or key.endswith("/") else key
+        _abort_stale_uploads(bucket, target_key, [(src, target_key)], config)
         with _bar(os.path.getsize(src), 1, shown) as bar:
             upload_file(src, bucket, target_key, config=config, on_bytes=lambda n: bar.advance(n, 0))
             bar.advance(0, 1)
@@ -145,12 +187,15 @@ def copy(
         what = "a file: drop --recursive (-r) to copy one file" if os.path.isfile(src) else "not found"
         raise NotFoundError(f"{src} is {what}", path=src)
     files = storage.list_files(storage.normalise(src), "")
+    report.skipped = [f for f in files if PART.fullmatch(os.path.basename(f))]
+    files = [f for f in files if not PART.fullmatch(os.path.basename(f))]
     if not files:
         raise NotFoundError(f"no files under {src}: nothing to copy", path=src)
     prefix = key if not key or key.endswith("/") else key + "/"
     base = storage.normalise(src)
     jobs_list = [(f, prefix + os.path.relpath(f, base).replace(os.sep, "/")) for f in files]
     report.bytes = sum(os.path.getsize(f) for f, _ in jobs_list)
+    _abort_stale_uploads(bucket, prefix, jobs_list, config)
 
     def send(pair: tuple[str, str], bar: Progress) -> None:
         upload_file(pair[0], bucket, pair[1], config=config, on_bytes=lambda n: bar.advance(n, 0))
@@ -161,6 +206,18 @@ def copy(
     report.files = len(jobs_list)
     report.copied = [f"s3://{bucket}/{k}" for _, k in jobs_list]
     return report
+
+
+def _abort_stale_uploads(bucket: str, prefix: str, pairs: list[tuple[str, str]], config: S3Config) -> None:
+    """Abort the multipart uploads left open (by a killed ``fastload cp``) on the keys of ``pairs`` that go
+    up in parts; without the permission to list them (s3:ListBucketMultipartUploads), leave them."""
+    from fastload.s3.client import get_client
+    from fastload.s3.upload import abort_stale_uploads, part_size_for
+
+    keys = {k for f, k in pairs if (size := os.path.getsize(f)) > part_size_for(size, config.part_size_bytes)}
+    if keys:
+        with contextlib.suppress(AccessDeniedError):
+            abort_stale_uploads(get_client(config), bucket, prefix, config=config, keys=keys)
 
 
 def listing(url: str, *, recursive: bool = False, config: S3Config | None = None) -> list[str]:

@@ -36,6 +36,7 @@ from fastload.formats.tar.writer import ShardResult
 from fastload.packing.dest import LocalDestination, destination
 from fastload.packing.engine import Advance, Done, ShardJob, publish_shard
 from fastload.packing.journal import STATE_DIR, PackJournal
+from fastload.packing.staging import StagingFolder, sweep_stale
 
 INSTALL_HINT = "pip install 'fastload[ray]'"
 MAX_RETRIES = 3  # attempts per shard after the first, when its worker process or node dies
@@ -115,8 +116,11 @@ def write_in_task(
     if isinstance(dest, LocalDestination):
         _check_visible(dest, job.local_folders())
         attempt_dir = tempfile.mkdtemp(prefix=f"{job.number:06d}-", dir=dest.tmp_dir)
+        staging = None
     else:
-        attempt_dir = tempfile.mkdtemp(prefix=f"fastload-ray-{job.number:06d}-")
+        sweep_stale()  # (those of tasks killed on this node)
+        staging = StagingFolder(f"fastload-ray-{job.number:06d}-")
+        attempt_dir = staging.path
     dest.tmp_dir = attempt_dir
     if fault is not None and fault.delay_s:
         time.sleep(fault.delay_s)
@@ -127,6 +131,8 @@ def write_in_task(
         return publish_shard(job, dest, PackJournal(dest), on_sample=advance, open_threads=open_threads)
     finally:
         shutil.rmtree(attempt_dir, ignore_errors=True)
+        if staging is not None:
+            staging.close()
 
 
 def _check_visible(dest: LocalDestination, folders: set[str]) -> None:

@@ -9,7 +9,9 @@ import tempfile
 
 from fastload.config import S3Config
 from fastload.errors import S3NotFoundError
+from fastload.packing.staging import StagingFolder, sweep_stale
 from fastload.s3.client import fail_fast_error, get_client, parse_s3_url
+from fastload.s3.delete import delete_keys
 from fastload.s3.listing import ObjectInfo, list_objects
 from fastload.s3.retrying import Retrier
 from fastload.s3.upload import abort_stale_uploads, upload_file
@@ -26,6 +28,7 @@ class S3Destination:
         self.config = config
         self.client = get_client(config)
         self.tmp_dir = ""
+        self._staging: StagingFolder | None = None
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -37,9 +40,12 @@ class S3Destination:
         return False
 
     def prepare(self) -> None:
-        """Make the local temporary folder, and abort multipart uploads left under the prefix by a pack
-        that was killed mid-upload (they would otherwise keep their parts, and their cost, forever)."""
-        self.tmp_dir = tempfile.mkdtemp(prefix="fastload-pack-")
+        """Make the local staging folder (:mod:`fastload.packing.staging`; those of killed packs are
+        removed), and abort multipart uploads left under the prefix by a pack that was killed mid-upload
+        (they would otherwise keep their parts, and their cost, forever)."""
+        sweep_stale()
+        self._staging = StagingFolder("fastload-pack-")
+        self.tmp_dir = self._staging.path
         abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config)
 
     def size(self, name: str) -> int | None:
@@ -86,15 +92,17 @@ class S3Destination:
         ]
 
     def remove(self, name: str) -> None:
-        """Delete one object (nothing happens if it is not there)."""
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+        """Delete one object (nothing happens if it is not there); retried as every request."""
+        delete_keys(self.bucket, [self._key(name)], config=self.config, client=self.client)
 
     def remove_tree(self, prefix: str) -> None:
+        """Delete every object under ``prefix`` (DeleteObjects batches, retried as every request)."""
         keys = [self._key(n) for n in self.list(prefix)]
-        for i in range(0, len(keys), 1000):
-            batch = [{"Key": k} for k in keys[i : i + 1000]]
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+        delete_keys(self.bucket, keys, config=self.config, client=self.client)
 
     def cleanup(self) -> None:
-        if self.tmp_dir:
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+        elif self.tmp_dir:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -158,8 +158,11 @@ def abort(client: Any, bucket: str, key: str, upload_id: str, retrier: Retrier) 
         warnings.warn(str(exc), RuntimeWarning, stacklevel=2)
 
 
-def abort_stale_uploads(client: Any, bucket: str, prefix: str, *, config: S3Config) -> int:
-    """Abort every open multipart upload under ``prefix``; return how many were aborted."""
+def abort_stale_uploads(
+    client: Any, bucket: str, prefix: str, *, config: S3Config, keys: Collection[str] | None = None
+) -> int:
+    """Abort every open multipart upload under ``prefix`` (only those of ``keys``, when given); return how
+    many were aborted."""
     retrier = Retrier.from_config(config)
 
     def spent(failure: Failure, tries: int, elapsed_s: float) -> Exception:
@@ -175,6 +178,8 @@ def abort_stale_uploads(client: Any, bucket: str, prefix: str, *, config: S3Conf
     while True:
         page = retrier.call(lambda p=dict(params): client.list_multipart_uploads(**p), give_up)  # type: ignore[misc]
         for upload in page.get("Uploads", []):
+            if keys is not None and upload["Key"] not in keys:
+                continue
             abort(client, bucket, upload["Key"], upload["UploadId"], retrier)
             aborted += 1
         if not page.get("IsTruncated"):

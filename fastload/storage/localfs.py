@@ -31,12 +31,18 @@ def _umask() -> int:
     return mask
 
 
+def file_mode() -> int:
+    """The mode ``open()`` gives a new file (``0o666`` less the umask): what fastload gives the files it
+    makes for users, including those it creates with ``mkstemp`` (whose 0600 is meant for secrets)."""
+    return 0o666 & ~_umask()
+
+
 def atomic_write(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the whole new one, never a part."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp's 0600 is for secrets)
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -40,11 +40,12 @@ def fetch_table(
         raise IndexFormatError(f"{root}: shard {entry.name} has no sample table; re-run `fastload index`")
     url = storage.join(root, ref.name)
     try:
-        if cache is not None and storage.is_remote(url):
-            pseudo = ShardEntry(name=ref.name, bytes=ref.bytes, checksum=ref.checksum, keys=[])
-            with cache.open(url, pseudo) as f:
+        pseudo = ShardEntry(name=ref.name, bytes=ref.bytes, checksum=ref.checksum, keys=[])
+        cached = cache.try_open(url, pseudo) if cache is not None and storage.is_remote(url) else None
+        if cached is not None:
+            with cached as f:
                 data = f.read()
-        else:
+        else:  # (None from the cache: its folder cannot hold the table)
             data = storage.read_bytes(url, config=s3_config)
     except (NotFoundError, FileNotFoundError):
         raise NotFoundError(

@@ -219,7 +219,13 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             return None
         if self._cache_obj is None or self._cache_obj[0] != os.getpid():
             c = self.caching
-            cache = ShardCache(folder, limit_bytes=c.limit_bytes, verify=c.verify, config=self.s3_config)
+            cache = ShardCache(
+                folder,
+                limit_bytes=c.limit_bytes,
+                verify=c.verify,
+                config=self.s3_config,
+                on_bypass=lambda message: self._shared.cache_bypassed(message),  # all processes; warned once
+            )
             self._cache_obj = (os.getpid(), cache)
         return self._cache_obj[1]
 
@@ -341,6 +347,8 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         """Which samples the even policy dropped or repeated this epoch, as (shard name, key) pairs, and
         ``cut_from``: with ``even="split"`` and no seed, where the epoch's sample sequence started (the cut
         moves on by ``N mod world_size`` samples every epoch, :func:`~fastload.core.sharding.split_rotation`).
+        ``cache_bypassed``: shards (and sample tables) read past ``cache_dir`` because it could not store
+        them (a full disk), by every process of this dataset since it was made.
         With an index v2 only the sample tables of the shards named are read."""
         epoch = self.epoch if epoch is None else epoch
         plan = self.plan(epoch)
@@ -369,6 +377,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             "dropped": named(plan.dropped),
             "repeated": named(plan.repeated),
             "skipped_on_error": self.skipped,
+            "cache_bypassed": self.cache_bypassed,
             "cut_from": split_rotation(self._samples(), world_size=world, seed=self.seed, epoch=epoch)
             if self.even == "split"
             else 0,

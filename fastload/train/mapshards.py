@@ -230,8 +230,11 @@ class ShardHandles:
         url = storage.join(self.root, entry.name)
         remote = storage.is_remote(url)
         try:
+            cached = None
             if self.cache is not None and remote and self.cache.cacheable(entry):
-                with self.cache.open(url, entry) as f:
+                cached = self.cache.try_open(url, entry)  # None: the folder cannot hold it
+            if cached is not None:
+                with cached as f:
                     return ShardHandle(url, entry, fd=os.dup(f.fileno()), cached=True)
             if remote:
                 return ShardHandle(

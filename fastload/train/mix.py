@@ -209,11 +209,13 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def epoch_report(self, epoch: int | None = None) -> dict[str, Any]:
         """The epoch's length (None: endless), per source the samples it gives (to the end, or delivered so
-        far when endless), its passes started and its weights per segment, and samples skipped on error."""
+        far when endless), its passes started and its weights per segment, samples skipped on error, and
+        shards its sources read past their ``cache_dir`` (it could not store them)."""
         plan = self.plan(epoch)
         upto = self.start if plan.end is None else plan.end
         counts = self.source_counts(upto)
         report: dict[str, Any] = {"samples": plan.end, "stop": self.stop, "skipped_on_error": self.skipped}
+        report["cache_bypassed"] = sum(d.cache_bypassed for d in self.sources)  # (their cache_dir)
         rank, world = self.rank_world()
         e = self.epoch if epoch is None else epoch
         sources = {}

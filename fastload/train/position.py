@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ class _Fields(ctypes.Structure):
         ("restored_epoch", ctypes.c_int64),  # epoch + 1 of a restore not yet started (0: none)
         ("skipped", ctypes.c_int64),  # samples left out with on_error="skip" this epoch
         ("warned", ctypes.c_int64),  # the order warning was given
+        ("cache_bypassed", ctypes.c_int64),  # shards read past cache_dir (it could not store them)
+        ("cache_warned", ctypes.c_int64),  # ... and the warning of it was given
     ]
 
 
@@ -61,6 +64,16 @@ class SharedPosition:
         """The next pass starts the current epoch from its beginning (a pass ran to its end)."""
         self.fields.start = 0
         self.fields.restored_epoch = 0
+
+    def cache_bypassed(self, message: str) -> None:
+        """Count a shard read past the cache folder (it could not store it); warn of the first one, once
+        for every process of the dataset. (Workers add without a lock: two at the same instant may count
+        as one.)"""
+        f = self.fields
+        f.cache_bypassed += 1
+        if not f.cache_warned:
+            f.cache_warned = 1
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def resumed_from(self) -> tuple[int, int] | None:
         f = self.fields
@@ -101,6 +114,12 @@ class PositionMethods:
         """Samples left out with ``on_error="skip"`` this epoch (by this process, or reported by
         ``fastload.DataLoader`` for its workers)."""
         return int(self._shared.fields.skipped)
+
+    @property
+    def cache_bypassed(self) -> int:
+        """Shards (and sample tables) read past ``cache_dir`` because it could not store them (a full
+        disk), by every process of this dataset since it was made."""
+        return int(self._shared.fields.cache_bypassed)
 
     def count_skipped(self, n: int) -> None:
         """Add ``n`` samples skipped on error (what ``fastload.DataLoader`` reports from its workers)."""

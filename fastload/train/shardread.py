@@ -317,7 +317,7 @@ class ShardReaders:
             url = storage.join(self.root, entry.name)
             cached = None
             if self.cache is not None and storage.is_remote(url) and self.cache.cacheable(entry):
-                cached = self.cache.open(url, entry, stop=stop)
+                cached = self.cache.try_open(url, entry, stop=stop)  # None: the folder cannot hold it
             pool = self._range_pool() if cached is None and storage.is_remote(url) else None
             reader = ShardReader(url, entry, config=self.config, file=cached, pool=pool)
             reader.cached = cached is not None

@@ -203,7 +203,7 @@ def write_shard(
     keys: list[str] = []
     result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=keys))
     entry = result.entry
-    fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)  # read: see rewind
+    fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)  # (less the umask); read: see rewind
     try:
         out = ShardOutput(fd, buffer_bytes)
         for sample, members, failed in open_ahead(samples, threads=open_threads, window_bytes=window_bytes):
