@@ -8,7 +8,7 @@ import shutil
 import tempfile
 
 from fastload.config import S3Config
-from fastload.errors import S3NotFoundError
+from fastload.errors import S3NotFoundError, write_error
 from fastload.s3.client import fail_fast_error, get_client, parse_s3_url
 from fastload.s3.listing import ObjectInfo, list_objects
 from fastload.s3.retrying import Retrier
@@ -39,7 +39,11 @@ class S3Destination:
     def prepare(self) -> None:
         """Make the local temporary folder, and abort multipart uploads left under the prefix by a pack
         that was killed mid-upload (they would otherwise keep their parts, and their cost, forever)."""
-        self.tmp_dir = tempfile.mkdtemp(prefix="fastload-pack-")
+        try:
+            self.tmp_dir = tempfile.mkdtemp(prefix="fastload-pack-")
+        except OSError as exc:
+            staging = tempfile.gettempdir()
+            raise write_error(exc, staging).at(destination=self.url, staging=staging) from exc
         abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config)
 
     def size(self, name: str) -> int | None:
@@ -61,10 +65,19 @@ class S3Destination:
             return None
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(prefix="fastload-")
+        """Upload ``data`` as one object, through a file in the staging folder."""
+        staging = self.tmp_dir or tempfile.gettempdir()
+        tmp = ""
         try:
+            fd, tmp = tempfile.mkstemp(prefix="fastload-", dir=staging)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+        except OSError as exc:
+            if tmp:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise write_error(exc, tmp or staging).at(destination=self.url, staging=staging) from exc
+        try:
             upload_file(tmp, self.bucket, self._key(name), config=self.config)
         finally:
             with contextlib.suppress(OSError):
