@@ -11,10 +11,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import IO, BinaryIO, Protocol
 
+from fastload.config import S3Config
 from fastload.core.keys import Sample
-from fastload.errors import PackError, Skip
+from fastload.errors import NotFoundError, PackError, Skip
+from fastload.storage import access as storage
 from fastload.storage.listing import FileEntry, display
 
 
@@ -63,7 +65,7 @@ CHANGED_WHILE_READ = (
 READ_ATTEMPTS = 3  # reads of a sample whose file changes while read, before it is left out
 
 
-def stamp(f: BinaryIO) -> tuple[int, int, int] | None:
+def stamp(f: IO[bytes]) -> tuple[int, int, int] | None:
     """``(size, mtime_ns, ctime_ns)`` of an open local file (any write moves one of them), else None (a
     remote object: its reads are pinned to one version by ETag instead)."""
     try:
@@ -98,10 +100,34 @@ def read_exactly(f: BinaryIO, view: memoryview) -> None:
         got += n
 
 
+class ChangedError(OSError):
+    """A file changed while it was read, each of :data:`READ_ATTEMPTS` times."""
+
+
+def read_whole(url: str, *, config: S3Config | None = None) -> bytes:
+    """All bytes of ``url`` (:func:`fastload.storage.access.read_bytes`); a local file is checked against
+    change while read (:func:`stamp` before and after) and read again if it changed, up to
+    :data:`READ_ATTEMPTS` times, then :class:`ChangedError`. (An object is pinned to one version by ETag.)"""
+    if storage.is_remote(url):
+        return storage.read_bytes(url, config=config)
+    for _ in range(READ_ATTEMPTS):
+        try:
+            with open(url, "rb", buffering=0) as f:
+                before = stamp(f)
+                data = f.readall()
+                if stamp(f) == before:
+                    return data
+        except FileNotFoundError:
+            raise NotFoundError(f"{url} does not exist", path=url) from None
+    raise ChangedError(CHANGED_WHILE_READ)
+
+
 def read_problem(exc: BaseException) -> str:
     """Plain words for an error met while opening or reading a listed file."""
     if isinstance(exc, ShrunkError):
         return str(exc)
+    if isinstance(exc, ChangedError):
+        return CHANGED_WHILE_READ
     if isinstance(exc, FileNotFoundError):
         return "vanished after it was listed (deleted or moved during the pack)"
     if isinstance(exc, PermissionError):
