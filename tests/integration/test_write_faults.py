@@ -192,6 +192,8 @@ diff -r "$MNT/ds" "$CLEAN" && echo same
 umount "$MNT"
 mount -t tmpfs -o size=1m tmpfs "$MNT"
 TMPDIR="$MNT" "$PY" -m fastload pack "$SRC" s3://writefaults/tmpfs-staging --quiet; echo "rc3=$?"
+"$PY" -m fastload pack "$SRC" "$MNT/pq" --format parquet --quiet --allow-skip; echo "rc4=$?"
+ls -A "$MNT/pq" | sed 's/^/PQ /'
 umount "$MNT"
 """
 
@@ -227,3 +229,5 @@ def test_a_real_full_file_system(tmp_path: Path, moto_env: str) -> None:
     assert "rc3=1" in out, out + err
     assert f"cannot write to the local staging folder {mnt}/fastload-pack-" in err, err
     assert "point TMPDIR at a larger disk" in err, err
+    assert "rc4=1" in out and f"cannot write to {mnt}/pq: no space left on the device" in err, out + err
+    assert [line[3:] for line in out.splitlines() if line.startswith("PQ ")] == [".fastload-pack"], out

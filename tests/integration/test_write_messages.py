@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import boto3
 import pytest
 
+import fastload.copy  # noqa: F401 - (sys.modules: the package's `copy` attribute is the function)
 from fastload.cli import main
 from fastload.s3 import runtime
 
@@ -85,3 +87,21 @@ def test_a_newline_in_a_name_is_printed_escaped(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert repr(str(src / "bad\nname.bin")) in proc.stderr, proc.stderr
     assert not any(line.startswith("name.bin") for line in proc.stderr.splitlines()), proc.stderr
+
+
+def test_an_os_error_without_a_name_has_no_dangling_colon(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(sys.modules["fastload.copy"], "copy", full)
+    assert main(["cp", "s3://b/k", "out"]) == 1
+    assert capsys.readouterr().err == "fastload cp: No space left on device\n"
+
+    def named(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "out/bad\nname")
+
+    monkeypatch.setattr(sys.modules["fastload.copy"], "copy", named)
+    assert main(["cp", "s3://b/k", "out"]) == 1
+    assert capsys.readouterr().err == "fastload cp: No space left on device: 'out/bad\\nname'\n"
