@@ -18,7 +18,8 @@ def refuse_unfinished(root: str, *, s3_config: S3Config | None = None, what: str
     """Raise :class:`UnfinishedPackError` if the folder or prefix ``root`` holds a pack's journal (a pack
     was killed or is still running there: the shards present are part of the dataset, and index.json is
     not written yet). One stat (a HEAD on S3); callers ask only when there is no ``index.json``."""
-    if storage.exists(storage.join(root, JOURNAL_STATE), config=s3_config):
+    mark = storage.join(root, JOURNAL_STATE)
+    if os.path.isfile(mark) if not storage.is_remote(root) else storage.exists(mark, config=s3_config):
         raise UnfinishedPackError(root, what=what)
 
 
