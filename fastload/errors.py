@@ -108,8 +108,6 @@ class DestinationWriteError(PackError, OSError):
         command: str = "pack",
     ) -> None:
         self.path = path
-        self.code = errno
-        self.strerror_text = strerror
         self.destination = destination
         self.staging = staging
         self.command = command
@@ -149,15 +147,15 @@ class DestinationWriteError(PackError, OSError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_destination_error,
-            (self.path, self.code, self.strerror_text, self.destination, self.staging, self.command),
+            (self.path, self.errno, self.strerror, self.destination, self.staging, self.command),
         )
 
     def at(self, *, destination: str, staging: str | None, command: str = "pack") -> DestinationWriteError:
         """The same failure, naming the pack's destination (and S3 staging folder)."""
         return DestinationWriteError(
             self.path,
-            errno=self.code,
-            strerror=self.strerror_text,
+            errno=self.errno,
+            strerror=self.strerror,
             destination=destination,
             staging=staging,
             command=command,
@@ -193,8 +191,8 @@ class UnfinishedPackError(PackError):
         super().__init__(
             f"{shown(url)} holds an unfinished pack (its journal .fastload-pack/ is there: the pack was "
             f"interrupted, or is still running), so it cannot be {what} as a dataset; finish it by running "
-            "the same `fastload pack SRC DST` command again with --resume (or delete the folder and pack "
-            "again)"
+            "the same command (`fastload pack` or `pack-tokens`, same sources and options) again with "
+            "--resume (or delete the folder and pack again)"
         )
 
 
