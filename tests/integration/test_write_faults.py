@@ -231,3 +231,20 @@ def test_a_real_full_file_system(tmp_path: Path, moto_env: str) -> None:
     assert "point TMPDIR at a larger disk" in err, err
     assert "rc4=1" in out and f"cannot write to {mnt}/pq: no space left on the device" in err, out + err
     assert [line[3:] for line in out.splitlines() if line.startswith("PQ ")] == [".fastload-pack"], out
+
+
+def test_the_errors_pickle_whole() -> None:
+    """A Ray task's DestinationWriteError reaches the driver pickled: type, errno and message intact."""
+    import pickle
+
+    from fastload.errors import UnfinishedPackError, write_error
+
+    error = write_error(OSError(errno.EDQUOT, "Disk quota exceeded"), "/stage/000001.part").at(
+        destination="s3://b/p/", staging="/stage"
+    )
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is DestinationWriteError and isinstance(back, OSError)
+    assert (back.errno, back.staging, str(back)) == (errno.EDQUOT, "/stage", str(error))
+    assert "the disk quota is used up" in str(back) and "TMPDIR" in str(back)
+    unfinished = pickle.loads(pickle.dumps(UnfinishedPackError("s3://b/p")))
+    assert unfinished.url == "s3://b/p" and "--resume" in str(unfinished)
