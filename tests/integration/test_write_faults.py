@@ -220,6 +220,8 @@ def test_a_real_full_file_system(tmp_path: Path, moto_env: str) -> None:
         ["unshare", "-m", "sh", "-c", SMALL_TMPFS], capture_output=True, text=True, env=env, timeout=300
     )
     out, err = proc.stdout, proc.stderr
+    if proc.returncode == 90:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {err.strip()}")
     assert "rc1=1" in out, out + err  # not 0: --allow-skip is about sources, not a full destination
     assert f"cannot write to {mnt}/ds: no space left on the device" in err, err
     assert str(src) not in err and "Traceback" not in err, err
