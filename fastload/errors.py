@@ -155,7 +155,7 @@ class DestinationWriteError(PackError, OSError):
         return DestinationWriteError(
             self.path,
             errno=self.errno,
-            strerror=self.strerror,
+            strerror=self.strerror or "",
             destination=destination,
             staging=staging,
             command=command,
