@@ -216,8 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:  # e.g. a destination that cannot be created or written
-        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
-        print(f"fastload {args.command}: {exc.strerror or exc}:{where}", file=sys.stderr)
+        import os
+
+        from fastload.errors import shown
+
+        filename = getattr(exc, "filename", None)
+        where = f": {shown(os.fsdecode(filename))}" if filename else ""  # (no dangling ":" without a name)
+        print(f"fastload {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"fastload {args.command}: interrupted", file=sys.stderr)

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fastload.config import S3Config
-from fastload.errors import AccessDeniedError, ConfigError, NotFoundError
+from fastload.errors import AccessDeniedError, ConfigError, FastloadError, NotFoundError, write_error
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
 from fastload.storage.localfs import file_mode
@@ -93,9 +93,12 @@ def download(bucket: str, key: str, path: str, *, config: S3Config, progress: Pr
         if progress is not None:
             progress.advance(0, 1)
         return total
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and not isinstance(exc, FastloadError):
+            # the disk's fault (S3 reads fail as FastloadErrors): name the file, not only "No space left"
+            raise write_error(exc, path, command="cp") from exc
         raise
 
 

@@ -7,7 +7,9 @@
     ├── SourceError                      a source tree/prefix cannot be listed or read
     │   └── NotFoundError(FileNotFoundError)
     ├── PackError                        a pack run cannot proceed (destination state, changed source)
-    │   └── SkippedInputError            the pack finished but skipped inputs (see ``.skipped``)
+    │   ├── SkippedInputError            the pack finished but skipped inputs (see ``.skipped``)
+    │   ├── DestinationWriteError(OSError)  writing a pack's destination (or staging folder), or cp's, failed
+    │   └── UnfinishedPackError          a folder holds an interrupted pack (its journal): --resume it
     ├── IndexFormatError                 an ``index.json`` that is missing, malformed or of another version
     ├── VerifyError                      a shard does not match its index (names shard, sample, offset)
     └── S3Error                          an S3 request failed for good (names bucket and key)
@@ -21,6 +23,7 @@ Errors carry the data a user needs (path, shard, key, byte offset) as attributes
 
 from __future__ import annotations
 
+import errno as errno_codes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +72,7 @@ class Skip:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.reason}"
+        return f"{shown(self.path)}: {self.reason}"
 
 
 class SkippedInputError(PackError):
@@ -87,6 +90,128 @@ class SkippedInputError(PackError):
             + (f"{hint}\n" if hint else "")
             + "Fix or remove these files, or pass --allow-skip (allow_skip=True) to pack without them."
         )
+
+
+class DestinationWriteError(PackError, OSError):
+    """A write to a pack's output failed (no space, quota, I/O error...): the destination's fault, never a
+    source's. Carries ``path`` (the file being written), ``errno``, ``strerror``, and where known the
+    ``destination`` (URL) and ``staging`` folder (the local folder an S3 destination's shards are written
+    to before upload). Nothing inconsistent is published: the shard being written is removed and
+    ``index.json`` is not written; ``--resume`` keeps the shards finished before."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        errno: int | None,
+        strerror: str,
+        destination: str | None = None,
+        staging: str | None = None,
+        command: str = "pack",
+    ) -> None:
+        self.path = path
+        self.destination = destination
+        self.staging = staging
+        self.command = command
+        why = _WRITE_PROBLEMS.get(errno or 0, strerror)
+        elsewhere = "choose another destination" if command == "pack" else "copy elsewhere"
+        if staging is not None and destination is not None:
+            where = (
+                f"cannot write to the local staging folder {shown(staging)} of the pack to "
+                f"{shown(destination)}: {why} ({shown(path)}); pack writes each shard there before "
+                "uploading it"
+            )
+        elif destination is not None:
+            detail = f" ({shown(path)})" if path != destination else ""
+            where = f"cannot write to {shown(destination)}: {why}{detail}"
+        else:
+            where = f"cannot write {shown(path)}: {why}"
+        if errno in (errno_codes.ENOSPC, errno_codes.EDQUOT):
+            room = (
+                f"free space in {shown(staging)} or point TMPDIR at a larger disk"
+                if staging is not None
+                else f"free some space (or {elsewhere})"
+            )
+        else:
+            room = f"fix the destination's disk or file system (or {elsewhere})"
+        if command == "pack":
+            tail = (
+                f"no partial shard and no index.json were published; {room}, then run the same command "
+                "with --resume: the shards finished so far are kept"
+            )
+        else:
+            tail = f"nothing was left under that name; {room}"
+        PackError.__init__(self, f"{where}; {tail}")
+        self.errno = errno
+        self.strerror = strerror
+        self.filename = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_destination_error,
+            (self.path, self.errno, self.strerror, self.destination, self.staging, self.command),
+        )
+
+    def at(self, *, destination: str, staging: str | None, command: str = "pack") -> DestinationWriteError:
+        """The same failure, naming the pack's destination (and S3 staging folder)."""
+        return DestinationWriteError(
+            self.path,
+            errno=self.errno,
+            strerror=self.strerror or "",
+            destination=destination,
+            staging=staging,
+            command=command,
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _rebuild_destination_error(
+    path: str, code: int | None, strerror: str, destination: str | None, staging: str | None, command: str
+) -> DestinationWriteError:
+    return DestinationWriteError(
+        path, errno=code, strerror=strerror, destination=destination, staging=staging, command=command
+    )
+
+
+def write_error(exc: OSError, path: str, *, command: str = "pack") -> DestinationWriteError:
+    """``exc``, met writing ``path`` (an output file of ``command``), as a :class:`DestinationWriteError`."""
+    if isinstance(exc, DestinationWriteError):
+        return exc
+    return DestinationWriteError(
+        path, errno=exc.errno, strerror=exc.strerror or str(exc) or type(exc).__name__, command=command
+    )
+
+
+class UnfinishedPackError(PackError):
+    """A folder or prefix holds the journal of a pack that has not finished (killed, or still running):
+    what is there is part of a dataset. Finish it with ``fastload pack ... --resume`` (same command)."""
+
+    def __init__(self, url: str, *, what: str = "read") -> None:
+        self.url = url
+        super().__init__(
+            f"{shown(url)} holds an unfinished pack (its journal .fastload-pack/ is there: the pack was "
+            f"interrupted, or is still running), so it cannot be {what} as a dataset; finish it by running "
+            "the same command (`fastload pack` or `pack-tokens`, same sources and options) again with "
+            "--resume (or delete the folder and pack again)"
+        )
+
+
+_WRITE_PROBLEMS = {
+    errno_codes.ENOSPC: "no space left on the device",
+    errno_codes.EDQUOT: "the disk quota is used up",
+    errno_codes.EROFS: "it is on a read-only file system",
+    errno_codes.EIO: "input/output error (the disk or file system failed)",
+}
+
+
+def shown(name: str) -> str:
+    """A path, URL or key as printed in a message: as is when plain, else quoted with escapes (a newline
+    or other control character, or a space at an end, cannot pass unnoticed)."""
+    if name.isprintable() and name == name.strip():
+        return name
+    return repr(name)
 
 
 class IndexFormatError(FastloadError, ValueError):

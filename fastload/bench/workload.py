@@ -20,6 +20,7 @@ from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
 from fastload.errors import ConfigError, FastloadError
 from fastload.storage import access as storage
+from fastload.storage.manifest import refuse_unfinished
 
 BUCKET = "bench"
 
@@ -247,6 +248,7 @@ def prepare(options: Any, note: Callable[[str], None]) -> Workload:
             work.kind, work.packed_local = "dataset", root
             os.symlink(root, os.path.join(serve, "packed"))
         else:
+            refuse_unfinished(root, what="benchmarked")
             note(f"listing {root} (read-only; {options.images:,} samples of it are packed to a temp folder)")
             work.samples, work.file_bytes = _list_local(root, options.images)
             if not work.samples:
@@ -277,6 +279,7 @@ def _prepare_s3(source: str, options: Any, note: Callable[[str], None]) -> Workl
         return Workload(
             label=source, kind="s3-dataset", packed_s3=prefix_url, s3_config=config, user_config=config
         )
+    refuse_unfinished(prefix_url, s3_config=config, what="benchmarked")
     bucket, prefix = parse_s3_url(prefix_url + "/")
     note(f"listing {source} (read-only; a sample of {options.images:,} samples is copied to a temp folder)")
     objects = [o for o in list_objects(bucket, prefix, config=config) if isinstance(o, ObjectInfo)]

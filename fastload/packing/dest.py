@@ -2,6 +2,8 @@
 
 Shards are written to a local temporary file first; ``publish`` then renames it into place (local) or
 uploads it with a multipart upload (S3). Either way a shard appears under its final name only when whole.
+A failed local write (to the folder, or to an S3 destination's staging folder) raises
+:class:`~fastload.errors.DestinationWriteError` naming both (:func:`write_failed`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import shutil
 from typing import Protocol
 
 from fastload.config import S3Config
+from fastload.errors import DestinationWriteError, write_error
 from fastload.storage.localfs import atomic_write, publish
 
 
@@ -67,11 +70,17 @@ class LocalDestination:
             return None
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        os.makedirs(os.path.dirname(self._path(name)), exist_ok=True)
-        atomic_write(self._path(name), data)
+        try:
+            os.makedirs(os.path.dirname(self._path(name)), exist_ok=True)
+            atomic_write(self._path(name), data)
+        except OSError as exc:
+            raise write_failed(self, exc, self._path(name)) from exc
 
     def publish(self, local_tmp: str, name: str) -> None:
-        publish(local_tmp, self._path(name))
+        try:
+            publish(local_tmp, self._path(name))
+        except OSError as exc:
+            raise write_failed(self, exc, self._path(name)) from exc
 
     def list(self, prefix: str) -> list[str]:
         folder = self._path(prefix)
@@ -90,6 +99,13 @@ class LocalDestination:
 
     def cleanup(self) -> None:
         """Nothing to do: the temporary folder is inside the state folder."""
+
+
+def write_failed(dest: Destination, exc: OSError, path: str) -> DestinationWriteError:
+    """``exc``, met writing ``path`` for ``dest``, as an error naming the destination and, for S3, the local
+    staging folder (where the file being written was)."""
+    staging = dest.tmp_dir if dest.url.startswith("s3://") and dest.tmp_dir else None
+    return write_error(exc, path).at(destination=dest.url, staging=staging)
 
 
 def destination(url: str, state_dir: str, *, config: S3Config | None = None) -> Destination:

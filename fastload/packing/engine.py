@@ -14,14 +14,16 @@ byte.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
 from fastload.core.table import table_name
+from fastload.errors import DestinationWriteError
 from fastload.formats.tar.writer import ShardResult
-from fastload.packing.dest import Destination
+from fastload.packing.dest import Destination, write_failed
 from fastload.packing.journal import PackJournal, shard_record
 from fastload.storage.tables import split_entry
 
@@ -66,18 +68,27 @@ def publish_shard(
     """Write ``job`` to a temporary file in ``dest``, publish it under its final name, then its sample
     table (``<name>.fltable``, also through a temporary file), then journal both. The result's entry is the
     shard's manifest entry (index v2: no per-sample columns, so what travels back to the driver is small
-    whatever the shard holds)."""
+    whatever the shard holds). A failed local write raises :class:`~fastload.errors.DestinationWriteError`
+    naming ``dest`` (and its staging folder): the shard is then neither published nor journaled."""
     tmp = os.path.join(dest.tmp_dir, f"{job.number:06d}.part")
-    result = job.write(tmp, on_sample=on_sample, open_threads=open_threads)
+    try:
+        result = job.write(tmp, on_sample=on_sample, open_threads=open_threads)
+    except DestinationWriteError as exc:
+        raise write_failed(dest, exc, exc.path) from exc
     entry, table = split_entry(result.entry, shard_format=job.shard_format)
     dest.publish(tmp, job.name)
     tmp_table = os.path.join(dest.tmp_dir, f"{job.number:06d}.table.part")
-    with open(tmp_table, "wb") as f:
-        f.write(table)
-        config = getattr(job, "config", None)  # (pack --fsync: the sidecar too, as its shard)
-        if getattr(config, "fsync", False):
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(tmp_table, "wb") as f:
+            f.write(table)
+            config = getattr(job, "config", None)  # (pack --fsync: the sidecar too, as its shard)
+            if getattr(config, "fsync", False):
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_table)
+        raise write_failed(dest, exc, tmp_table) from exc
     dest.publish(tmp_table, table_name(job.name))
     published = ShardResult(entry, result.skipped, result.payload_bytes, result.files)
     journal.record(shard_record(job.number, published))
@@ -124,7 +135,7 @@ class LocalEngine:
                     running[fut], waiting = waiting, None
                 while running:
                     _collect(running, done)
-            except BaseException:
+            except BaseException as exc:
                 unrun = [job for fut, job in running.items() if fut.cancel()]
                 for job in [*unrun, *([waiting] if waiting is not None else [])]:
                     discard = getattr(job, "discard", None)
@@ -133,6 +144,9 @@ class LocalEngine:
                 close = getattr(iterator, "close", None)
                 if close is not None:
                     close()  # a generator producing jobs cleans up (e.g. aborts a shard it feeds)
+                if isinstance(exc, DestinationWriteError) and exc.destination is None:
+                    # a shard written by the job stream (pack-tokens): name the destination too
+                    raise write_failed(self.dest, exc, exc.path) from exc
                 raise
 
 

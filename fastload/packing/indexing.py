@@ -28,7 +28,7 @@ from fastload.core.index import INDEX_NAME, DatasetIndex
 from fastload.errors import ConfigError, FastloadError, NotFoundError, VerifyError
 from fastload.packing.upgrade import remove_stale_tables, write_v2
 from fastload.storage import access as storage
-from fastload.storage.manifest import load_index
+from fastload.storage.manifest import load_index, refuse_unfinished
 
 STATE_DIR = ".fastload-index"
 
@@ -104,6 +104,7 @@ def build_index(
             f"{storage.join(root, INDEX_NAME)} exists already; pass --force (force=True) to replace it, "
             "or --upgrade to turn a v1 index into v2"
         )
+    refuse_unfinished(root, s3_config=s3_config, what="indexed")
     named = [(u, _relative(root, u)) for u in storage.list_files(root, "", config=s3_config)]
     named = [(u, n) for u, n in named if not _hidden(n)]
     by_format: dict[str, list[tuple[str, str]]] = {}

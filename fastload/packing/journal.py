@@ -21,8 +21,9 @@ from fastload.errors import PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.dest import Destination, destination
 from fastload.packing.report import PackReport
+from fastload.storage.manifest import JOURNAL_DIR
 
-STATE_DIR = ".fastload-pack"
+STATE_DIR = JOURNAL_DIR  # (readers refuse a folder holding it: storage.manifest.refuse_unfinished)
 _STATE = f"{STATE_DIR}/state.json"
 _DONE = f"{STATE_DIR}/done"
 

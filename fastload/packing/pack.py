@@ -18,7 +18,7 @@ from typing import Any
 
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import INDEX_NAME, parse_index
-from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
+from fastload.errors import ConfigError, DestinationWriteError, PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
 from fastload.gcpause import gc_paused
 from fastload.packing.engine import Engine, LocalEngine
@@ -48,6 +48,8 @@ def _destination_errors(fn: Callable[..., PackReport]) -> Callable[..., PackRepo
     def wrapper(*args: Any, **kwargs: Any) -> PackReport:
         try:
             return fn(*args, **kwargs)
+        except DestinationWriteError:
+            raise  # already names the destination (and staging folder) and what to do
         except OSError as exc:
             why = _DESTINATION_ERRORS.get(exc.errno or 0)
             dst = str(kwargs.get("dst", args[1] if len(args) > 1 else "the destination"))

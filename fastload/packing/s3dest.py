@@ -8,7 +8,7 @@ import shutil
 import tempfile
 
 from fastload.config import S3Config
-from fastload.errors import S3NotFoundError
+from fastload.errors import S3NotFoundError, write_error
 from fastload.packing.staging import StagingFolder, sweep_stale
 from fastload.s3.client import fail_fast_error, get_client, parse_s3_url
 from fastload.s3.delete import delete_keys
@@ -44,7 +44,11 @@ class S3Destination:
         removed), and abort multipart uploads left under the prefix by a pack that was killed mid-upload
         (they would otherwise keep their parts, and their cost, forever)."""
         sweep_stale()
-        self._staging = StagingFolder("fastload-pack-")
+        try:
+            self._staging = StagingFolder("fastload-pack-")
+        except OSError as exc:
+            staging = tempfile.gettempdir()
+            raise write_error(exc, staging).at(destination=self.url, staging=staging) from exc
         self.tmp_dir = self._staging.path
         abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config)
 
@@ -67,10 +71,19 @@ class S3Destination:
             return None
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(prefix="fastload-")
+        """Upload ``data`` as one object, through a file in the staging folder."""
+        staging = self.tmp_dir or tempfile.gettempdir()
+        tmp = ""
         try:
+            fd, tmp = tempfile.mkstemp(prefix="fastload-", dir=staging)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+        except OSError as exc:
+            if tmp:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise write_error(exc, tmp or staging).at(destination=self.url, staging=staging) from exc
+        try:
             upload_file(tmp, self.bucket, self._key(name), config=self.config)
         finally:
             with contextlib.suppress(OSError):

@@ -27,7 +27,7 @@ from fastload.formats.parquet.writer import KEY_COLUMN, finish_entry, write_row_
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.engine import Advance
 from fastload.storage import access as storage
-from fastload.storage.inputs import read_problem
+from fastload.storage.inputs import read_problem, read_whole
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +115,7 @@ def _read(url: str | None, s3_config: S3Config | None) -> tuple[bytes | None, st
     if url is None:
         return None, None
     try:
-        return storage.read_bytes(url, config=s3_config), None
+        return read_whole(url, config=s3_config), None  # (a file changed while read: read again)
     except (OSError, Exception) as exc:  # FastloadError (S3) or OSError: reported as the pack's skips are
         return None, read_problem(exc)
 

@@ -12,9 +12,10 @@ from typing import IO, Any
 import numpy as np
 
 from fastload.config import S3Config
-from fastload.errors import ConfigError, Skip
+from fastload.errors import ConfigError, PackError, Skip, shown
 from fastload.packing.token_inputs import TokenInput, open_input
 from fastload.packing.tokenizer_hook import Tokenizer
+from fastload.storage.inputs import stamp
 
 CHUNK_DOCS = 4096
 
@@ -110,9 +111,19 @@ class Reader:
         return out if len(out) == len(values) else [None] * len(values)
 
     def chunks(self) -> Iterator[Chunk]:
+        """The file's documents in chunks. A local file that changed while it was read (:func:`stamp`
+        before and after, as GNU tar checks) stops the pack: its documents went into shards as they were
+        read, so they may mix two versions, and cannot be read again."""
         try:
             with open_input(self.inp.url, self.s3_config) as f:
+                before = stamp(f)
                 yield from (self._parquet(f) if self.inp.is_parquet else self._jsonl(f))
+                if before is not None and stamp(f) != before:
+                    raise PackError(
+                        f"{shown(self.inp.url)}: file changed as we read it (written to while being "
+                        "packed: its size, mtime or ctime moved), so documents read from it may mix two "
+                        "versions; delete the destination and pack again once the files stop changing"
+                    )
         except (OSError, ValueError) as exc:  # an unreadable or corrupt file: left out whole
             if isinstance(exc, ConfigError):
                 raise

@@ -27,6 +27,7 @@ from fastload.formats.checks import crc_problem
 from fastload.formats.tar.scan import ChecksumReader
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
+from fastload.storage.manifest import refuse_unfinished
 
 
 @dataclass
@@ -81,6 +82,8 @@ def verify(
             raw = None
         if raw is not None:
             index = parse_index(raw, where=index_url)
+        else:
+            refuse_unfinished(root, s3_config=s3_config, what="verified")
     if index is not None:
         idx = index
         fmt = formats.check_index(idx, where=index_url)

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import IO, BinaryIO, Protocol
 
+from fastload.config import S3Config
 from fastload.core.keys import Sample
-from fastload.errors import PackError, Skip
+from fastload.errors import NotFoundError, PackError, Skip
+from fastload.storage import access as storage
 from fastload.storage.listing import FileEntry, display
 
 
@@ -44,12 +48,41 @@ class Input:
 
 @dataclass(frozen=True)
 class Member:
-    """One opened member of a sample: its field, file object, size and the input it came from."""
+    """One opened member of a sample: its field, file object, size and the input it came from, and for a
+    local file its :func:`stamp` when opened (to tell a file rewritten while it was read)."""
 
     field: str
     file: BinaryIO
     size: int
     item: Input
+    stamp: tuple[int, int, int] | None = None
+
+
+CHANGED_WHILE_READ = (
+    "file changed as we read it (written to while being packed: its size, mtime or ctime moved, "
+    "again when re-read); pack again once the files stop changing"
+)
+READ_ATTEMPTS = 3  # reads of a sample whose file changes while read, before it is left out
+
+
+def stamp(f: IO[bytes]) -> tuple[int, int, int] | None:
+    """``(size, mtime_ns, ctime_ns)`` of an open local file (any write moves one of them), else None (a
+    remote object: its reads are pinned to one version by ETag instead)."""
+    try:
+        st = os.fstat(f.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def changed_while_read(members: Sequence[Member]) -> Skip | None:
+    """The first member whose file changed since it was opened (GNU tar's "file changed as we read it"):
+    what was read may mix two versions, so the caller reads the sample again (:func:`open_sample`) or,
+    after :data:`READ_ATTEMPTS`, leaves it out. Checked after the sample's bytes are read."""
+    for m in members:
+        if m.stamp is not None and stamp(m.file) != m.stamp:
+            return Skip(m.item.shown, CHANGED_WHILE_READ)
+    return None
 
 
 class ShrunkError(OSError):
@@ -67,10 +100,34 @@ def read_exactly(f: BinaryIO, view: memoryview) -> None:
         got += n
 
 
+class ChangedError(OSError):
+    """A file changed while it was read, each of :data:`READ_ATTEMPTS` times."""
+
+
+def read_whole(url: str, *, config: S3Config | None = None) -> bytes:
+    """All bytes of ``url`` (:func:`fastload.storage.access.read_bytes`); a local file is checked against
+    change while read (:func:`stamp` before and after) and read again if it changed, up to
+    :data:`READ_ATTEMPTS` times, then :class:`ChangedError`. (An object is pinned to one version by ETag.)"""
+    if storage.is_remote(url):
+        return storage.read_bytes(url, config=config)
+    for _ in range(READ_ATTEMPTS):
+        try:
+            with open(url, "rb", buffering=0) as f:
+                before = stamp(f)
+                data = f.readall()
+                if stamp(f) == before:
+                    return data
+        except FileNotFoundError:
+            raise NotFoundError(f"{url} does not exist", path=url) from None
+    raise ChangedError(CHANGED_WHILE_READ)
+
+
 def read_problem(exc: BaseException) -> str:
     """Plain words for an error met while opening or reading a listed file."""
     if isinstance(exc, ShrunkError):
         return str(exc)
+    if isinstance(exc, ChangedError):
+        return CHANGED_WHILE_READ
     if isinstance(exc, FileNotFoundError):
         return "vanished after it was listed (deleted or moved during the pack)"
     if isinstance(exc, PermissionError):
@@ -105,7 +162,7 @@ def open_sample(sample: Sample[Input]) -> tuple[list[Member], Skip | None]:
                     "(`ulimit -n`) or pack with fewer --workers"
                 ) from exc
             return [], Skip(item.shown, read_problem(exc))
-        members.append(Member(field_name, f, size, item))
+        members.append(Member(field_name, f, size, item, stamp(f)))
         if size != item.entry.size:
             close_all(members)
             change = "emptied" if size == 0 else ("shrank" if size < item.entry.size else "grew")

@@ -19,11 +19,22 @@ from crc32c import crc32c
 from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
 from fastload.core.plan import plan_row_groups
-from fastload.errors import Skip
+from fastload.errors import Skip, write_error
 from fastload.formats.parquet.footer import row_groups_of, tail_footer
 from fastload.formats.parquet.stats import STATS_MAX_VALUE_BYTES, shard_stats
 from fastload.formats.tar.writer import ShardResult
-from fastload.storage.inputs import Input, Opened, close_all, open_ahead, read_exactly, read_problem
+from fastload.storage.inputs import (
+    CHANGED_WHILE_READ,
+    READ_ATTEMPTS,
+    Input,
+    Opened,
+    changed_while_read,
+    close_all,
+    open_ahead,
+    open_sample,
+    read_exactly,
+    read_problem,
+)
 
 KEY_COLUMN = "__key__"
 _MAX_COLUMN_BYTES = (1 << 31) - 1
@@ -139,15 +150,25 @@ def write_row_groups(
 ) -> list[int]:
     """Write each of ``tables`` as one row group of a Parquet file at ``tmp_path`` with page checksums and
     ``options`` for ``pyarrow.parquet.ParquetWriter``; return the rows of each group. The file is removed
-    on any error, including one raised by ``tables``."""
+    on any error, including one raised by ``tables``. A failed write of the file raises
+    :class:`~fastload.errors.DestinationWriteError` (errors of ``tables``, reading inputs, pass as is)."""
     rows_per_group: list[int] = []
     writer = None
     try:
-        writer = pq.ParquetWriter(tmp_path, schema, write_page_checksum=True, **options)
+        try:
+            writer = pq.ParquetWriter(tmp_path, schema, write_page_checksum=True, **options)
+        except OSError as exc:
+            raise write_error(exc, tmp_path) from exc
         for table in tables:
-            writer.write_table(table, row_group_size=table.num_rows)
+            try:
+                writer.write_table(table, row_group_size=table.num_rows)
+            except OSError as exc:
+                raise write_error(exc, tmp_path) from exc
             rows_per_group.append(table.num_rows)
-        writer.close()
+        try:
+            writer.close()
+        except OSError as exc:
+            raise write_error(exc, tmp_path) from exc
     except BaseException:
         if writer is not None:
             with contextlib.suppress(Exception):
@@ -160,11 +181,15 @@ def write_row_groups(
 
 def finish_entry(entry: ShardEntry, tmp_path: str, rows_per_group: list[int]) -> None:
     """Size, CRC32C and row groups ``(first byte, bytes, rows)`` of the shard written at ``tmp_path``, into
-    its index entry."""
-    crc, entry.bytes = file_crc32c(tmp_path)
+    its index entry. (Reading the file back fails only for the destination's sake:
+    :class:`~fastload.errors.DestinationWriteError`.)"""
+    try:
+        crc, entry.bytes = file_crc32c(tmp_path)
+        meta = pq.read_metadata(tmp_path)
+        entry.footer = tail_footer(tmp_path)
+    except OSError as exc:
+        raise write_error(exc, tmp_path) from exc
     entry.checksum = f"{crc:08x}"
-    meta = pq.read_metadata(tmp_path)
-    entry.footer = tail_footer(tmp_path)
     entry.stats = shard_stats(meta)
     groups = row_groups_of(meta)  # the rows as written; the file must have exactly those groups
     entry.row_groups.extend(
@@ -200,17 +225,24 @@ def _row_group(
     views = [memoryview(d) for d in data]
     for sample, members, failed in group:
         present: dict[int, int] = {}
-        try:
-            for m in members if failed is None else ():
-                i = column_of[m.field]
-                try:
-                    read_exactly(m.file, views[i][fill[i] : fill[i] + m.size])
-                except OSError as exc:
-                    failed = Skip(m.item.shown, read_problem(exc))
-                    break
-                present[i] = m.size
-        finally:
-            close_all(members)
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            present = {}
+            try:
+                for m in members if failed is None else ():
+                    i = column_of[m.field]
+                    try:
+                        read_exactly(m.file, views[i][fill[i] : fill[i] + m.size])
+                    except OSError as exc:
+                        failed = Skip(m.item.shown, read_problem(exc))
+                        break
+                    present[i] = m.size
+                if failed is None:
+                    failed = changed_while_read(members)
+            finally:
+                close_all(members)
+            if failed is None or failed.reason != CHANGED_WHILE_READ or attempt == READ_ATTEMPTS:
+                break
+            members, failed = open_sample(sample)  # torn: read it again, from a fresh open
         if failed is not None:
             result.skipped.append(
                 Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {shard}")

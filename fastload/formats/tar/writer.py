@@ -4,6 +4,7 @@ the whole file, and of each sample's byte range while its bytes are still in the
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,9 +15,20 @@ from crc32c import crc32c
 from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
 from fastload.core.layout import set_layout
-from fastload.errors import Skip
+from fastload.errors import DestinationWriteError, Skip, write_error
 from fastload.formats.tar.header import BLOCK, END_OF_ARCHIVE, member_header, padded
-from fastload.storage.inputs import Input, Member, close_all, open_ahead, read_exactly, read_problem
+from fastload.storage.inputs import (
+    CHANGED_WHILE_READ,
+    READ_ATTEMPTS,
+    Input,
+    Member,
+    changed_while_read,
+    close_all,
+    open_ahead,
+    open_sample,
+    read_exactly,
+    read_problem,
+)
 
 DEFAULT_BUFFER_BYTES = 8 << 20
 
@@ -32,15 +44,20 @@ class ShardResult:
 
 
 class ShardOutput:
-    """Buffered, checksummed, rewindable writer to a file descriptor.
+    """Buffered, checksummed, rewindable writer to a file descriptor (of the file at ``path``).
+
+    A failed write, truncate or read-back of the output raises
+    :class:`~fastload.errors.DestinationWriteError` (naming ``path``), so no writer can take a full disk
+    for an unreadable source; the output is then in no defined state: the caller removes it.
 
     ``crc`` is the CRC32C of every byte flushed. Between :meth:`begin_sample` and :meth:`end_sample` the
     bytes written are also checksummed on their own (each byte once more, while still in the buffer: in
     cache), so a sample's CRC32C costs no re-read.
     """
 
-    def __init__(self, fd: int, buffer_bytes: int) -> None:
+    def __init__(self, fd: int, buffer_bytes: int, *, path: str = "") -> None:
         self.fd = fd
+        self.path = path
         self.buf = bytearray(buffer_bytes)
         self.view = memoryview(self.buf)
         self.fill = 0
@@ -60,7 +77,10 @@ class ShardOutput:
             if self._sample_at is not None:
                 at = max(0, self._sample_at - self.flushed)
                 self._sample_crc = crc32c(self.view[at : self.fill], self._sample_crc)
-            _write_all(self.fd, data)
+            try:
+                _write_all(self.fd, data)
+            except OSError as exc:
+                raise write_error(exc, self.path) from exc
             self.flushed += self.fill
             self.fill = 0
 
@@ -101,9 +121,15 @@ class ShardOutput:
             return
         # bytes [flushed, position) were in the buffer at the mark and have been flushed since (rare: a
         # sample failed after filling the buffer): checksum them again from the file
-        crc = crc32c(os.pread(self.fd, position - flushed, flushed), crc)
-        os.ftruncate(self.fd, position)
-        os.lseek(self.fd, position, os.SEEK_SET)
+        try:
+            back = os.pread(self.fd, position - flushed, flushed)
+            if len(back) != position - flushed:
+                raise OSError(errno.EIO, f"read back {len(back)} of {position - flushed} bytes written")
+            crc = crc32c(back, crc)
+            os.ftruncate(self.fd, position)
+            os.lseek(self.fd, position, os.SEEK_SET)
+        except OSError as exc:
+            raise write_error(exc, self.path) from exc
         self.flushed, self.fill, self.crc = position, 0, crc
 
 
@@ -160,8 +186,13 @@ def write_tar_shard(
         for m in members:
             try:
                 plain &= _copy_member(out, f"{key}.{m.field}", m.file, m.size, mtime)
+            except DestinationWriteError:
+                raise  # the destination's fault: the pack stops, naming it
             except OSError as exc:
                 return Skip(m.item.shown, read_problem(exc))
+        changed = changed_while_read(members)
+        if changed is not None:
+            return changed
         layouts.append((tuple(m.field for m in members), [m.size for m in members]) if plain else None)
         return None
 
@@ -197,25 +228,38 @@ def write_shard(
     on_sample: Callable[[int, int], None] | None = None,
 ) -> ShardResult:
     """The shard loop every format shares: open inputs ahead, ``write_sample(out, key, members)`` each
-    sample (it returns the failed input, if any: the sample is then rolled back and reported), record
+    sample (it returns the failed input, if any: the sample is then rolled back and reported; one that
+    changed as it was read, :func:`~fastload.storage.inputs.changed_while_read`, is read again, up to
+    ``READ_ATTEMPTS`` times), record
     offsets and sizes (and with ``sample_crcs`` the CRC32C of each sample's bytes), end with ``trailer``,
-    CRC32C on the fly; the file is removed on any error."""
+    CRC32C on the fly; the file is removed on any error. A failed write of the output raises
+    :class:`~fastload.errors.DestinationWriteError`; errors reading inputs are the samples' skips."""
     keys: list[str] = []
     result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=keys))
     entry = result.entry
-    fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)  # (less the umask); read: see rewind
     try:
-        out = ShardOutput(fd, buffer_bytes)
+        fd = os.open(
+            tmp_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666
+        )  # (less the umask); read: see rewind
+    except OSError as exc:
+        raise write_error(exc, tmp_path) from exc
+    try:
+        out = ShardOutput(fd, buffer_bytes, path=tmp_path)
         for sample, members, failed in open_ahead(samples, threads=open_threads, window_bytes=window_bytes):
             mark = out.mark()
             start = out.position
-            if sample_crcs:
-                out.begin_sample()
-            try:
-                if failed is None:
-                    failed = write_sample(out, sample.key, members)
-            finally:
-                close_all(members)
+            for attempt in range(1, READ_ATTEMPTS + 1):
+                if sample_crcs:
+                    out.begin_sample()
+                try:
+                    if failed is None:
+                        failed = write_sample(out, sample.key, members)
+                finally:
+                    close_all(members)
+                if failed is None or failed.reason != CHANGED_WHILE_READ or attempt == READ_ATTEMPTS:
+                    break
+                out.rewind(mark)  # torn: read the sample again, from a fresh open
+                members, failed = open_sample(sample)
             if failed is not None:
                 out.rewind(mark)
                 result.skipped.append(
@@ -236,13 +280,22 @@ def write_shard(
             out.write(trailer)
         out.flush()
         if fsync:
-            os.fsync(fd)
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise write_error(exc, tmp_path) from exc
         entry.bytes = out.position
         entry.checksum = f"{out.crc:08x}"
     except BaseException:
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp_path)
         raise
-    os.close(fd)
+    try:
+        os.close(fd)  # (a network file system may report a failed write only here)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_path)
+        raise write_error(exc, tmp_path) from exc
     return result

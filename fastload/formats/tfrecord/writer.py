@@ -10,10 +10,10 @@ from typing import BinaryIO
 from crc32c import crc32c
 
 from fastload.core.keys import Sample
-from fastload.errors import Skip
+from fastload.errors import DestinationWriteError, Skip
 from fastload.formats.tar.writer import DEFAULT_BUFFER_BYTES, ShardOutput, ShardResult, write_shard
 from fastload.formats.tfrecord.codec import record_footer, record_header, record_size, sample_layout
-from fastload.storage.inputs import Input, Member, read_exactly, read_problem
+from fastload.storage.inputs import Input, Member, changed_while_read, read_exactly, read_problem
 
 
 def sample_record_size(key: str, field_sizes: Sequence[tuple[str, int]]) -> int:
@@ -43,8 +43,13 @@ def _write_record(out: ShardOutput, key: str, members: Sequence[Member]) -> Skip
         out.write(prefix)
         try:
             crc = _copy_value(out, m.file, m.size, crc32c(prefix, crc))
+        except DestinationWriteError:
+            raise  # the destination's fault: the pack stops, naming it
         except OSError as exc:
             return Skip(m.item.shown, read_problem(exc))
+    changed = changed_while_read(members)
+    if changed is not None:
+        return changed
     out.write(record_footer(crc))
     return None
 
