@@ -171,6 +171,11 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
         where = "a document"
         name: str | None = None
         if isinstance(doc, dict):
+            if isinstance(doc.get("__key__"), (list, tuple)):
+                raise ConfigError(
+                    f"got a collated batch of {len(doc['__key__'])} samples (each field a list), "
+                    "not samples: pass collate_fn=list to the DataLoader that feeds PackedSequences"
+                )
             name = self._token_field(doc)
             where = f"sample {doc.get('__key__')!r}"
             if name not in doc:
@@ -191,6 +196,11 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
             raise ConfigError(
                 f"{where} is not a 1-D sequence of integer token ids (got {arr.dtype} with shape "
                 f"{arr.shape}); give token ids, e.g. from a `fastload pack-tokens` dataset"
+            )
+        if arr.size and arr.dtype.kind == "i" and int(arr.min()) < 0:
+            raise ConfigError(
+                f"{where} holds a negative token id ({int(arr.min())} at position {int(arr.argmin())}); "
+                "token ids are >= 0"
             )
         return arr
 
