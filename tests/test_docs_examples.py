@@ -113,6 +113,11 @@ def example_data(tmp_path_factory: pytest.TempPathFactory, moto_url: str) -> Pat
     docs = root / "docs.jsonl"
     docs.write_text("".join(json.dumps({"input_ids": list(range(i % 50 + 5))}) + "\n" for i in range(64)))
     fastload.pack_tokens([str(docs)], str(root / "tokens"), vocab_size=50257)
+    code = root / "code.jsonl"  # a second source of longer documents (docs/tokens.md's mixture)
+    code.write_text(
+        "".join(json.dumps({"input_ids": list(range(100, 120 + i % 120))}) + "\n" for i in range(40))
+    )
+    fastload.pack_tokens([str(code)], str(root / "tokens-code"), vocab_size=50257)
     s3 = boto3.client(
         "s3",
         endpoint_url=moto_url,
@@ -218,7 +223,8 @@ def test_torchrun_recipes(example_data: Path, tmp_path: Path) -> None:
         used = any(f"import {name}" in b.code or f"from {name}" in b.code for b in scripts)
         if used and importlib.util.find_spec(name) is None:
             pytest.skip(f"{name} is not installed (.ci/run installs it)")
-    (tmp_path / "packed").symlink_to(example_data / "packed", target_is_directory=True)
+    for name in ("packed", "tokens", "tokens-code"):
+        (tmp_path / name).symlink_to(example_data / name, target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONWARNINGS", "COVERAGE"))}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         env.pop(name, None)
