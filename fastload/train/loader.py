@@ -25,6 +25,7 @@ from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
 from fastload.train.mix import Mix
 from fastload.train.shmbatch import MainSlots
+from fastload.train.statecheck import check_shape
 
 WORKER_DIED = (
     "fastload.DataLoader: a worker process died ({cause}); the usual cause is the out-of-memory killer "
@@ -253,6 +254,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields exactly the samples not yet delivered (see
         :meth:`ShardDataset.load_state_dict`; the batch size and ``num_workers`` may differ)."""
+        check_shape(state, owner="fastload.DataLoader", keys=("epoch", "delivered"))
         if "worker" in state:
             raise ConfigError(
                 "this is one DataLoader worker's state, not fastload.DataLoader's; pass loader.state_dict()"

@@ -23,7 +23,8 @@ from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.lru import LRU
-from fastload.errors import ConfigError, NotFoundError
+from fastload.core.randomaccess import spans
+from fastload.errors import ConfigError, NotFoundError, SampleChecksumError
 from fastload.formats.tar.reader import short_read
 from fastload.storage import access as storage
 from fastload.storage.rangedfile import RangedFile
@@ -133,6 +134,38 @@ class ShardHandle:
                 self._reader.close()
             if self._closing is not None:
                 self._closing()
+
+
+def read_spans(
+    handle: ShardHandle,
+    positions: Sequence[int],
+    columns: Sequence[str] | None,
+    max_gap_bytes: int,
+    *,
+    skip: bool,
+) -> dict[int, RawSample | SampleChecksumError]:
+    """The samples at ``positions`` (ascending, distinct) of ``handle``'s shard, read by spans of
+    neighbours at most ``max_gap_bytes`` apart (:func:`~fastload.core.randomaccess.spans`). A damaged
+    sample (its bytes fail their CRC32C) that is not one of them, read along, is read around; so, with
+    ``skip``, is one of them, which then maps to its :class:`SampleChecksumError`."""
+    entry = handle.entry
+    out: dict[int, RawSample | SampleChecksumError] = {}
+    want = set(positions)
+    todo = spans(positions, entry.offsets, entry.sizes, max_gap_bytes=max_gap_bytes)[::-1]
+    while todo:
+        first, stop = todo.pop()
+        try:
+            for raw in handle.load(range(first, stop), columns):
+                if raw["__index__"] in want:
+                    out[raw["__index__"]] = raw
+        except SampleChecksumError as exc:
+            bad = exc.index
+            if not first <= bad < stop or (bad in want and not skip):
+                raise
+            if bad in want:
+                out[bad] = exc
+            todo += [(b, e) for b, e in ((bad + 1, stop), (first, bad)) if b < e]
+    return out
 
 
 class ShardHandles:

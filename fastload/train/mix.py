@@ -35,6 +35,7 @@ from fastload.train.mixplan import MixPlan, Source, plan_epoch
 from fastload.train.mixread import interleave, source_samples
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import SKIPPED
+from fastload.train.statecheck import check_shape, differences, refusal
 
 Weights = Mapping[str, float] | Sequence[float]
 
@@ -184,6 +185,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         upto = self.start if plan.end is None else plan.end
         counts = self.source_counts(upto)
         report: dict[str, Any] = {"samples": plan.end, "stop": self.stop, "skipped_on_error": self.skipped}
+        report["skipped_samples"] = self.skipped_samples
         rank, world = self.rank_world()
         e = self.epoch if epoch is None else epoch
         sources = {}
@@ -209,6 +211,46 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         settings = repr((self.names, self.steps, self.stop, self.seed, size, orders))
         return hashlib.sha256(settings.encode()).hexdigest()[:16]
 
+    def _mixture_parts(self, world_size: int | None = None) -> dict[str, Any]:
+        """What :meth:`fingerprint` digests, as a checkpoint records it (so a refused one can say what
+        differs): the mixture's settings, and each source's order digest."""
+        world = self.rank_world()[1] if world_size is None else world_size
+        return {
+            "mixture": {
+                "names": list(self.names),
+                "weights": [[step, list(w)] for step, w in self.steps],
+                "stop": self.stop,
+                "seed": self.seed,
+                "batch_size": self.batch_size if len(self.steps) > 1 else None,
+            },
+            "source_orders": {
+                n: d.order_fingerprint(world) for n, d in zip(self.names, self.sources, strict=True)
+            },
+        }
+
+    def _refusal(self, state: dict[str, Any], old_world: int) -> ConfigError:
+        """The error for a checkpoint of another mixture, saying what differs."""
+        mine = self._mixture_parts(old_world)
+        saved = state.get("mixture")
+        found = []
+        if isinstance(saved, dict):
+            labels = {k: k if k != "weights" else "weights (per schedule step)" for k in mine["mixture"]}
+            found = differences(saved, mine["mixture"], labels)
+        orders = state.get("source_orders")
+        if isinstance(orders, dict):
+            for name, digest in orders.items():
+                if name in mine["source_orders"] and digest != mine["source_orders"][name]:
+                    found.append(
+                        f"source {name!r}: its sample order (its shards, re-packed or changed?, or its seed, "
+                        "shuffle_buffer or even)"
+                    )
+        return refusal(
+            "the mixture",
+            found,
+            unknown="the sources, their order settings, weights, schedule, stop, seed or batch size",
+            fix="Resume with the sources and settings the checkpoint was taken with",
+        )
+
     def state_dict(self, *, delivered: int | None = None) -> dict[str, Any]:
         """Epoch, positions delivered (``delivered``: default those before the current iteration, or in
         this process's iteration), samples drawn from each source, and what must match on restore; in a
@@ -231,6 +273,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             "world_size": world,
             "rank": rank,
             "order": self.fingerprint(),
+            **self._mixture_parts(),
             "sources": dict(zip(self.names, (int(c) for c in counts), strict=True)),
         }
         if resumed is not None:
@@ -244,15 +287,13 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         """Continue from ``state`` (any rank's: ranks in step have delivered the same positions and drawn
         the same per source); under another world size each source's rest of its pass is dealt to the new
         ranks (sources with ``even="none"`` cannot, their ranks' passes differ in length)."""
+        check_shape(state, owner="Mix", keys=("kind", "epoch", "delivered", "world_size"))
         if state.get("kind") != "fastload.Mix":
             raise ConfigError("this state is not a fastload.Mix's; restore it into what saved it")
         _, world = self.rank_world()
         old_world = int(state["world_size"])
         if state.get("order") != self.fingerprint(old_world):
-            raise ConfigError(
-                "cannot resume: the checkpoint's mixture differs from this one (sources, their order "
-                "settings, weights, schedule, stop, seed or batch size); resume with the same settings"
-            )
+            raise self._refusal(state, old_world)
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
         resumed = self._resumed_by(state, old_world, world)
         if old_world != world:
@@ -297,7 +338,11 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         streams = []
         for s, (name, d) in enumerate(zip(self.names, self.sources, strict=True)):
             next_pass = functools.partial(self._plans[s].order, plan.epoch, rank=rank, world=world)
-            streams.append(source_samples(d, name, plan, s, first=first, next_pass=next_pass, **deal))
+            streams.append(
+                source_samples(
+                    d, name, plan, s, first=first, next_pass=next_pass, report=self.note_skipped, **deal
+                )
+            )
         blocks = worker_blocks(stop=plan.end, skip=live.consumed, **deal)
         samples = interleave(plan.schedule, blocks, streams, live)
         try:
@@ -309,7 +354,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             for out in samples:
                 if out is not SKIPPED:
                     yield out
-                elif info is None:
+                else:  # (a worker of a torch DataLoader too, under a lock)
                     self.count_skipped(1)
             if info is None:  # a complete pass in this process: the next one starts the epoch afresh
                 self._shared.rewind()

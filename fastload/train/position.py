@@ -9,10 +9,12 @@ how many of them it has consumed, which is what ``ShardDataset.state_dict()`` re
 from __future__ import annotations
 
 import ctypes
+import json
 import multiprocessing
 import os
+import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.utils.data
 
@@ -29,7 +31,34 @@ class _Fields(ctypes.Structure):
         ("restored_epoch", ctypes.c_int64),  # epoch + 1 of a restore not yet started (0: none)
         ("skipped", ctypes.c_int64),  # samples left out with on_error="skip" this epoch
         ("warned", ctypes.c_int64),  # the order warning was given
+        ("log_used", ctypes.c_int64),  # bytes of the skipped-sample log in use (this epoch)
+        ("log_full", ctypes.c_int64),  # samples skipped this epoch that the log had no room to name
     ]
+
+
+LOG_BYTES = 64 << 10  # names of samples skipped in an epoch, shared by every process reading it
+
+
+class SkippedSample(NamedTuple):
+    """A sample left out with ``on_error="skip"``: its shard, key, the byte offset of a sample whose bytes
+    failed their CRC32C (None for one that failed to decode or map) and why."""
+
+    shard: str
+    key: str
+    offset: int | None
+    reason: str
+
+
+def warn_damaged(record: SkippedSample, named: str) -> None:
+    """The warning for the first damaged sample of a shard skipped (``named``: where the rest are)."""
+    warnings.warn(
+        f"{record.shard}: sample {record.key!r} at byte offset {record.offset} fails its CRC32C and was "
+        "skipped (on_error='skip'); the shard is damaged: run `fastload verify` on the dataset and re-pack "
+        f"or re-download it. Further damaged samples of this shard are skipped without a warning {named} "
+        "names them all",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 class SharedPosition:
@@ -37,7 +66,10 @@ class SharedPosition:
     spawned worker, fork)."""
 
     def __init__(self) -> None:
-        self.fields = multiprocessing.get_context("spawn").RawValue(_Fields)
+        spawn = multiprocessing.get_context("spawn")
+        self.fields = spawn.RawValue(_Fields)
+        self.log = spawn.RawArray(ctypes.c_char, LOG_BYTES)  # SkippedSample records, one JSON line each
+        self.lock = spawn.Lock()  # over the skip count and the log (workers of a torch DataLoader write)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; after a restore of ``epoch``, keep the restored position."""
@@ -47,7 +79,9 @@ class SharedPosition:
             f.epoch = epoch
             return
         f.restored_epoch = 0
-        f.epoch, f.start, f.old_world, f.skipped = epoch, 0, 0, 0
+        f.epoch, f.start, f.old_world = epoch, 0, 0
+        with self.lock:
+            f.skipped = f.log_used = f.log_full = 0
 
     def restore(self, epoch: int, start: int, resumed: tuple[int, int] | None) -> None:
         """Continue ``epoch`` after ``start`` samples (of the order resumed from ``resumed``, if given)."""
@@ -61,6 +95,33 @@ class SharedPosition:
         """The next pass starts the current epoch from its beginning (a pass ran to its end)."""
         self.fields.start = 0
         self.fields.restored_epoch = 0
+
+    def count_skipped(self, n: int) -> None:
+        with self.lock:
+            self.fields.skipped += n
+
+    def note_skipped(self, record: SkippedSample) -> bool:
+        """Name ``record`` in this epoch's log (each sample once); True if it is its shard's first."""
+        line = json.dumps(list(record)).encode() + b"\n"
+        with self.lock:
+            f = self.fields
+            seen = self._records(f.log_used)
+            if any(r[:2] == record[:2] for r in seen):
+                return False
+            if f.log_used + len(line) <= LOG_BYTES:
+                ctypes.memmove(ctypes.addressof(self.log) + f.log_used, line, len(line))
+                f.log_used += len(line)
+            else:
+                f.log_full += 1
+            return all(r.shard != record.shard for r in seen)
+
+    def skipped_samples(self) -> tuple[list[SkippedSample], int]:
+        """The samples named in this epoch's log, and how many more the log had no room for."""
+        with self.lock:
+            return self._records(self.fields.log_used), int(self.fields.log_full)
+
+    def _records(self, used: int) -> list[SkippedSample]:
+        return [SkippedSample(*json.loads(line)) for line in self.log.raw[:used].splitlines()]
 
     def resumed_from(self) -> tuple[int, int] | None:
         f = self.fields
@@ -98,13 +159,27 @@ class PositionMethods:
 
     @property
     def skipped(self) -> int:
-        """Samples left out with ``on_error="skip"`` this epoch (by this process, or reported by
-        ``fastload.DataLoader`` for its workers)."""
+        """Samples left out with ``on_error="skip"`` this epoch (by this process or the workers of a torch
+        DataLoader; those ``fastload.DataLoader`` delivered for its workers); :attr:`skipped_samples` names
+        them."""
         return int(self._shared.fields.skipped)
+
+    @property
+    def skipped_samples(self) -> list[SkippedSample]:
+        """The samples left out with ``on_error="skip"`` this epoch, each named once (shard, key, byte
+        offset of a damaged one, reason), by whichever process read them (a DataLoader worker's as soon as
+        it read it, before its batch is delivered); the first ~64 KiB of names are kept."""
+        return self._shared.skipped_samples()[0]
 
     def count_skipped(self, n: int) -> None:
         """Add ``n`` samples skipped on error (what ``fastload.DataLoader`` reports from its workers)."""
-        self._shared.fields.skipped += n
+        self._shared.count_skipped(n)
+
+    def note_skipped(self, record: SkippedSample) -> None:
+        """Name a sample left out with ``on_error="skip"`` (see :attr:`skipped_samples`); the first damaged
+        sample of a shard in an epoch is also warned about."""
+        if self._shared.note_skipped(record) and record.offset is not None:
+            warn_damaged(record, "this epoch; epoch_report()['skipped_samples']")
 
     @staticmethod
     def _resumed_by(state: dict[str, Any], old_world: int, world: int) -> tuple[int, int] | None:

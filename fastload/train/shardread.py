@@ -7,6 +7,7 @@ allows it, and each dropped when its last reference is consumed."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -20,7 +21,7 @@ from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.readplan import ReadTask, iter_reads
-from fastload.errors import VerifyError
+from fastload.errors import SampleChecksumError, VerifyError
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 from fastload.train.shardreader import RawSample, ShardReader, missing_shard
@@ -35,6 +36,18 @@ if TYPE_CHECKING:
     from fastload.storage.cache import ShardCache
 
 
+def _raise(exc: BaseException) -> Iterable[RawSample]:
+    raise exc
+
+
+def _position_of(index: int, positions: Sequence[int], start: int) -> int | None:
+    """Where sample ``index`` of a shard first comes in ``positions`` from ``start`` on (None: nowhere)."""
+    for k in range(start, len(positions)):
+        if positions[k] == index:
+            return k
+    return None
+
+
 class ShardReaders:
     """The readers of one pass over a list of sample references: each shard's full entry (a v2 sample table
     fetched when the planner reaches the shard, :meth:`entry`; optionally the next one fetched ahead,
@@ -44,7 +57,9 @@ class ShardReaders:
     ``fetch``/``release`` pair with a :class:`~fastload.train.prefetch.Prefetcher`.
 
     A sample that fails its CRC32C in a shard read from the cache has the cached copy dropped and the shard
-    fetched again, once per shard (the cache heals); a second failure raises."""
+    fetched again, once per shard (the cache heals); a second failure raises, or with ``skip_damaged`` the
+    sample's :class:`~fastload.errors.SampleChecksumError` takes its place in the task's samples and the
+    rest of the task is read on (:meth:`_skipping`)."""
 
     def __init__(
         self,
@@ -59,11 +74,14 @@ class ShardReaders:
         defer: bool = False,
         verify: bool = True,
         memo: TableMemo | None = None,
+        skip_damaged: bool = False,
     ) -> None:
         """``defer``: each fetch's result is used at once in the fetching thread (no prefetch), so local
         reads may be done there (see :meth:`ShardReader.load`). ``verify``: check each sample's CRC32C
         where the index has them (tar, index v2). ``memo``: full entries kept between passes (the
-        dataset's, :mod:`fastload.train.tablememo`): a table found there is not fetched again."""
+        dataset's, :mod:`fastload.train.tablememo`): a table found there is not fetched again.
+        ``skip_damaged``: a sample that fails its CRC32C is given as its error, not raised."""
+        self.skip_damaged = skip_damaged
         self.root, self.shards, self.columns, self.memo = root, shards, columns, memo
         self.shard_format = shard_format
         self.config, self.cache, self.defer, self.verify = config, cache, defer, verify
@@ -162,8 +180,56 @@ class ShardReaders:
             entry = dataclasses.replace(entry, crcs=[])
         return entry
 
-    def fetch(self, task: ReadTask, stop: threading.Event | None = None) -> Callable[[], Iterable[RawSample]]:
-        """Do the I/O of ``task``; the returned function gives its samples, in its order."""
+    def fetch(
+        self, task: ReadTask, stop: threading.Event | None = None
+    ) -> Callable[[], Iterable[RawSample | SampleChecksumError]]:
+        """Do the I/O of ``task``; the returned function gives its samples, in its order (with
+        ``skip_damaged``, a sample that fails its CRC32C as its :class:`SampleChecksumError`)."""
+        if not self.skip_damaged:
+            return self._fetch(task, stop)
+        try:
+            parse = self._fetch(task, stop)
+        except SampleChecksumError as exc:
+            parse = functools.partial(_raise, exc)
+        return lambda: self._skipping(task, parse, stop)
+
+    def _skipping(
+        self, task: ReadTask, parse: Callable[[], Iterable[RawSample]], stop: threading.Event | None
+    ) -> Iterator[RawSample | SampleChecksumError]:
+        """The samples of ``parse()`` (those of ``task``), each damaged one (its bytes fail their CRC32C,
+        after the cache had its chance to heal) given as its error in its place; after one, the samples
+        around it are read again from the shard (a run's samples are checked before any is given)."""
+        segments: list[tuple[tuple[int, ...], Callable[[], Iterable[RawSample]] | SampleChecksumError]]
+        segments = [(task.positions, parse)]  # a stack: the next segment of the task last
+        while segments:
+            positions, part = segments.pop()
+            if isinstance(part, SampleChecksumError):
+                yield part
+                continue
+            done = 0
+            try:
+                for sample in part():
+                    yield sample
+                    done += 1
+            except SampleChecksumError as exc:
+                bad = _position_of(exc.index, positions, done)
+                if bad is None:  # (not one of this segment's samples: nothing to skip it in favour of)
+                    raise
+                reader, _ = self._reader(task.shard, stop)
+                if bad + 1 < len(positions):
+                    segments.append((positions[bad + 1 :], self._reload(reader, positions[bad + 1 :])))
+                segments.append(((), exc))
+                if bad > done:
+                    segments.append((positions[done:bad], self._reload(reader, positions[done:bad])))
+
+    def _reload(self, reader: ShardReader, positions: tuple[int, ...]) -> Callable[[], Iterable[RawSample]]:
+        """A function that reads ``positions`` of ``reader``'s shard when called (a damaged sample raises
+        then, inside :meth:`_skipping`'s loop)."""
+        return lambda: reader.load(positions, self.columns, defer=True)()
+
+    def _fetch(
+        self, task: ReadTask, stop: threading.Event | None = None
+    ) -> Callable[[], Iterable[RawSample]]:
         if self._reads_whole(task):
             self._open_whole(task.shard)
         reader, cached = self._reader(task.shard, stop)
@@ -172,7 +238,7 @@ class ShardReaders:
         except VerifyError:
             if not cached or not self._heal(task.shard, reader):
                 raise
-            return self.fetch(task, stop)
+            return self._fetch(task, stop)
         if not cached:
             return parse
         return lambda: self._healing(task, reader, parse, stop)
