@@ -390,7 +390,8 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         live = next((x for x in (self._pending, self._live) if x is not None and x.mine()), None)
         info = torch.utils.data.get_worker_info()
         if live is None:
-            resumed, epoch, start, consumed = self.resumed_from(), self.epoch, self.start, 0
+            (epoch, start), consumed = self._saved_epoch(), 0
+            resumed = self.resumed_from() if epoch == self.epoch else None
         else:
             resumed, epoch, start, consumed = live.resumed, live.epoch, live.start, live.consumed
         rank, world = self.rank_world()
@@ -489,7 +490,10 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         if pending is not None and pending.mine() and (pending.worker, pending.workers) == (worker, workers):
             live = pending
         else:
+            if not self._chunked:  # (fastload.DataLoader sets its epochs)
+                self._next_pass()
             live = Iteration(self.epoch, self.start, self.resumed_from(), worker, workers, self.batch_size)
+        self._passed(live.epoch)
         self._live = live
         if live.chunk is None and workers > 1 and worker == 0 and not self._shared.fields.warned:
             self._shared.fields.warned = 1
@@ -530,8 +534,8 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             yield from chunks_of(samples, len(refs), size, worker=live.worker if in_worker else None)
             return
         yield from samples
-        if not in_worker:  # a complete pass in this process: the next one starts the epoch afresh
-            self._shared.rewind()
+        if not in_worker:  # a complete pass in this process: the next one reads the next epoch
+            self._shared.complete()
             self._live = None
 
 

@@ -92,9 +92,10 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     (``.../split=train``) as the source is such a filter.
 
     Decoding as :class:`~fastload.ShardDataset`: ``decode``, ``images``, ``allow_pickle``, ``map``,
-    ``columns`` (Parquet), ``on_error`` (``"skip"``: a sample that fails to decode is left out of a batch,
-    counted in :attr:`skipped`; ``ds[i]`` alone raises, having nothing to return), ``verify_samples`` (each
-    tar sample's CRC32C checked; a mismatch raises ``VerifyError`` naming shard, key and byte offset),
+    ``columns`` (Parquet), ``on_error`` (``"skip"``: a sample that fails to decode or map, or whose bytes
+    fail their CRC32C, is left out of a batch, counted in :attr:`skipped` and named in
+    :attr:`skipped_samples`; ``ds[i]`` alone raises, having nothing to return), ``verify_samples`` (each
+    tar sample's CRC32C checked; a mismatch raises ``SampleChecksumError`` naming shard, key and offset),
     ``partition_columns`` (each shard's hive partition values added to its samples, typed as filters
     compare them).
     Remote shards: ``cache_dir`` (whole shards and tables kept on disk, ``cache_limit_bytes``,
@@ -216,7 +217,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples ``indices``, in that order (what ``DataLoader`` calls with a batch's indices): one
         ranged read per span of neighbouring samples of a shard, different shards' reads at once. With
-        ``on_error="skip"`` a sample that fails to decode is left out (the list is shorter)."""
+        ``on_error="skip"`` a sample that fails to decode or map, or is damaged, is left out (the list is
+        shorter)."""
         if isinstance(indices, torch.Tensor):
             indices = indices.tolist()
         return self._read(resolve(indices, len(self)), single=False)

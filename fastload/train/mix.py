@@ -259,7 +259,8 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         live = next((x for x in (self._pending, self._live) if x is not None and x.mine()), None)
         info = torch.utils.data.get_worker_info()
         if live is None:
-            epoch, at, resumed, consumed = self.epoch, self.start, self._shared.resumed_from(), 0
+            (epoch, at), consumed = self._saved_epoch(), 0
+            resumed = self._shared.resumed_from() if epoch == self.epoch else None
         else:
             epoch, at, resumed, consumed = live.epoch, live.start, live.resumed, live.consumed
             at += consumed if info is None else 0
@@ -325,8 +326,11 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         if pending is not None and pending.mine() and (pending.worker, pending.workers) == (worker, workers):
             live = pending
         else:
+            if not self._chunked:  # (fastload.DataLoader sets its epochs)
+                self._next_pass()
             resumed = self._shared.resumed_from()
             live = Iteration(self.epoch, self.start, resumed, worker, workers, self.batch_size)
+        self._passed(live.epoch)
         self._live = live
         plan, start = self._plan(live.epoch, live.resumed), live.start
         chunk = self.batch_size if workers > 1 and self.batch_size else 1 << 16
@@ -356,8 +360,8 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
                     yield out
                 else:  # (a worker of a torch DataLoader too, under a lock)
                     self.count_skipped(1)
-            if info is None:  # a complete pass in this process: the next one starts the epoch afresh
-                self._shared.rewind()
+            if info is None:  # a complete pass in this process: the next one reads the next epoch
+                self._shared.complete()
                 self._live = None
         finally:
             samples.close()

@@ -20,6 +20,13 @@ import torch.utils.data
 
 from fastload.errors import ConfigError
 
+REPEAT_WARNING = (
+    "fastload: a new DataLoader iteration with fresh workers reads epoch {epoch} again, in the same order as "
+    "the last one: workers that are started anew each epoch cannot tell a new epoch from a restart. Call "
+    "dataset.set_epoch(epoch) before each epoch (as with DistributedSampler), or use "
+    "persistent_workers=True (epochs then advance by themselves), or fastload.DataLoader"
+)
+
 
 class _Fields(ctypes.Structure):
     _fields_ = [
@@ -33,6 +40,11 @@ class _Fields(ctypes.Structure):
         ("warned", ctypes.c_int64),  # the order warning was given
         ("log_used", ctypes.c_int64),  # bytes of the skipped-sample log in use (this epoch)
         ("log_full", ctypes.c_int64),  # samples skipped this epoch that the log had no room to name
+        ("generation", ctypes.c_int64),  # set_epoch/restore calls so far (a worker's passes count within one)
+        ("completed", ctypes.c_int64),  # epoch + 1 of a pass the training process read to its end (0: none)
+        ("pass_generation", ctypes.c_int64),  # the generation and DataLoader iteration (its workers' base
+        ("pass_seed", ctypes.c_int64),  # seed) of the last pass workers began: a new one, the same epoch...
+        ("warned_repeat", ctypes.c_int64),  # ... was warned about
     ]
 
 
@@ -74,6 +86,8 @@ class SharedPosition:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; after a restore of ``epoch``, keep the restored position."""
         f = self.fields
+        f.generation += 1
+        f.completed = 0
         if f.restored_epoch == epoch + 1:
             f.restored_epoch = 0
             f.epoch = epoch
@@ -95,6 +109,22 @@ class SharedPosition:
         """The next pass starts the current epoch from its beginning (a pass ran to its end)."""
         self.fields.start = 0
         self.fields.restored_epoch = 0
+
+    def complete(self) -> None:
+        """The training process read the current epoch to its end: its next pass reads the next epoch,
+        unless an epoch is set or a position restored before (:meth:`PositionMethods._next_pass`)."""
+        self.rewind()
+        self.fields.completed = self.fields.epoch + 1
+
+    def advance_to(self, epoch: int, generation: int) -> None:
+        """A worker's next pass reads ``epoch`` (from its beginning): recorded for every copy, once, unless
+        an epoch was set or a position restored since ``generation`` (no new generation: the other
+        workers of the pass count their passes on)."""
+        f = self.fields
+        with self.lock:
+            if f.generation == generation and f.epoch < epoch:
+                f.epoch, f.start, f.old_world, f.restored_epoch, f.completed = epoch, 0, 0, 0, 0
+                f.skipped = f.log_used = f.log_full = 0
 
     def count_skipped(self, n: int) -> None:
         with self.lock:
@@ -147,6 +177,47 @@ class PositionMethods:
         """Start epoch ``epoch`` from its beginning (call before iterating, as with DistributedSampler).
         After ``load_state_dict``, setting the restored epoch keeps the restored position."""
         self._shared.set_epoch(epoch)
+
+    def _next_pass(self) -> None:
+        """Before a pass outside ``fastload.DataLoader`` (which sets epochs itself) that continues no
+        restored worker position: the next epoch where a new pass can be seen, as
+        ``DistributedSampler`` users get from ``set_epoch``. In the training process, after a pass read to
+        its end; in a persistent DataLoader worker, at each pass after its first (every worker of the
+        loader starts one per ``iter(loader)``); never after ``set_epoch`` or a restore since. A fresh
+        worker cannot see that its loader read this epoch before (only that another iteration began it):
+        it warns once, naming ``set_epoch``."""
+        shared = self._shared
+        f = shared.fields
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            if f.completed == f.epoch + 1:
+                shared.set_epoch(int(f.epoch) + 1)
+            return
+        generation = int(f.generation)
+        last = self.__dict__.get("_passes")
+        if last is not None and last[0] == os.getpid() and last[1] == generation:
+            shared.advance_to(last[2] + 1, generation)
+            return
+        base = (int(info.seed) - int(info.id) + (1 << 63)) % (1 << 64) - (1 << 63)  # (as int64)
+        with shared.lock:
+            repeat = f.pass_generation == generation + 1 and f.pass_seed != base and not f.warned_repeat
+            f.pass_generation, f.pass_seed = generation + 1, base
+            f.warned_repeat |= repeat
+        if repeat:
+            warnings.warn(REPEAT_WARNING.format(epoch=int(f.epoch)), UserWarning, stacklevel=4)
+
+    def _passed(self, epoch: int) -> None:
+        """This process began a pass of ``epoch`` (in a worker: what its next pass advances from)."""
+        if torch.utils.data.get_worker_info() is not None:
+            self._passes = (os.getpid(), int(self._shared.fields.generation), epoch)
+
+    def _saved_epoch(self) -> tuple[int, int]:
+        """``(epoch, start)`` a state saved now holds when no pass is under way: after a pass the
+        training process read to its end, the next epoch from its beginning (what the next pass reads)."""
+        f = self._shared.fields
+        if torch.utils.data.get_worker_info() is None and f.completed == f.epoch + 1:
+            return int(f.epoch) + 1, 0
+        return self.epoch, self.start
 
     @property
     def start(self) -> int:
