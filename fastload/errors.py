@@ -185,10 +185,11 @@ class WorkerDiedError(FastloadError, RuntimeError):
 
 
 class SampleChecksumError(VerifyError):
-    """One sample's bytes, as read, are not the bytes packed: they fail the CRC32C its index records.
-    ``index`` is the sample's position in its shard. Reading with ``on_error="skip"`` leaves such a sample
-    out (counted and named) instead of raising."""
+    """One sample's bytes, as read, are not the bytes packed: they fail their CRC32C (a tar sample's in the
+    index, a TFRecord record's own). ``index`` is the sample's position in its shard (``key`` None where the
+    record does not say it: the reader fills it in from the index). Reading with ``on_error="skip"`` leaves
+    such a sample out (counted and named) instead of raising."""
 
-    def __init__(self, message: str, *, shard: str, key: str, offset: int, index: int) -> None:
+    def __init__(self, message: str, *, shard: str, key: str | None, offset: int, index: int) -> None:
         super().__init__(message, shard=shard, key=key, offset=offset)
         self.index = index

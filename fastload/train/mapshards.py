@@ -163,6 +163,8 @@ def read_spans(
             if not first <= bad < stop or (bad in want and not skip):
                 raise
             if bad in want:
+                if exc.key is None:  # (a TFRecord record's: its key from the index)
+                    exc.key = entry.keys[bad]
                 out[bad] = exc
             todo += [(b, e) for b, e in ((bad + 1, stop), (first, bad)) if b < e]
     return out

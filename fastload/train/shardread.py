@@ -215,6 +215,8 @@ class ShardReaders:
                 bad = _position_of(exc.index, positions, done)
                 if bad is None:  # (not one of this segment's samples: nothing to skip it in favour of)
                     raise
+                if exc.key is None:  # (a TFRecord record's: its key from the index)
+                    exc.key = self.entry(task.shard).keys[exc.index]
                 reader, _ = self._reader(task.shard, stop)
                 if bad + 1 < len(positions):
                     segments.append((positions[bad + 1 :], self._reload(reader, positions[bad + 1 :])))
