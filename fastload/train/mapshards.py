@@ -24,7 +24,7 @@ from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.lru import LRU
 from fastload.core.randomaccess import spans
-from fastload.errors import ConfigError, NotFoundError, SampleChecksumError
+from fastload.errors import ConfigError, NotFoundError, SampleChecksumError, VerifyError
 from fastload.formats.tar.reader import short_read
 from fastload.storage import access as storage
 from fastload.storage.rangedfile import RangedFile
@@ -186,7 +186,11 @@ class ShardHandles:
         cache: ShardCache | None,
         verify: bool,
         max_open: int,
+        skip_damaged: bool = False,
     ) -> None:
+        """``skip_damaged``: a remote shard the cache refuses (its bytes fail their CRC32C) is read
+        uncached, so that only its damaged samples are left out (``on_error="skip"``)."""
+        self.skip_damaged = skip_damaged
         self.root, self.shards, self.shard_format = root, shards, shard_format
         self.config, self.cache, self.verify = config, cache, verify
         self._open: LRU[int, ShardHandle] = LRU(max_items=max_open)
@@ -266,8 +270,12 @@ class ShardHandles:
         remote = storage.is_remote(url)
         try:
             if self.cache is not None and remote and self.cache.cacheable(entry):
-                with self.cache.open(url, entry) as f:
-                    return ShardHandle(url, entry, fd=os.dup(f.fileno()), cached=True)
+                try:
+                    with self.cache.open(url, entry) as f:
+                        return ShardHandle(url, entry, fd=os.dup(f.fileno()), cached=True)
+                except VerifyError:  # the remote shard's bytes fail their CRC32C: read it uncached
+                    if not self.skip_damaged:
+                        raise
             if remote:
                 return ShardHandle(
                     url, entry, reader=storage.open_read(url, config=self.config), cached=False

@@ -262,6 +262,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
                     cache=self._cache(),
                     verify=self.decoding.verify_samples,
                     max_open=self.max_open_shards,
+                    skip_damaged=self.decoding.on_error == "skip",
                 )
                 proc = self._proc = _Process(handles, self.row_group_cache_bytes, self.threads)
         return proc

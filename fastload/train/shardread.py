@@ -385,7 +385,13 @@ class ShardReaders:
             url = storage.join(self.root, entry.name)
             cached = None
             if self.cache is not None and storage.is_remote(url) and self.cache.cacheable(entry):
-                cached = self.cache.open(url, entry, stop=stop)
+                try:
+                    cached = self.cache.open(url, entry, stop=stop)
+                except VerifyError:  # the remote shard's bytes fail their CRC32C: the cache refuses it
+                    if not self.skip_damaged:
+                        raise
+                    # read it uncached instead: each sample is checked, the damaged ones left out
+                    cached = None
             pool = self._range_pool() if cached is None and storage.is_remote(url) else None
             reader = ShardReader(url, entry, config=self.config, file=cached, pool=pool)
             reader.cached = cached is not None
