@@ -24,6 +24,7 @@ from fastload.core.readplan import ReadTask, iter_reads
 from fastload.errors import SampleChecksumError, VerifyError
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
+from fastload.train.damaged import raising, read_past_damage
 from fastload.train.shardreader import RawSample, ShardReader, missing_shard
 from fastload.train.tablememo import TableMemo
 
@@ -34,18 +35,6 @@ RANGE_THREADS = 16  # the ranges of reads of remote shards (Parquet column chunk
 
 if TYPE_CHECKING:
     from fastload.storage.cache import ShardCache
-
-
-def _raise(exc: BaseException) -> Iterable[RawSample]:
-    raise exc
-
-
-def _position_of(index: int, positions: Sequence[int], start: int) -> int | None:
-    """Where sample ``index`` of a shard first comes in ``positions`` from ``start`` on (None: nowhere)."""
-    for k in range(start, len(positions)):
-        if positions[k] == index:
-            return k
-    return None
 
 
 class ShardReaders:
@@ -59,7 +48,7 @@ class ShardReaders:
     A sample that fails its CRC32C in a shard read from the cache has the cached copy dropped and the shard
     fetched again, once per shard (the cache heals); a second failure raises, or with ``skip_damaged`` the
     sample's :class:`~fastload.errors.SampleChecksumError` takes its place in the task's samples and the
-    rest of the task is read on (:meth:`_skipping`)."""
+    rest of the task is read on (:func:`~fastload.train.damaged.read_past_damage`)."""
 
     def __init__(
         self,
@@ -190,44 +179,13 @@ class ShardReaders:
         try:
             parse = self._fetch(task, stop)
         except SampleChecksumError as exc:
-            parse = functools.partial(_raise, exc)
-        return lambda: self._skipping(task, parse, stop)
-
-    def _skipping(
-        self, task: ReadTask, parse: Callable[[], Iterable[RawSample]], stop: threading.Event | None
-    ) -> Iterator[RawSample | SampleChecksumError]:
-        """The samples of ``parse()`` (those of ``task``), each damaged one (its bytes fail their CRC32C,
-        after the cache had its chance to heal) given as its error in its place; after one, the samples
-        around it are read again from the shard (a run's samples are checked before any is given)."""
-        segments: list[tuple[tuple[int, ...], Callable[[], Iterable[RawSample]] | SampleChecksumError]]
-        segments = [(task.positions, parse)]  # a stack: the next segment of the task last
-        while segments:
-            positions, part = segments.pop()
-            if isinstance(part, SampleChecksumError):
-                yield part
-                continue
-            done = 0
-            try:
-                for sample in part():
-                    yield sample
-                    done += 1
-            except SampleChecksumError as exc:
-                bad = _position_of(exc.index, positions, done)
-                if bad is None:  # (not one of this segment's samples: nothing to skip it in favour of)
-                    raise
-                if exc.key is None:  # (a TFRecord record's: its key from the index)
-                    exc.key = self.entry(task.shard).keys[exc.index]
-                reader, _ = self._reader(task.shard, stop)
-                if bad + 1 < len(positions):
-                    segments.append((positions[bad + 1 :], self._reload(reader, positions[bad + 1 :])))
-                segments.append(((), exc))
-                if bad > done:
-                    segments.append((positions[done:bad], self._reload(reader, positions[done:bad])))
-
-    def _reload(self, reader: ShardReader, positions: tuple[int, ...]) -> Callable[[], Iterable[RawSample]]:
-        """A function that reads ``positions`` of ``reader``'s shard when called (a damaged sample raises
-        then, inside :meth:`_skipping`'s loop)."""
-        return lambda: reader.load(positions, self.columns, defer=True)()
+            parse = functools.partial(raising, exc)
+        return lambda: read_past_damage(
+            task.positions,
+            parse,
+            lambda positions: self._reader(task.shard, stop)[0].load(positions, self.columns, defer=True)(),
+            lambda index: self.entry(task.shard).keys[index],
+        )
 
     def _fetch(
         self, task: ReadTask, stop: threading.Event | None = None
