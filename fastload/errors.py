@@ -12,6 +12,7 @@
     │   └── UnfinishedPackError          a folder holds an interrupted pack (its journal): --resume it
     ├── IndexFormatError                 an ``index.json`` that is missing, malformed or of another version
     ├── VerifyError                      a shard does not match its index (names shard, sample, offset)
+    │   └── SampleChecksumError          one sample's bytes fail their CRC32C (on_error="skip" skips it)
     └── S3Error                          an S3 request failed for good (names bucket and key)
         ├── RangeReadError(OSError)      retries spent on one byte range (range, attempts, last error)
         ├── ObjectChangedError           the object was overwritten while being read (ETag changed)
@@ -309,3 +310,14 @@ class S3NotFoundError(S3Error, NotFoundError):
 
 class WorkerDiedError(FastloadError, RuntimeError):
     """A DataLoader worker process ended without finishing (killed: out of memory, a signal, a crash)."""
+
+
+class SampleChecksumError(VerifyError):
+    """One sample's bytes, as read, are not the bytes packed: they fail their CRC32C (a tar sample's in the
+    index, a TFRecord record's own). ``index`` is the sample's position in its shard (``key`` None where the
+    record does not say it: the reader fills it in from the index). Reading with ``on_error="skip"`` leaves
+    such a sample out (counted and named) instead of raising."""
+
+    def __init__(self, message: str, *, shard: str, key: str | None, offset: int, index: int) -> None:
+        super().__init__(message, shard=shard, key=key, offset=offset)
+        self.index = index

@@ -53,6 +53,7 @@ from fastload.storage.cache import ShardCache
 from fastload.train.chunks import chunks_of
 from fastload.train.filtering import (
     FilteredView,
+    check_projection,
     check_selection,
     partition_filter,
     partition_parent,
@@ -71,6 +72,7 @@ from fastload.train.options import (
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import read_samples
 from fastload.train.source import open_index
+from fastload.train.statecheck import check_shape, order_parts, order_refusal
 from fastload.train.tablememo import TableMemo
 
 ORDER_WARNING = (
@@ -183,6 +185,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         projects = formats.by_name(self.index.shard_format).projects_columns
         if self.decoding.columns is not None and not projects:
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
+        check_projection(self.index, self.decoding.columns, where=self.root)
         self.prefetch = wanted.resolved(remote=storage.is_remote(self.root))
         self._cache_obj: tuple[int, ShardCache] | None = None
         self._memo_obj: tuple[int, TableMemo] | None = None
@@ -344,9 +347,11 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         return plan
 
     def epoch_report(self, epoch: int | None = None) -> dict[str, Any]:
-        """Which samples the even policy dropped or repeated this epoch, as (shard name, key) pairs, and
-        ``cut_from``: with ``even="split"`` and no seed, where the epoch's sample sequence started (the cut
-        moves on by ``N mod world_size`` samples every epoch, :func:`~fastload.core.sharding.split_rotation`).
+        """Which samples the even policy dropped or repeated this epoch, as (shard name, key) pairs,
+        ``skipped_on_error`` (how many samples ``on_error="skip"`` left out this epoch) and
+        ``skipped_samples`` (them by name: :attr:`skipped_samples`), and ``cut_from``: with
+        ``even="split"`` and no seed, where the epoch's sample sequence started (the cut moves on by
+        ``N mod world_size`` samples every epoch, :func:`~fastload.core.sharding.split_rotation`).
         ``cache_bypassed``: shards (and sample tables) read past ``cache_dir`` because it could not store
         them (a full disk), by every process of this dataset since it was made.
         With an index v2 only the sample tables of the shards named are read."""
@@ -378,6 +383,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             "repeated": named(plan.repeated),
             "skipped_on_error": self.skipped,
             "cache_bypassed": self.cache_bypassed,
+            "skipped_samples": self.skipped_samples,
             "cut_from": split_rotation(self._samples(), world_size=world, seed=self.seed, epoch=epoch)
             if self.even == "split"
             else 0,
@@ -395,7 +401,8 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         live = next((x for x in (self._pending, self._live) if x is not None and x.mine()), None)
         info = torch.utils.data.get_worker_info()
         if live is None:
-            resumed, epoch, start, consumed = self.resumed_from(), self.epoch, self.start, 0
+            (epoch, start), consumed = self._saved_epoch(), 0
+            resumed = self.resumed_from() if epoch == self.epoch else None
         else:
             resumed, epoch, start, consumed = live.resumed, live.epoch, live.start, live.consumed
         rank, world = self.rank_world()
@@ -407,6 +414,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             "rank": rank,
             "samples": self._samples(),
             "order": self.order_fingerprint(),
+            **self._order_parts(),
             **selection_state(self.filters, self.decoding.columns),
         }
         if resumed is not None:
@@ -422,20 +430,21 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         A checkpoint taken under another world size resumes too (synchronous data parallelism keeps every
         rank's delivered count equal, so any rank's state describes all of them): the old ranks' remaining
         samples are dealt to the new ranks (see :func:`fastload.core.sharding.resumed_rank_order`)."""
+        check_shape(state, owner="ShardDataset", keys=("epoch", "delivered"))
+        if state.get("kind") == "fastload.Mix":
+            raise ConfigError("this is a fastload.Mix's state; restore it into the Mix that saved it")
         _, world = self.rank_world()
         old_world = state.get("world_size", world)
         state = self._legacy_split(state, old_world if isinstance(old_world, int) else world)
         check_selection(state, self.filters, self.decoding.columns)
-        for name, mine in (
-            ("seed", self.seed),
-            ("samples", self._samples()),
-            ("order", self.order_fingerprint(old_world if isinstance(old_world, int) else None)),
-        ):
-            if name in state and state[name] != mine:
-                raise ConfigError(
-                    f"cannot resume: the checkpoint has {name}={state.get(name)!r}, this run has "
-                    f"{mine!r}; resume with the same dataset, seed, shuffle and even settings"
-                )
+        if "seed" in state and state["seed"] != self.seed:
+            raise ConfigError(
+                f"cannot resume: the checkpoint has seed={state['seed']!r}, this run has seed={self.seed!r}; "
+                "resume with the checkpoint's seed"
+            )
+        order = self.order_fingerprint(old_world if isinstance(old_world, int) else None)
+        if state.get("samples", self._samples()) != self._samples() or state.get("order", order) != order:
+            raise order_refusal(state, {"samples": self._samples(), **self._order_parts()})
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
         resumed = self._resumed_by(state, int(old_world), world)
         if old_world == world:
@@ -453,6 +462,17 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             except ValueError as exc:
                 raise ConfigError(f"cannot resume from this checkpoint: {exc}") from None
         self._restore(state, epoch, start, resumed)
+
+    def _order_parts(self) -> dict[str, Any]:
+        """What decides the order besides seed and world size, as a checkpoint records it
+        (:func:`~fastload.train.statecheck.order_parts`)."""
+        parts = self.__dict__.get("_parts")
+        if parts is None:
+            o = self.order
+            counts = self._counts().tolist()
+            parts = order_parts(self.index.shards, counts, shuffle_buffer=o.shuffle_buffer, even=o.even)
+            self._parts = parts
+        return dict(parts)
 
     def _legacy_split(self, state: dict[str, Any], world: int) -> dict[str, Any]:
         """``state`` as this version's if it can be: a checkpoint of an ``even="split"`` epoch without a
@@ -481,7 +501,10 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         if pending is not None and pending.mine() and (pending.worker, pending.workers) == (worker, workers):
             live = pending
         else:
+            if not self._chunked:  # (fastload.DataLoader sets its epochs)
+                self._next_pass()
             live = Iteration(self.epoch, self.start, self.resumed_from(), worker, workers, self.batch_size)
+        self._passed(live.epoch)
         self._live = live
         if live.chunk is None and workers > 1 and worker == 0 and not self._shared.fields.warned:
             self._shared.fields.warned = 1
@@ -512,7 +535,8 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             cache=self.cache(),
             progress=live,
             mark_skipped=self._chunked,
-            on_skip=None if in_worker else lambda: self.count_skipped(1),
+            on_skip=lambda: self.count_skipped(1),  # (a worker of a torch DataLoader too, under a lock)
+            report=self.note_skipped,
             partitions=self.partitions,
             memo=self.table_memo(),
         )
@@ -521,8 +545,8 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             yield from chunks_of(samples, len(refs), size, worker=live.worker if in_worker else None)
             return
         yield from samples
-        if not in_worker:  # a complete pass in this process: the next one starts the epoch afresh
-            self._shared.rewind()
+        if not in_worker:  # a complete pass in this process: the next one reads the next epoch
+            self._shared.complete()
             self._live = None
 
 

@@ -201,6 +201,20 @@ def partition_values_of(index: DatasetIndex) -> list[dict[str, Any]]:
     return [F.partition_values(s.partition, types) for s in index.shards]
 
 
+def check_projection(index: DatasetIndex, columns: Sequence[str] | None, *, where: str) -> None:
+    """:class:`ConfigError` naming a column of ``columns=`` that the dataset does not have (its fields and
+    partition columns; nothing is checked when the index lists no fields)."""
+    if columns is None or not index.fields:
+        return
+    known = list(index.fields) + list(F.partition_types(s.partition for s in index.shards))
+    unknown = [c for c in columns if c not in known and not c.startswith("__")]
+    if unknown:
+        raise ConfigError(
+            f"columns= names {', '.join(map(repr, unknown))}, not a column of {where}; its columns: "
+            f"{', '.join(sorted(known))}"
+        )
+
+
 def selection_state(flt: F.Filter | None, columns: Sequence[str] | None) -> dict[str, Any]:
     """What a checkpoint records of the rows and columns read (another selection is refused on restore)."""
     return {"filters": F.describe(flt), "columns": None if columns is None else list(columns)}

@@ -26,6 +26,7 @@ from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
 from fastload.train.mix import Mix
 from fastload.train.shmbatch import MainSlots
+from fastload.train.statecheck import check_shape
 from fastload.train.torchprivate import is_worker_death, shut_down_workers
 
 WORKER_DIED = (
@@ -255,6 +256,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields exactly the samples not yet delivered (see
         :meth:`ShardDataset.load_state_dict`; the batch size and ``num_workers`` may differ)."""
+        check_shape(state, owner="fastload.DataLoader", keys=("epoch", "delivered"))
         if "worker" in state:
             raise ConfigError(
                 "this is one DataLoader worker's state, not fastload.DataLoader's; pass loader.state_dict()"

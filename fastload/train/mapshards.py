@@ -23,7 +23,8 @@ from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.lru import LRU
-from fastload.errors import ConfigError, NotFoundError
+from fastload.core.randomaccess import spans
+from fastload.errors import ConfigError, NotFoundError, SampleChecksumError, VerifyError
 from fastload.formats.tar.reader import short_read
 from fastload.storage import access as storage
 from fastload.storage.rangedfile import RangedFile
@@ -135,6 +136,40 @@ class ShardHandle:
                 self._closing()
 
 
+def read_spans(
+    handle: ShardHandle,
+    positions: Sequence[int],
+    columns: Sequence[str] | None,
+    max_gap_bytes: int,
+    *,
+    skip: bool,
+) -> dict[int, RawSample | SampleChecksumError]:
+    """The samples at ``positions`` (ascending, distinct) of ``handle``'s shard, read by spans of
+    neighbours at most ``max_gap_bytes`` apart (:func:`~fastload.core.randomaccess.spans`). A damaged
+    sample (its bytes fail their CRC32C) that is not one of them, read along, is read around; so, with
+    ``skip``, is one of them, which then maps to its :class:`SampleChecksumError`."""
+    entry = handle.entry
+    out: dict[int, RawSample | SampleChecksumError] = {}
+    want = set(positions)
+    todo = spans(positions, entry.offsets, entry.sizes, max_gap_bytes=max_gap_bytes)[::-1]
+    while todo:
+        first, stop = todo.pop()
+        try:
+            for raw in handle.load(range(first, stop), columns):
+                if raw["__index__"] in want:
+                    out[raw["__index__"]] = raw
+        except SampleChecksumError as exc:
+            bad = exc.index
+            if not first <= bad < stop or (bad in want and not skip):
+                raise
+            if bad in want:
+                if exc.key is None:  # (a TFRecord record's: its key from the index)
+                    exc.key = entry.keys[bad]
+                out[bad] = exc
+            todo += [(b, e) for b, e in ((bad + 1, stop), (first, bad)) if b < e]
+    return out
+
+
 class ShardHandles:
     """This process's open shards, at most ``max_open`` kept (least recently used closed first); each
     opened on first use: its table fetched (:func:`fastload.formats.full_entry`, through the shard cache
@@ -151,7 +186,11 @@ class ShardHandles:
         cache: ShardCache | None,
         verify: bool,
         max_open: int,
+        skip_damaged: bool = False,
     ) -> None:
+        """``skip_damaged``: a remote shard the cache refuses (its bytes fail their CRC32C) is read
+        uncached, so that only its damaged samples are left out (``on_error="skip"``)."""
+        self.skip_damaged = skip_damaged
         self.root, self.shards, self.shard_format = root, shards, shard_format
         self.config, self.cache, self.verify = config, cache, verify
         self._open: LRU[int, ShardHandle] = LRU(max_items=max_open)
@@ -232,7 +271,11 @@ class ShardHandles:
         try:
             cached = None
             if self.cache is not None and remote and self.cache.cacheable(entry):
-                cached = self.cache.try_open(url, entry)  # None: the folder cannot hold it
+                try:
+                    cached = self.cache.try_open(url, entry)  # None: the folder cannot hold it
+                except VerifyError:  # the remote shard's bytes fail their CRC32C: read it uncached
+                    if not self.skip_damaged:
+                        raise
             if cached is not None:
                 with cached as f:
                     return ShardHandle(url, entry, fd=os.dup(f.fileno()), cached=True)

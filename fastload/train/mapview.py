@@ -23,7 +23,7 @@ import bisect
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,21 +33,23 @@ import torch.utils.data
 from fastload.config import S3Config
 from fastload.core.filters import and_filters, normalise, partition_types
 from fastload.core.lru import LRU
-from fastload.core.randomaccess import group_starts, locate, resolve, sample_starts, spans
-from fastload.errors import ConfigError, VerifyError
+from fastload.core.randomaccess import group_starts, locate, resolve, sample_starts
+from fastload.errors import ConfigError, SampleChecksumError, VerifyError
 from fastload.formats import by_name
 from fastload.gcpause import gc_paused
 from fastload.storage.cache import ShardCache
 from fastload.train.filtering import (
     FilteredView,
+    check_projection,
     partition_filter,
     partition_parent,
     partition_values_of,
     plan_filter,
 )
-from fastload.train.mapshards import RawSample, ShardHandle, ShardHandles
+from fastload.train.mapshards import RawSample, ShardHandle, ShardHandles, read_spans
 from fastload.train.options import CacheConfig, DecodeConfig
-from fastload.train.reading import SKIPPED, finish
+from fastload.train.position import SkippedSample, warn_damaged
+from fastload.train.reading import SKIPPED, damaged, finish
 from fastload.train.source import open_index
 
 DEFAULT_GAP_BYTES = 256 << 10
@@ -90,9 +92,10 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     (``.../split=train``) as the source is such a filter.
 
     Decoding as :class:`~fastload.ShardDataset`: ``decode``, ``images``, ``allow_pickle``, ``map``,
-    ``columns`` (Parquet), ``on_error`` (``"skip"``: a sample that fails to decode is left out of a batch,
-    counted in :attr:`skipped`; ``ds[i]`` alone raises, having nothing to return), ``verify_samples`` (each
-    tar sample's CRC32C checked; a mismatch raises ``VerifyError`` naming shard, key and byte offset),
+    ``columns`` (Parquet), ``on_error`` (``"skip"``: a sample that fails to decode or map, or whose bytes
+    fail their CRC32C, is left out of a batch, counted in :attr:`skipped` and named in
+    :attr:`skipped_samples`; ``ds[i]`` alone raises, having nothing to return), ``verify_samples`` (each
+    tar sample's CRC32C checked; a mismatch raises ``SampleChecksumError`` naming shard, key and offset),
     ``partition_columns`` (each shard's hive partition values added to its samples, typed as filters
     compare them).
     ``key_column``: for Parquet files without an index, the column that names samples (as
@@ -153,6 +156,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             )
         if columns is not None and not by_name(self.index.shard_format).projects_columns:
             raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
+        check_projection(self.index, columns, where=self.root)
         self.filters = normalise(filters)
         if parent is not None:
             types = partition_types(s.partition for s in self.index.shards)
@@ -166,7 +170,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         self.partitions = partition_values_of(self.index) if partition_columns else None
         counts = self.filtered.counts if self.filtered is not None else [s.samples for s in self.index.shards]
         self.starts = sample_starts(counts)
-        self.skipped = 0
+        self.skipped = 0  # samples left out with on_error="skip", by this process
+        self.skipped_samples: list[SkippedSample] = []  # ... and their names
         self._proc: _Process | None = None
         self._proc_lock: tuple[int, threading.Lock] | None = None
         if self.caching.path is not None:
@@ -217,7 +222,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples ``indices``, in that order (what ``DataLoader`` calls with a batch's indices): one
         ranged read per span of neighbouring samples of a shard, different shards' reads at once. With
-        ``on_error="skip"`` a sample that fails to decode is left out (the list is shorter)."""
+        ``on_error="skip"`` a sample that fails to decode or map, or is damaged, is left out (the list is
+        shorter)."""
         if isinstance(indices, torch.Tensor):
             indices = indices.tolist()
         return self._read(resolve(indices, len(self)), single=False)
@@ -261,6 +267,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
                     cache=self._cache(),
                     verify=self.decoding.verify_samples,
                     max_open=self.max_open_shards,
+                    skip_damaged=self.decoding.on_error == "skip",
                 )
                 proc = self._proc = _Process(handles, self.row_group_cache_bytes, self.threads)
         return proc
@@ -286,51 +293,62 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             found = list(proc.pool().map(lambda job: self._shard_samples(proc, *job), jobs))
         by_ref = {(s, p): raw for (s, _), raws in zip(jobs, found, strict=True) for p, raw in raws.items()}
         out: list[Any] = []
+        noted: list[SkippedSample] = []
         seen: set[tuple[int, int]] = set()
         name_of = self.index.shards
         for s, p in zip(shards.tolist(), positions.tolist(), strict=True):
             raw = by_ref[(s, p)]
+            if isinstance(raw, SampleChecksumError):  # on_error="skip": a damaged sample
+                if single:  # nothing to return: the error itself
+                    raise raw
+                self._skip(proc, damaged(raw))
+                continue
             if (s, p) in seen:  # the same sample twice: its own dict each time
                 raw = dict(raw)
             seen.add((s, p))
             raw["__shard__"] = name_of[s].name
             if self.partitions is not None:
                 raw.update(self.partitions[s])
-            sample = raw if self.decoding.plain else finish(raw, self.decoding)
+            sample = raw if self.decoding.plain else finish(raw, self.decoding, noted.append)
             if sample is SKIPPED:
                 if single:  # nothing to return: the error itself
                     finish(raw, dataclasses.replace(self.decoding, on_error="raise"))
-                with proc.lock:
-                    self.skipped += 1
+                self._skip(proc, noted.pop())
                 continue
             out.append(sample)
         return out
 
-    def _shard_samples(self, proc: _Process, shard: int, positions: list[int]) -> dict[int, RawSample]:
+    def _skip(self, proc: _Process, record: SkippedSample) -> None:
+        """Count and name a sample left out with ``on_error="skip"`` (a damaged one warned, once per
+        shard)."""
+        with proc.lock:
+            self.skipped += 1
+            first = record.offset is not None and all(r.shard != record.shard for r in self.skipped_samples)
+            self.skipped_samples.append(record)
+        if first:
+            warn_damaged(record, "(left out of their batches); MapDataset.skipped_samples")
+
+    def _shard_samples(
+        self, proc: _Process, shard: int, positions: list[int]
+    ) -> Mapping[int, RawSample | SampleChecksumError]:
         """``position -> raw sample`` for ``positions`` (ascending) of ``shard``; a cached copy that fails
-        its check is dropped and the shard read again, once."""
+        its check is dropped and the shard read again, once. With ``on_error="skip"``, a sample whose bytes
+        fail their CRC32C (in the fresh copy) maps to its error (:func:`read_spans`)."""
         for attempt in (0, 1):
             handle = proc.handles.get(shard)
             try:
                 if handle.entry.row_groups:
                     return self._rows(proc, shard, handle, positions)
-                return self._runs(handle, positions)
-            except VerifyError:
-                if attempt or not proc.handles.drop(shard, handle):
-                    raise
+                return read_spans(handle, positions, self.decoding.columns, self.max_gap_bytes, skip=False)
+            except VerifyError as exc:
+                if not attempt and proc.handles.drop(shard, handle):
+                    continue
+                if isinstance(exc, SampleChecksumError) and self.decoding.on_error == "skip":
+                    return read_spans(handle, positions, self.decoding.columns, self.max_gap_bytes, skip=True)
+                raise
             finally:
                 proc.handles.put(handle)
         raise AssertionError("unreachable")
-
-    def _runs(self, handle: ShardHandle, positions: list[int]) -> dict[int, RawSample]:
-        entry = handle.entry
-        out: dict[int, RawSample] = {}
-        want = set(positions)
-        for first, stop in spans(positions, entry.offsets, entry.sizes, max_gap_bytes=self.max_gap_bytes):
-            for raw in handle.load(range(first, stop), self.decoding.columns):
-                if raw["__index__"] in want:
-                    out[raw["__index__"]] = raw
-        return out
 
     def _rows(
         self, proc: _Process, shard: int, handle: ShardHandle, positions: list[int]

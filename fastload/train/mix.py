@@ -35,6 +35,7 @@ from fastload.train.mixplan import MixPlan, Source, plan_epoch
 from fastload.train.mixread import interleave, source_samples
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import SKIPPED
+from fastload.train.statecheck import check_shape, differences, refusal
 
 Weights = Mapping[str, float] | Sequence[float]
 
@@ -216,6 +217,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         counts = self.source_counts(upto)
         report: dict[str, Any] = {"samples": plan.end, "stop": self.stop, "skipped_on_error": self.skipped}
         report["cache_bypassed"] = sum(d.cache_bypassed for d in self.sources)  # (their cache_dir)
+        report["skipped_samples"] = self.skipped_samples
         rank, world = self.rank_world()
         e = self.epoch if epoch is None else epoch
         sources = {}
@@ -241,6 +243,46 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         settings = repr((self.names, self.steps, self.stop, self.seed, size, orders))
         return hashlib.sha256(settings.encode()).hexdigest()[:16]
 
+    def _mixture_parts(self, world_size: int | None = None) -> dict[str, Any]:
+        """What :meth:`fingerprint` digests, as a checkpoint records it (so a refused one can say what
+        differs): the mixture's settings, and each source's order digest."""
+        world = self.rank_world()[1] if world_size is None else world_size
+        return {
+            "mixture": {
+                "names": list(self.names),
+                "weights": [[step, list(w)] for step, w in self.steps],
+                "stop": self.stop,
+                "seed": self.seed,
+                "batch_size": self.batch_size if len(self.steps) > 1 else None,
+            },
+            "source_orders": {
+                n: d.order_fingerprint(world) for n, d in zip(self.names, self.sources, strict=True)
+            },
+        }
+
+    def _refusal(self, state: dict[str, Any], old_world: int) -> ConfigError:
+        """The error for a checkpoint of another mixture, saying what differs."""
+        mine = self._mixture_parts(old_world)
+        saved = state.get("mixture")
+        found = []
+        if isinstance(saved, dict):
+            labels = {k: k if k != "weights" else "weights (per schedule step)" for k in mine["mixture"]}
+            found = differences(saved, mine["mixture"], labels)
+        orders = state.get("source_orders")
+        if isinstance(orders, dict):
+            for name, digest in orders.items():
+                if name in mine["source_orders"] and digest != mine["source_orders"][name]:
+                    found.append(
+                        f"source {name!r}: its sample order (its shards, re-packed or changed?, or its seed, "
+                        "shuffle_buffer or even)"
+                    )
+        return refusal(
+            "the mixture",
+            found,
+            unknown="the sources, their order settings, weights, schedule, stop, seed or batch size",
+            fix="Resume with the sources and settings the checkpoint was taken with",
+        )
+
     def state_dict(self, *, delivered: int | None = None) -> dict[str, Any]:
         """Epoch, positions delivered (``delivered``: default those before the current iteration, or in
         this process's iteration), samples drawn from each source, and what must match on restore; in a
@@ -249,7 +291,8 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         live = next((x for x in (self._pending, self._live) if x is not None and x.mine()), None)
         info = torch.utils.data.get_worker_info()
         if live is None:
-            epoch, at, resumed, consumed = self.epoch, self.start, self._shared.resumed_from(), 0
+            (epoch, at), consumed = self._saved_epoch(), 0
+            resumed = self._shared.resumed_from() if epoch == self.epoch else None
         else:
             epoch, at, resumed, consumed = live.epoch, live.start, live.resumed, live.consumed
             at += consumed if info is None else 0
@@ -263,6 +306,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             "world_size": world,
             "rank": rank,
             "order": self.fingerprint(),
+            **self._mixture_parts(),
             "sources": dict(zip(self.names, (int(c) for c in counts), strict=True)),
         }
         if resumed is not None:
@@ -276,15 +320,13 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         """Continue from ``state`` (any rank's: ranks in step have delivered the same positions and drawn
         the same per source); under another world size each source's rest of its pass is dealt to the new
         ranks (sources with ``even="none"`` cannot, their ranks' passes differ in length)."""
+        check_shape(state, owner="Mix", keys=("kind", "epoch", "delivered", "world_size"))
         if state.get("kind") != "fastload.Mix":
             raise ConfigError("this state is not a fastload.Mix's; restore it into what saved it")
         _, world = self.rank_world()
         old_world = int(state["world_size"])
         if state.get("order") != self.fingerprint(old_world):
-            raise ConfigError(
-                "cannot resume: the checkpoint's mixture differs from this one (sources, their order "
-                "settings, weights, schedule, stop, seed or batch size); resume with the same settings"
-            )
+            raise self._refusal(state, old_world)
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
         resumed = self._resumed_by(state, old_world, world)
         if old_world != world:
@@ -316,8 +358,11 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         if pending is not None and pending.mine() and (pending.worker, pending.workers) == (worker, workers):
             live = pending
         else:
+            if not self._chunked:  # (fastload.DataLoader sets its epochs)
+                self._next_pass()
             resumed = self._shared.resumed_from()
             live = Iteration(self.epoch, self.start, resumed, worker, workers, self.batch_size)
+        self._passed(live.epoch)
         self._live = live
         plan, start = self._plan(live.epoch, live.resumed), live.start
         chunk = self.batch_size if workers > 1 and self.batch_size else 1 << 16
@@ -329,7 +374,11 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         streams = []
         for s, (name, d) in enumerate(zip(self.names, self.sources, strict=True)):
             next_pass = functools.partial(self._plans[s].order, plan.epoch, rank=rank, world=world)
-            streams.append(source_samples(d, name, plan, s, first=first, next_pass=next_pass, **deal))
+            streams.append(
+                source_samples(
+                    d, name, plan, s, first=first, next_pass=next_pass, report=self.note_skipped, **deal
+                )
+            )
         blocks = worker_blocks(stop=plan.end, skip=live.consumed, **deal)
         samples = interleave(plan.schedule, blocks, streams, live)
         try:
@@ -341,10 +390,10 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             for out in samples:
                 if out is not SKIPPED:
                     yield out
-                elif info is None:
+                else:  # (a worker of a torch DataLoader too, under a lock)
                     self.count_skipped(1)
-            if info is None:  # a complete pass in this process: the next one starts the epoch afresh
-                self._shared.rewind()
+            if info is None:  # a complete pass in this process: the next one reads the next epoch
+                self._shared.complete()
                 self._live = None
         finally:
             samples.close()

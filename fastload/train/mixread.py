@@ -13,7 +13,7 @@ from fastload.core.refs import Refs
 from fastload.errors import ConfigError
 from fastload.train.dataset import ShardDataset
 from fastload.train.mixplan import MixPlan
-from fastload.train.position import Iteration
+from fastload.train.position import Iteration, SkippedSample
 from fastload.train.reading import read_samples
 
 BLOCK_DRAWS = 1 << 20  # a source's references made (and read by one pipeline) at a time
@@ -46,10 +46,12 @@ def source_samples(
     workers: int,
     chunk: int,
     next_pass: Callable[[int], Refs],
+    report: Callable[[SkippedSample], None] | None = None,
 ) -> Generator[object, None, None]:
     """Source ``s``'s samples (named ``__source__``) at the positions from ``first`` on that worker
     ``worker`` of ``workers`` reads (chunks of ``chunk`` from ``start`` in turn), in order; SKIPPED marks a
-    sample left out on error. ``next_pass(p)``: the rank's order of the source's pass ``p``."""
+    sample left out on error (named to ``report``). ``next_pass(p)``: the rank's order of the source's pass
+    ``p``."""
     sched = plan.schedule
     k = int(sched.counts(first)[s])
     stop = None if plan.end is None else int(sched.counts(plan.end)[s])
@@ -78,6 +80,7 @@ def source_samples(
             cache=d.cache(),
             progress=progress,
             mark_skipped=True,
+            report=report,
             partitions=d.partitions,
             memo=d.table_memo(),
         ):

@@ -61,15 +61,17 @@ class OrderConfig:
 class DecodeConfig:
     """What a sample becomes: fields decoded by extension (``decode``; ``images`` with Pillow; pickles only
     with ``allow_pickle``), then ``map``. ``columns`` projects Parquet shards. ``on_error``: ``raise`` (with
-    the shard and key) or ``skip`` (counted) for a sample that fails to decode or map.
+    the shard and key) or ``skip`` (counted and named) for a sample that fails to decode or map, or whose
+    bytes fail their CRC32C.
     ``partition_columns``: add each shard's hive partition values (``split=train`` -> ``"split": "train"``,
     typed as pyarrow types them) to its samples.
 
     ``verify_samples``: check each sample's bytes as read against the CRC32C its index records (tar shards
-    of an index v2, headers and padding included; a mismatch raises ``VerifyError`` naming the shard, key
-    and byte offset, whatever ``on_error`` says). False skips that check, which costs one pass of the C
-    CRC32C over the bytes read (about 10% of a raw local read from the page cache, nothing next to
-    decoding). Parquet page checksums (where written) and TFRecord record CRCs are always checked."""
+    of an index v2, headers and padding included; a mismatch raises ``SampleChecksumError`` naming the
+    shard, key and byte offset, or with ``on_error="skip"`` leaves the sample out). False skips that
+    check, which costs one pass of the C CRC32C over the bytes read (about 10% of a raw local read from the
+    page cache, nothing next to decoding). Parquet page checksums (where written) and TFRecord record CRCs
+    are always checked."""
 
     decode: bool = True
     images: bool = True

@@ -10,11 +10,11 @@ from typing import Any
 
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
-from fastload.errors import FastloadError
+from fastload.errors import FastloadError, SampleChecksumError
 from fastload.storage.cache import ShardCache
 from fastload.train.decode import decode_sample
 from fastload.train.options import DecodeConfig, PrefetchConfig
-from fastload.train.position import Iteration
+from fastload.train.position import Iteration, SkippedSample
 from fastload.train.prefetch import Prefetcher
 from fastload.train.shardread import RawSample, ShardReaders
 from fastload.train.tablememo import TableMemo
@@ -35,6 +35,7 @@ def read_samples(
     progress: Iteration,
     mark_skipped: bool = False,
     on_skip: Callable[[], None] | None = None,
+    report: Callable[[SkippedSample], None] | None = None,
     partitions: Sequence[Mapping[str, Any]] | None = None,
     memo: TableMemo | None = None,
 ) -> Generator[Any, None, None]:
@@ -42,7 +43,9 @@ def read_samples(
     ``shard_format``: attached or v2) in order, decoded and mapped.
 
     ``progress.consumed`` counts the references passed so far (delivered or skipped). A skipped sample is
-    yielded as :data:`SKIPPED` with ``mark_skipped``, else reported to ``on_skip`` and left out.
+    yielded as :data:`SKIPPED` with ``mark_skipped``, else reported to ``on_skip`` and left out; with
+    ``on_error="skip"`` that is a sample that fails to decode or map, or whose bytes fail their CRC32C
+    (after the cache had its chance to heal a cached copy). ``report``: told each skipped sample's name.
     ``partitions``: each shard's partition values, added to its samples (``partition_columns=True``).
     ``memo``: sample tables kept between passes (:mod:`fastload.train.tablememo`).
     """
@@ -61,6 +64,7 @@ def read_samples(
         defer=max_bytes == 0,
         verify=decoding.verify_samples,
         memo=memo,
+        skip_damaged=decoding.on_error == "skip",
     )
     # with prefetch, the next shard's table is fetched while this one is read
     tasks = readers.tasks(refs, max_task_bytes=task_bytes, ahead=max_bytes > 0)
@@ -77,15 +81,28 @@ def read_samples(
             name = shards[task.shard].name
             if partitions is not None:
                 parse = _with_values(parse, partitions[task.shard])
-            if decoding.plain:  # nothing to decode or map: nothing can fail or be skipped
+            if decoding.plain:  # nothing to decode or map: only damaged samples are skipped
                 for raw in parse():
-                    raw["__shard__"] = name
                     progress.consumed += 1
+                    if isinstance(raw, SampleChecksumError):
+                        if report is not None:
+                            report(damaged(raw))
+                        if mark_skipped:
+                            yield SKIPPED
+                        elif on_skip is not None:
+                            on_skip()
+                        continue
+                    raw["__shard__"] = name
                     yield raw
                 continue
             for raw in parse():
-                raw["__shard__"] = name
-                out = finish(raw, decoding)
+                if isinstance(raw, SampleChecksumError):
+                    if report is not None:
+                        report(damaged(raw))
+                    out = SKIPPED
+                else:
+                    raw["__shard__"] = name
+                    out = finish(raw, decoding, report)
                 progress.consumed += 1
                 if out is not SKIPPED or mark_skipped:
                     yield out
@@ -97,29 +114,71 @@ def read_samples(
 
 
 def _with_values(
-    parse: Callable[[], Iterable[RawSample]], values: Mapping[str, Any]
-) -> Callable[[], Iterable[RawSample]]:
-    def more() -> Iterator[RawSample]:
+    parse: Callable[[], Iterable[RawSample | SampleChecksumError]], values: Mapping[str, Any]
+) -> Callable[[], Iterable[RawSample | SampleChecksumError]]:
+    def more() -> Iterator[RawSample | SampleChecksumError]:
         for raw in parse():
-            raw.update(values)
+            if not isinstance(raw, SampleChecksumError):
+                raw.update(values)
             yield raw
 
     return more
 
 
-def finish(raw: RawSample, decoding: DecodeConfig) -> Any:
-    """One raw sample decoded and mapped; :data:`SKIPPED` if that failed and ``on_error="skip"``."""
+def damaged(exc: SampleChecksumError) -> SkippedSample:
+    """The name of a sample skipped because its bytes fail their CRC32C."""
+    return SkippedSample(exc.shard, exc.key or "", exc.offset, "its bytes fail their CRC32C (damaged shard)")
+
+
+def finish(
+    raw: RawSample, decoding: DecodeConfig, report: Callable[[SkippedSample], None] | None = None
+) -> Any:
+    """One raw sample decoded and mapped; :data:`SKIPPED` if that failed and ``on_error="skip"`` (its name
+    told to ``report``). The error says which step failed: decoding, or the ``map=`` function (by name)."""
     try:
         sample = (
             decode_sample(raw, images=decoding.images, allow_pickle=decoding.allow_pickle)
             if decoding.decode
             else raw
         )
-        return decoding.map(sample) if decoding.map is not None else sample
     except Exception as exc:
-        if decoding.on_error == "skip":
-            return SKIPPED
-        raise FastloadError(
-            f"shard {raw.get('__shard__')}, sample {raw.get('__key__')!r}: decoding failed ({exc!r}); "
-            "fix the data, pass decode=False, or on_error='skip'"
-        ) from exc
+        return _failed(raw, decoding, report, exc, "decoding failed", "fix the data, pass decode=False")
+    if decoding.map is None:
+        return sample
+    try:
+        return decoding.map(sample)
+    except Exception as exc:
+        what = f"the map= function {function_name(decoding.map)} failed on it"
+        return _failed(
+            raw, decoding, report, exc, what, "fix the function (the exception it raised is chained)"
+        )
+
+
+def function_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a function (or the repr of another callable)."""
+    inner = getattr(fn, "func", None)  # functools.partial
+    if inner is not None and callable(inner):
+        return f"functools.partial({function_name(inner)}, ...)"
+    name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", None)
+    module = getattr(fn, "__module__", None)
+    if not name:
+        return repr(fn)
+    return f"{module}.{name}" if module and module != "builtins" else str(name)
+
+
+def _failed(
+    raw: RawSample,
+    decoding: DecodeConfig,
+    report: Callable[[SkippedSample], None] | None,
+    exc: Exception,
+    what: str,
+    fix: str,
+) -> Any:
+    shard, key = raw.get("__shard__"), raw.get("__key__")
+    if decoding.on_error == "skip":
+        if report is not None:
+            report(SkippedSample(str(shard), str(key), None, f"{what}: {exc!r}"))
+        return SKIPPED
+    raise FastloadError(
+        f"shard {shard}, sample {key!r}: {what} ({exc!r}); {fix}, or on_error='skip'"
+    ) from exc

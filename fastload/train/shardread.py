@@ -7,6 +7,7 @@ allows it, and each dropped when its last reference is consumed."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -20,9 +21,10 @@ from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.readplan import ReadTask, iter_reads
-from fastload.errors import VerifyError
+from fastload.errors import SampleChecksumError, VerifyError
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
+from fastload.train.damaged import raising, read_past_damage
 from fastload.train.shardreader import RawSample, ShardReader, missing_shard
 from fastload.train.tablememo import TableMemo
 
@@ -44,7 +46,9 @@ class ShardReaders:
     ``fetch``/``release`` pair with a :class:`~fastload.train.prefetch.Prefetcher`.
 
     A sample that fails its CRC32C in a shard read from the cache has the cached copy dropped and the shard
-    fetched again, once per shard (the cache heals); a second failure raises."""
+    fetched again, once per shard (the cache heals); a second failure raises, or with ``skip_damaged`` the
+    sample's :class:`~fastload.errors.SampleChecksumError` takes its place in the task's samples and the
+    rest of the task is read on (:func:`~fastload.train.damaged.read_past_damage`)."""
 
     def __init__(
         self,
@@ -59,11 +63,14 @@ class ShardReaders:
         defer: bool = False,
         verify: bool = True,
         memo: TableMemo | None = None,
+        skip_damaged: bool = False,
     ) -> None:
         """``defer``: each fetch's result is used at once in the fetching thread (no prefetch), so local
         reads may be done there (see :meth:`ShardReader.load`). ``verify``: check each sample's CRC32C
         where the index has them (tar, index v2). ``memo``: full entries kept between passes (the
-        dataset's, :mod:`fastload.train.tablememo`): a table found there is not fetched again."""
+        dataset's, :mod:`fastload.train.tablememo`): a table found there is not fetched again.
+        ``skip_damaged``: a sample that fails its CRC32C is given as its error, not raised."""
+        self.skip_damaged = skip_damaged
         self.root, self.shards, self.columns, self.memo = root, shards, columns, memo
         self.shard_format = shard_format
         self.config, self.cache, self.defer, self.verify = config, cache, defer, verify
@@ -162,8 +169,27 @@ class ShardReaders:
             entry = dataclasses.replace(entry, crcs=[])
         return entry
 
-    def fetch(self, task: ReadTask, stop: threading.Event | None = None) -> Callable[[], Iterable[RawSample]]:
-        """Do the I/O of ``task``; the returned function gives its samples, in its order."""
+    def fetch(
+        self, task: ReadTask, stop: threading.Event | None = None
+    ) -> Callable[[], Iterable[RawSample | SampleChecksumError]]:
+        """Do the I/O of ``task``; the returned function gives its samples, in its order (with
+        ``skip_damaged``, a sample that fails its CRC32C as its :class:`SampleChecksumError`)."""
+        if not self.skip_damaged:
+            return self._fetch(task, stop)
+        try:
+            parse = self._fetch(task, stop)
+        except SampleChecksumError as exc:
+            parse = functools.partial(raising, exc)
+        return lambda: read_past_damage(
+            task.positions,
+            parse,
+            lambda positions: self._reader(task.shard, stop)[0].load(positions, self.columns, defer=True)(),
+            lambda index: self.entry(task.shard).keys[index],
+        )
+
+    def _fetch(
+        self, task: ReadTask, stop: threading.Event | None = None
+    ) -> Callable[[], Iterable[RawSample]]:
         if self._reads_whole(task):
             self._open_whole(task.shard)
         reader, cached = self._reader(task.shard, stop)
@@ -172,7 +198,7 @@ class ShardReaders:
         except VerifyError:
             if not cached or not self._heal(task.shard, reader):
                 raise
-            return self.fetch(task, stop)
+            return self._fetch(task, stop)
         if not cached:
             return parse
         return lambda: self._healing(task, reader, parse, stop)
@@ -317,7 +343,13 @@ class ShardReaders:
             url = storage.join(self.root, entry.name)
             cached = None
             if self.cache is not None and storage.is_remote(url) and self.cache.cacheable(entry):
-                cached = self.cache.try_open(url, entry, stop=stop)  # None: the folder cannot hold it
+                try:
+                    cached = self.cache.try_open(url, entry, stop=stop)  # None: the folder cannot hold it
+                except VerifyError:  # the remote shard's bytes fail their CRC32C: the cache refuses it
+                    if not self.skip_damaged:
+                        raise
+                    # read it uncached instead: each sample is checked, the damaged ones left out
+                    cached = None
             pool = self._range_pool() if cached is None and storage.is_remote(url) else None
             reader = ShardReader(url, entry, config=self.config, file=cached, pool=pool)
             reader.cached = cached is not None

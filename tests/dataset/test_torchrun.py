@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+import fastload
+
 from .helpers import SUBPROCESS_TIMEOUT_S, Packed, child_env, flat
+from .test_v2 import data_byte, flip, to_v2
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "torchrun_keys.py"
 # Failures that mean "no rendezvous on loopback here", not a fastload problem.
@@ -36,6 +39,17 @@ def loopback_available() -> str | None:
     return None
 
 
+def damaged_copy(packed: Packed, root: Path) -> Path:
+    """An index v2 copy of ``packed`` where a data byte of each sample of rank 0's second batch (of 2 ranks,
+    seed 5, no shuffle buffer, batches of 4) is flipped: those samples fail their CRC32C."""
+    to_v2(packed, root)
+    plan = fastload.ShardDataset(root, seed=5, rank=0, world_size=2).plan()
+    for shard, sample in plan.samples[4:8]:
+        name, _, _, at = data_byte(root, shard, sample)
+        flip(root / name, at)
+    return root
+
+
 @pytest.fixture(scope="module")
 def torchrun_out(uneven: Packed, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One two-rank torchrun job (both scenarios of the script): its output folder and log."""
@@ -43,8 +57,9 @@ def torchrun_out(uneven: Packed, tmp_path_factory: pytest.TempPathFactory) -> tu
     if why:
         pytest.skip(f"torchrun needs a TCP listener on loopback; {why}")
     out = tmp_path_factory.mktemp("torchrun")
+    damaged = damaged_copy(uneven, tmp_path_factory.mktemp("damaged") / "ds")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += [os.fspath(SCRIPT), os.fspath(uneven.root), os.fspath(out)]
+    cmd += [os.fspath(SCRIPT), os.fspath(uneven.root), os.fspath(out), os.fspath(damaged)]
     env = child_env(MASTER_ADDR="127.0.0.1")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         env.pop(name, None)
@@ -84,6 +99,20 @@ def test_torchrun_ranks_take_equal_steps_when_a_batch_is_all_skipped(torchrun_ou
     assert ranks[0]["repeated"] == 1 and ranks[1]["repeated"] == 0
     assert ranks[0]["batches"][1] == ranks[0]["batches"][0], "the batch before the skipped one is repeated"
     assert "every sample of a batch was skipped" in output
+
+
+def test_torchrun_ranks_take_equal_steps_when_a_batch_fails_its_crc(torchrun_out: tuple[Path, str]) -> None:
+    """Rank 0's second batch is damaged (every sample fails its CRC32C) and on_error="skip": the samples
+    are left out, named with shard, key and byte offset, and the batch is a step all the same."""
+    out, output = torchrun_out
+    ranks = [json.loads((out / f"rank{r}-damaged.json").read_text(encoding="utf-8")) for r in range(2)]
+    assert ranks[0]["steps"] == ranks[1]["steps"] and ranks[0]["steps"][0] == ranks[0]["steps"][1]
+    assert ranks[0]["skipped"] == 4 and ranks[1]["skipped"] == 0
+    assert ranks[0]["repeated"] == 1 and ranks[1]["repeated"] == 0
+    assert ranks[0]["batches"][1] == ranks[0]["batches"][0]
+    assert len(ranks[0]["named"]) == 4 and all(isinstance(n[2], int) for n in ranks[0]["named"])
+    assert not {n[1] for n in ranks[0]["named"]} & {k for b in ranks[0]["batches"] for k in b}
+    assert "fails its CRC32C" in output
 
 
 def test_torchrun_mixture_ranks_draw_alike_and_take_equal_steps(torchrun_out: tuple[Path, str]) -> None:

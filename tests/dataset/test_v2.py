@@ -247,7 +247,9 @@ def test_v2_over_s3_reads_like_local_and_the_cache_keeps_the_tables(
     ds = fastload.ShardDataset(url, decode=False, seed=5, cache_dir=tmp_path / "cache", **s3kw(server))
     assert list(ds) == read(v2, seed=5)
     before = gets(server)
-    assert list(ds) == read(v2, seed=5)  # a second epoch: shards and tables from the cache
+    local_ds = fastload.ShardDataset(v2, decode=False, seed=5)
+    local_ds.set_epoch(1)
+    assert list(ds) == list(local_ds)  # a second epoch (the next one): shards and tables from the cache
     assert gets(server) == before
 
 
@@ -277,6 +279,31 @@ def test_a_flipped_byte_over_s3_raises_and_the_cache_heals(
     assert (info.value.shard, info.value.key, info.value.offset) == (name, key, offset)
     with pytest.raises(VerifyError, match=name):
         read(url, cache_dir=tmp_path / "cache2", **s3kw(server))
+
+
+@pytest.mark.usefixtures("s3_env")
+@pytest.mark.filterwarnings("ignore:.*fails its CRC32C:UserWarning")
+def test_a_damaged_remote_sample_is_skipped_with_or_without_a_cache(
+    served: tuple[S3Server, Path], tmp_path: Path
+) -> None:
+    """on_error="skip" over S3: the damaged sample alone is left out. With cache_dir the cache refuses the
+    shard (its file's CRC32C), so it is read uncached, sample by sample; a damaged cached copy of a good
+    shard is still fetched again first (above)."""
+    server, root = served
+    url = f"s3://{BUCKET}/ds"
+    expected = [s["__key__"] for s in read(root)]
+    name, key, offset, at = data_byte(root, 4, 2)
+    flip(root / name, at)
+    want = [k for k in expected if k != key]
+    for kw in ({}, {"cache_dir": tmp_path / "cache"}, {"cache_dir": tmp_path / "c2", "prefetch_bytes": 0}):
+        ds = fastload.ShardDataset(url, decode=False, on_error="skip", **kw, **s3kw(server))
+        assert [s["__key__"] for s in ds] == want, kw
+        assert [(s.shard, s.key, s.offset) for s in ds.skipped_samples] == [(name, key, offset)]
+        cached = {k: v for k, v in kw.items() if k == "cache_dir"}
+        with fastload.MapDataset(url, decode=False, on_error="skip", **cached, **s3kw(server)) as m:
+            assert [s["__key__"] for s in m[:]] == want and m.skipped == 1
+    with pytest.raises(VerifyError, match=name):  # (without skip, the cache still refuses the shard)
+        read(url, cache_dir=tmp_path / "c3", **s3kw(server))
 
 
 def test_a_damaged_parquet_page_raises_naming_shard_row_group_and_keys(tmp_path: Path) -> None:

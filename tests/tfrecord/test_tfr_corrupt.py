@@ -105,3 +105,24 @@ def test_damaged_gzip_shard_after_indexing(foreign: Foreign, tmp_path: Path) -> 
     assert "val/c.tfrecords.gz" in _problem(root)
     with pytest.raises(VerifyError, match=r"val/c\.tfrecords\.gz.*gzip stream is corrupt or truncated"):
         _read_all(root)
+
+
+@pytest.mark.filterwarnings("ignore:.*fails its CRC32C:UserWarning")
+def test_on_error_skip_leaves_out_damaged_records(damaged: tuple[Path, dict]) -> None:  # type: ignore[type-arg]
+    """A record whose length or payload CRC fails is a damaged sample: on_error="skip" leaves it out, counted
+    and named with its key (from the index) and byte offset; the records after it are read."""
+    root, shard = damaged
+    every = [s["__key__"] for s in fastload.ShardDataset(root, decode=False)]
+    k, m = 2, shard["samples"] - 2
+    _flip(root / shard["name"], shard["offsets"][k] + 9)  # the length's CRC
+    _flip(root / shard["name"], shard["offsets"][m] + shard["sizes"][m] - 10)  # the payload
+    for kw in ({"prefetch_bytes": 0}, {"prefetch_bytes": 1 << 20}):
+        ds = fastload.ShardDataset(root, decode=False, on_error="skip", **kw)
+        keys = [s["__key__"] for s in ds]
+        bad = [shard["keys"][k], shard["keys"][m]]
+        assert keys == [key for key in every if key not in bad]
+        named = [(s.shard, s.key, s.offset) for s in ds.skipped_samples]
+        assert named == [
+            (shard["name"], bad[0], shard["offsets"][k]),
+            (shard["name"], bad[1], shard["offsets"][m]),
+        ]

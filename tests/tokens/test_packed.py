@@ -205,13 +205,13 @@ def test_resume_over_a_shard_dataset(token_dataset: TokenDataset, cut: int) -> N
     second = packed(ds2)
     second.load_state_dict(state)
     ds2.set_epoch(0)  # the training loop's own call keeps the restored position
-    # a checkpoint taken after the pass ended (the iterator exhausted) starts the epoch again, as with
-    # fastload.DataLoader; the training loop moves on with set_epoch(epoch + 1)
+    # a checkpoint taken after the pass ended (the iterator exhausted) holds the next epoch (what the
+    # dataset reads next); the loop's own set_epoch(0) above reads epoch 0 again, as asked
     assert same_blocks(head + list(second), whole if cut <= len(whole) else whole + whole)
-    assert ds2.start == 0, "a complete pass leaves the dataset at the start of the epoch"
+    assert ds2.start == 0, "a complete pass leaves the dataset at the start of an epoch"
     upstream = second.state_dict()["upstream"]  # the dataset's own state_dict (its Stateful protocol)
     assert upstream["kind"] == "stateful"
-    assert (upstream["state"]["epoch"], upstream["state"]["delivered"]) == (0, 0)
+    assert (upstream["state"]["epoch"], upstream["state"]["delivered"]) == (1, 0)
 
 
 def test_resume_from_a_checkpoint_of_the_previous_upstream_format(token_dataset: TokenDataset) -> None:

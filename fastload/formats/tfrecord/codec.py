@@ -33,7 +33,7 @@ from typing import TypeAlias
 
 from crc32c import crc32c
 
-from fastload.errors import VerifyError
+from fastload.errors import SampleChecksumError, VerifyError
 
 HEADER_BYTES = 12
 FOOTER_BYTES = 4
@@ -147,12 +147,14 @@ def parse_header(header: bytes | memoryview, *, shard: str, record: int, offset:
     (stored,) = _CRC.unpack_from(header, 8)
     expected = masked_crc(header[:8])
     if stored != expected:
-        raise VerifyError(
+        raise SampleChecksumError(
             f"record {record}: the length field's CRC does not match (stored {stored:08x}, computed "
             f"{expected:08x}), so the record header is corrupt or this is not a TFRecord file; "
             "re-download or re-create the shard",
             shard=shard,
+            key=None,
             offset=offset,
+            index=record,
         )
     return int(length)
 
@@ -164,12 +166,14 @@ def check_footer(
     (stored,) = _CRC.unpack_from(footer, 0)
     expected = masked_crc(b"", payload_crc)
     if stored != expected:
-        raise VerifyError(
+        raise SampleChecksumError(
             f"record {record}: the payload's CRC does not match (stored {stored:08x}, computed "
             f"{expected:08x} over its {length} bytes), so the record's data is corrupt; re-download or "
             "re-create the shard",
             shard=shard,
+            key=None,
             offset=offset,
+            index=record,
         )
 
 

@@ -2,9 +2,10 @@
 write the keys plus the epoch report to ``OUTDIR/rank{RANK}.json``. Then read it again where rank 0 meets a
 whole batch of undecodable samples (on_error="skip"): every rank must still take the same number of steps
 (else DDP hangs); written to ``OUTDIR/rank{RANK}-skip.json``. Last, a ``fastload.Mix`` of two sources:
-``OUTDIR/rank{RANK}-mix.json``.
+``OUTDIR/rank{RANK}-mix.json``. With DAMAGED (a copy of the dataset where rank 0's second batch of
+samples fail their CRC32C), that read with on_error="skip": ``OUTDIR/rank{RANK}-damaged.json``.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 torchrun_keys.py DATASET OUTDIR
+    python -m torch.distributed.run --standalone --nproc-per-node 2 torchrun_keys.py DATASET OUTDIR [DAMAGED]
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main() -> None:
         (outdir / f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
         skip_run(dataset_root, outdir, rank, world)
         mix_run(dataset_root, outdir, rank, world)
+        if len(sys.argv) > 3:
+            damaged_run(sys.argv[3], outdir, rank, world)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -74,6 +77,23 @@ def skip_run(dataset_root: str, outdir: Path, rank: int, world: int) -> None:
         "skipped": dataset.skipped,
     }
     (outdir / f"rank{rank}-skip.json").write_text(json.dumps(out), encoding="utf-8")
+
+
+def damaged_run(damaged_root: str, outdir: Path, rank: int, world: int) -> None:
+    """Rank 0's second batch fails its CRC32C: skipped, a step all the same, named in the report."""
+    dataset = fastload.ShardDataset(damaged_root, seed=SEED, decode=False, on_error="skip")
+    loader = fastload.DataLoader(dataset, batch_size=BATCH, num_workers=1, timeout=60)
+    batches = [list(batch["__key__"]) for batch in loader]
+    steps = [0] * world
+    dist.all_gather_object(steps, len(batches))
+    out = {
+        "steps": steps,
+        "batches": batches,
+        "repeated": loader.repeated_batches,
+        "skipped": dataset.skipped,
+        "named": [list(s) for s in dataset.epoch_report()["skipped_samples"]],
+    }
+    (outdir / f"rank{rank}-damaged.json").write_text(json.dumps(out), encoding="utf-8")
 
 
 def mix_run(dataset_root: str, outdir: Path, rank: int, world: int) -> None:

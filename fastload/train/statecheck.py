@@ -1,0 +1,81 @@
+"""What a checkpoint of a ``ShardDataset`` or ``Mix`` must look like, and in words what differs when it
+does not match the run restoring it (which of shards, seed, order settings, sources), instead of two
+digests."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastload.core.index import ShardEntry
+from fastload.errors import ConfigError
+
+
+def check_shape(state: Any, *, owner: str, keys: Sequence[str]) -> None:
+    """:class:`ConfigError` unless ``state`` is a dict holding ``keys`` (what ``owner.state_dict()``
+    returns), saying what a state looks like."""
+    if isinstance(state, Mapping):
+        missing = [k for k in keys if k not in state]
+        if not missing:
+            return
+        keys_found = ", ".join(map(repr, state)) or "none"
+        got = f"a dict without {', '.join(map(repr, missing))} (its keys: {keys_found})"
+    else:
+        text = repr(state)
+        got = f"{type(state).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+    hint = "" if "DataLoader" in owner else " (with fastload.DataLoader: loader.state_dict())"
+    raise ConfigError(
+        f"{owner}.load_state_dict() takes what {owner}.state_dict() returned{hint}: a dict with "
+        f"{', '.join(map(repr, keys))} and more (JSON-safe: torch.save or json.dump keep it); got {got}"
+    )
+
+
+def differences(saved: Mapping[str, Any], mine: Mapping[str, Any], labels: Mapping[str, str]) -> list[str]:
+    """``labels[k]: checkpoint value -> this run's`` for each key of ``labels`` whose values differ (keys
+    the checkpoint lacks are left out: older checkpoints recorded less)."""
+    out = []
+    for key, label in labels.items():
+        if key in saved and saved[key] != mine.get(key):
+            out.append(f"{label}: {saved[key]!r} in the checkpoint, {mine.get(key)!r} here")
+    return out
+
+
+def refusal(what: str, found: Sequence[str], *, unknown: str, fix: str) -> ConfigError:
+    """The error refusing a checkpoint whose ``what`` differs: ``found`` (say what differs), else
+    ``unknown`` (the candidates, for a checkpoint that recorded too little to tell)."""
+    detail = (
+        "; ".join(found) if found else f"one of {unknown} (this checkpoint records too little to say which)"
+    )
+    return ConfigError(f"cannot resume: {what} differs from this run's: {detail}. {fix}")
+
+
+def order_parts(
+    shards: Sequence[ShardEntry], counts: Sequence[int], *, shuffle_buffer: int, even: str
+) -> dict[str, Any]:
+    """What decides a ``ShardDataset``'s order besides seed and world size, as its checkpoint records it
+    (so that a refused one can say what differs): the shards (how many; a digest of their names, sample
+    counts read and checksums) and the order settings."""
+    digest = hashlib.sha256()
+    for shard, count in zip(shards, counts, strict=True):
+        digest.update(f"{shard.name}\0{count}\0{shard.checksum}\n".encode())
+    layout = digest.hexdigest()[:16]
+    return {"shards": len(shards), "layout": layout, "shuffle_buffer": shuffle_buffer, "even": even}
+
+
+def order_refusal(state: Mapping[str, Any], mine: Mapping[str, Any]) -> ConfigError:
+    """The error for a ``ShardDataset`` checkpoint ``state`` whose sample order is not this run's
+    (``mine``: :func:`order_parts` and ``samples``), saying what differs."""
+    found = differences(state, mine, {"samples": "samples", "shards": "shards"})
+    if state.get("layout", mine["layout"]) != mine["layout"] and not found:
+        found.append("the shards' names, sample counts or checksums")
+    if found:
+        found[-1] += " (the dataset was re-packed or changed since the checkpoint, or is another one)"
+    found += differences(state, mine, {"shuffle_buffer": "shuffle_buffer", "even": "even"})
+    return refusal(
+        "the sample order",
+        found,
+        unknown="the shards (re-packed or changed?), shuffle_buffer or even",
+        fix="Resume with the dataset and order settings the checkpoint was taken with, or start the epoch "
+        "afresh (set_epoch without load_state_dict)",
+    )
