@@ -70,6 +70,7 @@ def write_fastload(lens: np.ndarray, root: str) -> str:
 
     offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
     flat = np.concatenate([doc_tokens(i, int(n)) for i, n in enumerate(lens)]).astype(np.int64)
+    os.makedirs(root, exist_ok=True)
     src = os.path.join(root, "src.parquet")
     pq.write_table(
         pa.table({"input_ids": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))}), src
