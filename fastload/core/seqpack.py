@@ -258,7 +258,8 @@ def materialize(
     if n and int(fill.max()) > seq_len:
         raise ValueError(f"a block of the plan holds more than seq_len={seq_len} tokens")
     out = within + np.repeat(np.arange(n, dtype=np.int64) * seq_len, per_block)
-    input_ids = np.full((n, seq_len), pad_id, dtype=np.int64)
+    # each array written once (no fill before the copies, no mask): pieces, then the padded blocks' tails
+    input_ids = np.empty((n, seq_len), dtype=np.int64)
     position_ids = np.empty((n, seq_len), dtype=np.int64)
     ids, pos = input_ids.reshape(-1), position_ids.reshape(-1)
     ramp = np.arange(seq_len, dtype=np.int64)
@@ -267,10 +268,13 @@ def materialize(
     ):
         ids[o : o + k] = inputs[i][s : s + k]
         pos[o : o + k] = ramp[:k]
-    for b, f in enumerate(fill.tolist()):
-        if f < seq_len:
-            position_ids[b, f:] = ramp[: seq_len - f]
-    labels = np.where(ramp >= fill[:, None], ignore_index, input_ids)
+    padded = np.flatnonzero(fill < seq_len)
+    for b, f in zip(padded.tolist(), fill[padded].tolist(), strict=True):
+        input_ids[b, f:] = pad_id
+        position_ids[b, f:] = ramp[: seq_len - f]
+    labels = input_ids.copy()
+    for b, f in zip(padded.tolist(), fill[padded].tolist(), strict=True):
+        labels[b, f:] = ignore_index
     if ignore_doc_starts:
         labels.reshape(-1)[out] = ignore_index
     # cu_seqlens of block b: cu_seqlens[cu_ptr[b]:cu_ptr[b + 1]] = [0, piece ends..., seq_len if padded]

@@ -135,8 +135,10 @@ def blocks(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in first:
         if key == "cu_seqlens":
-            parts = [first[key][:1]] + [b[key][1:] + i * seq_len for i, b in enumerate(batch)]
-            out[key] = torch.cat(parts).to(torch.int32)
+            tails = [b[key][1:] for b in batch]  # each block's offsets moved by its place: one add for all
+            moved = np.repeat(np.arange(len(batch), dtype=np.int32) * seq_len, [len(t) for t in tails])
+            joined = torch.cat(tails).to(torch.int32) + torch.from_numpy(moved)
+            out[key] = torch.cat([first[key][:1].to(torch.int32), joined])
         elif key == "max_seqlen":
             out[key] = max(int(b[key]) for b in batch)
         elif key == "num_tokens":

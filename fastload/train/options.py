@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
 from fastload.core.filters import normalise
@@ -16,6 +16,7 @@ from fastload.core.sharding import EVEN_POLICIES
 from fastload.errors import ConfigError
 
 DEFAULT_PREFETCH_BYTES = 64 << 20
+DEFAULT_HOLD_BYTES = 256 << 20  # samples of a shuffled order read ahead of their turn, per worker
 DEFAULT_TABLES_BYTES = 32 << 20  # sample tables kept between epochs: ~100,000 samples' worth
 
 
@@ -97,15 +98,24 @@ class PrefetchConfig:
     """Reads run ahead of the consumer in each worker: ``threads`` fetch planned reads in order, at most
     ``runs`` of them and ``max_bytes`` not yet consumed. Memory per worker: ``max_bytes`` + the read in use
     (at most 16 MiB). ``max_bytes`` None: 64 MiB for ``s3://`` datasets, 0 (reads in the consuming thread)
-    for local ones, where the page cache and kernel readahead already hide the disk."""
+    for local ones, where the page cache and kernel readahead already hide the disk.
+
+    ``hold_bytes``: in formats read by row groups (Parquet), a row group read for one sample of a shuffled
+    order is read for the later samples of it too, and those wait for their turn, at most ``hold_bytes`` of
+    them per worker (their row groups' stored bytes; about what a streaming shuffle buffer of the same
+    samples holds): each row group is then read about once per pass instead of once per sample. 0 turns
+    this off. Memory per worker: ``max_bytes`` + ``hold_bytes`` + the read in use."""
 
     max_bytes: int | None = None
     threads: int = 8
     runs: int = 64
+    hold_bytes: int = DEFAULT_HOLD_BYTES
 
     def __post_init__(self) -> None:
         if self.threads < 1 or self.runs < 1:
             raise ConfigError(f"prefetch threads={self.threads} and runs={self.runs} must be >= 1")
+        if self.hold_bytes < 0:
+            raise ConfigError(f"hold_bytes={self.hold_bytes} must be >= 0 (0 turns holding off)")
         if self.max_bytes is not None and self.max_bytes < 0:
             raise ConfigError(f"prefetch_bytes={self.max_bytes} must be >= 0 (0 turns prefetch off)")
 
@@ -113,9 +123,7 @@ class PrefetchConfig:
         """This config with ``max_bytes`` decided for a remote or local dataset."""
         if self.max_bytes is not None:
             return self
-        return PrefetchConfig(
-            max_bytes=DEFAULT_PREFETCH_BYTES if remote else 0, threads=self.threads, runs=self.runs
-        )
+        return replace(self, max_bytes=DEFAULT_PREFETCH_BYTES if remote else 0)
 
 
 @dataclass(frozen=True, kw_only=True)

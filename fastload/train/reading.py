@@ -1,10 +1,13 @@
 """From sample references to samples: plan the reads (``core.readplan``, one shard at a time, as the
 prefetcher reaches it: a v2 shard's sample table is fetched then, and dropped when the shard is done), fetch
 them ahead (:class:`~fastload.train.prefetch.Prefetcher`), parse them
-(:class:`~fastload.train.shardread.ShardReaders`), then decode and map each sample."""
+(:class:`~fastload.train.shardread.ShardReaders`), then decode and map each sample. Samples of a row group
+read once for several references (a sample shuffle: ``ReadTask.serves``) wait here for their turn, within
+``PrefetchConfig.hold_bytes``."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -67,7 +70,9 @@ def read_samples(
         skip_damaged=decoding.on_error == "skip",
     )
     # with prefetch, the next shard's table is fetched while this one is read
-    tasks = readers.tasks(refs, max_task_bytes=task_bytes, ahead=max_bytes > 0)
+    tasks = readers.tasks(
+        refs, max_task_bytes=task_bytes, ahead=max_bytes > 0, hold_bytes=prefetch.hold_bytes
+    )
     prefetcher = Prefetcher(
         tasks,
         readers.fetch,
@@ -76,14 +81,27 @@ def read_samples(
         threads=prefetch.threads,
         release=readers.release,
     )
+    held: dict[
+        int, RawSample | SampleChecksumError
+    ] = {}  # samples read ahead of their turn (tasks with ``serves``), by reference
+    handed = 0  # references handed on (or skipped), in order
     try:
         for task, parse in prefetcher:
             name = shards[task.shard].name
             if partitions is not None:
                 parse = _with_values(parse, partitions[task.shard])
+            if task.serves is not None:  # its samples are for these references: kept until their turn
+                for u, raw in zip(task.serves, parse(), strict=True):
+                    if not isinstance(raw, SampleChecksumError):
+                        raw["__shard__"] = name
+                    held[u] = raw
+                ready: Iterable[RawSample | SampleChecksumError] = _due(held, handed)
+            else:  # the next references' samples, then any read ahead that follow them
+                ready = itertools.chain(_named(parse(), name), _due(held, handed + len(task.positions)))
             if decoding.plain:  # nothing to decode or map: only damaged samples are skipped
-                for raw in parse():
+                for raw in ready:
                     progress.consumed += 1
+                    handed += 1
                     if isinstance(raw, SampleChecksumError):
                         if report is not None:
                             report(damaged(raw))
@@ -92,25 +110,46 @@ def read_samples(
                         elif on_skip is not None:
                             on_skip()
                         continue
-                    raw["__shard__"] = name
                     yield raw
                 continue
-            for raw in parse():
+            for raw in ready:
                 if isinstance(raw, SampleChecksumError):
                     if report is not None:
                         report(damaged(raw))
                     out = SKIPPED
                 else:
-                    raw["__shard__"] = name
                     out = finish(raw, decoding, report)
                 progress.consumed += 1
+                handed += 1
                 if out is not SKIPPED or mark_skipped:
                     yield out
                 elif on_skip is not None:
                     on_skip()
+        if held:  # (a planning error: every reference is read by exactly one task)
+            raise RuntimeError(
+                f"{len(held)} samples read were never due, the first for reference {min(held)}"
+            )
     finally:
         prefetcher.close()
         readers.close()
+
+
+def _named(
+    samples: Iterable[RawSample | SampleChecksumError], name: str
+) -> Iterator[RawSample | SampleChecksumError]:
+    for raw in samples:
+        if not isinstance(raw, SampleChecksumError):
+            raw["__shard__"] = name
+        yield raw
+
+
+def _due(
+    held: dict[int, RawSample | SampleChecksumError], first: int
+) -> Iterator[RawSample | SampleChecksumError]:
+    """The samples of ``held`` for references ``first``, ``first + 1``, ... while there are, taken out."""
+    while first in held:
+        yield held.pop(first)
+        first += 1
 
 
 def _with_values(

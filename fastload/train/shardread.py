@@ -94,12 +94,20 @@ class ShardReaders:
         self._whole_entry = getattr(fmt, "whole_entry", None) if self._any_positions else None
 
     def tasks(
-        self, refs: Sequence[tuple[int, int]], *, max_task_bytes: int, ahead: bool = False
+        self,
+        refs: Sequence[tuple[int, int]],
+        *,
+        max_task_bytes: int,
+        ahead: bool = False,
+        hold_bytes: int = 0,
     ) -> Iterator[ReadTask]:
         """The read tasks of ``refs`` (:func:`~fastload.core.readplan.iter_reads`), each shard's planned
         when reached, after its table is fetched; ``ahead``: the tables of the next ``TABLES_AHEAD`` shards
         fetched meanwhile, at once (a remote table is a round trip: one at a time, a projected or filtered
-        read that takes little of each shard waited for them one after another).
+        read that takes little of each shard waited for them one after another). ``hold_bytes``: for a
+        format read by row groups, references that come back to a row group (a sample shuffle) are read
+        with it, up to that many bytes ahead of their turn (``ReadTask.serves``; see
+        :class:`~fastload.core.readplan.GroupReads`).
         (The cyclic collector is paused while a task is planned: tables and plans are many small acyclic
         objects, see :mod:`fastload.gcpause`.)"""
         planned = iter_reads(
@@ -109,6 +117,7 @@ class ShardReaders:
             ahead=self.ahead if ahead else None,
             depth=TABLES_AHEAD,
             whole=self._whole if self._any_positions else None,
+            hold_bytes=hold_bytes if self._any_positions else 0,
         )
         while True:
             with gc_paused():

@@ -234,3 +234,83 @@ def test_shards_planned_whole_are_one_task_a_run_without_their_columns(
     runs = [s for s, _, _ in shard_runs(refs)]
     assert looked_up == [s for s in runs if s not in fits]
     assert announced == [s for s in runs[1:] if s not in fits]
+
+
+def _hand_on(tasks: list[ReadTask], n: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """What a reader hands on from ``tasks`` (``serves`` honoured, as train.reading does), and after each
+    task how many references were read ahead of their turn."""
+    got: dict[int, tuple[int, int]] = {}
+    handed, ahead = 0, []
+    for task in tasks:
+        serves = task.serves if task.serves is not None else range(handed, handed + len(task.positions))
+        assert list(serves) == sorted(serves) and serves[0] == handed, "a task starts at the next reference"
+        for u, p in zip(serves, task.positions, strict=True):
+            assert u not in got, f"reference {u} read twice"
+            got[u] = (task.shard, p)
+        while handed in got:
+            handed += 1
+        ahead.append(len(got) - handed)
+    assert handed == n == len(got)
+    return [got[u] for u in range(n)], ahead
+
+
+@SETTINGS
+@given(plans(), st.integers(1, 60_000), st.booleans())
+def test_held_reads_hand_every_reference_on_once_in_order(
+    plan: tuple[list[ShardEntry], list[tuple[int, int]], int], hold: int, whole_shards: bool
+) -> None:
+    """With ``hold_bytes``: each reference read by exactly one task, tasks in the order of their first
+    reference, each grouped task within one row group, and the samples read ahead of their turn within
+    ``hold_bytes`` (by their row groups' bytes per row) after every task."""
+    entries, refs, cap = plan
+    whole = (lambda s: None if entries[s].offsets else entries[s].bytes) if whole_shards else None
+    tasks = list(iter_reads(refs, entries.__getitem__, max_task_bytes=cap, whole=whole, hold_bytes=hold))
+    handed, _ = _hand_on(tasks, len(refs))
+    assert handed == refs
+    weight = {}
+    for t in tasks:
+        if t.serves is not None:
+            e = entries[t.shard]
+            assert not e.offsets and len({group_of(e, p) for p in t.positions}) == 1
+            g = e.row_groups[group_of(e, t.positions[0])]
+            weight.update({u: g[1] / max(g[2], 1) for u in t.serves[1:]})
+    done: set[int] = set()
+    handed_at = 0
+    for t in tasks:
+        done.update(t.serves if t.serves is not None else range(handed_at, handed_at + len(t.positions)))
+        while handed_at in done:
+            handed_at += 1
+        assert sum(w for u, w in weight.items() if u in done and u >= handed_at) <= hold + 1e-6
+
+
+def test_a_shuffled_order_reads_each_row_group_once_with_room() -> None:
+    """A buffer-shuffled order over 3 shards of 10 row groups of 20 rows: without holding, a task per run of
+    references (almost one per reference); with room, one read per row group."""
+    import random
+
+    from fastload.core.shuffle import buffer_shuffle
+
+    entries = [parquet_entry(s, [(1000, 20)] * 10) for s in range(3)]
+    base = [(s, p) for s in (2, 0, 1) for p in range(200)]
+    refs = [base[i] for i in buffer_shuffle(len(base), 64, random.Random(5))]
+    before = list(iter_reads(refs, entries.__getitem__, max_task_bytes=1000))
+    after = list(iter_reads(refs, entries.__getitem__, max_task_bytes=1000, hold_bytes=64 << 10))
+    assert _hand_on(after, len(refs))[0] == refs
+    assert len(before) > 300
+    assert len(after) == 30 and {(t.shard, group_of(entries[t.shard], t.positions[0])) for t in after} == {
+        (s, g) for s in range(3) for g in range(10)
+    }
+    # a bound of 25 samples: more reads, never more than 25 samples waiting
+    tight = list(iter_reads(refs, entries.__getitem__, max_task_bytes=1000, hold_bytes=25 * 50))
+    handed, ahead = _hand_on(tight, len(refs))
+    assert handed == refs and max(ahead) <= 25 and 30 < len(tight) < len(before)
+
+
+def test_in_order_references_are_planned_as_without_holding() -> None:
+    """An unshuffled order (each shard one run of consecutive positions): the same tasks as before."""
+    entries = [parquet_entry(s, [(1000, 20)] * 4) for s in range(2)]
+    refs = [(s, p) for s in (1, 0) for p in range(80)]
+    for cap in (1000, 2500, 1 << 20):
+        plain = list(iter_reads(refs, entries.__getitem__, max_task_bytes=cap))
+        held = list(iter_reads(refs, entries.__getitem__, max_task_bytes=cap, hold_bytes=1 << 20))
+        assert held == plain and all(t.serves is None for t in held)

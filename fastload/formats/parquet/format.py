@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+import numpy as np
+
 from fastload.core.filters import Filter
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.plan import parquet_file_overhead, parquet_row_bytes
@@ -93,6 +95,9 @@ class ParquetSamples:
 
     def groups_of(self, positions: Sequence[int]) -> list[int]:
         """The row groups holding ``positions``, ascending (by run: a read's positions are runs)."""
+        if len(positions) > 16:  # (a shuffled read's positions are many short runs: one search for all)
+            found = np.searchsorted(self._starts, np.asarray(positions, dtype=np.int64), side="right") - 1
+            return np.unique(found).tolist()  # type: ignore[no-any-return]
         groups: set[int] = set()
         starts = self._starts
         for first, stop in runs(positions):

@@ -76,23 +76,31 @@ def sample_rows(
     says), else from the index (``keys``). ``keep_nulls``: a null is ``None`` (foreign files); else the
     sample lacks that field (fastload's shards, where a null is a missing member). Made in bulk: one
     conversion per column, then a dict per row from the columns zipped (no per-value Arrow work)."""
+    pick: list[int] | None = None  # the table's row of each sample, when not the table's rows in order
     if len(positions) != len(rows) or any(p != r for p, r in zip(positions, rows)):  # noqa: B905
         at = {r: i for i, r in enumerate(rows)}
-        table = table.take(pa.array([at[p] for p in positions], pa.int64()))
+        pick = [at[p] for p in positions]
+        if 2 * len(pick) < len(rows):  # few of the rows: those taken before converting (else every row
+            table, pick = table.take(pa.array(pick, pa.int64())), None  # converted, then picked: no copy)
+
+    def picked(values: list[Any]) -> list[Any]:
+        return values if pick is None else [values[i] for i in pick]
+
     names = [n for n in table.column_names if n != KEY_COLUMN]
     if KEY_COLUMN in table.column_names:
-        key_values = table.column(KEY_COLUMN).to_pylist()  # (decoded in one go, cheaper than the index's)
+        key_values = picked(table.column(KEY_COLUMN).to_pylist())  # (in one go, cheaper than the index's)
     else:
         many = getattr(keys, "take", None)
         key_values = many(positions) if many is not None else [keys[p] for p in positions]
-    columns = [key_values, *(column_values(table.column(n)) for n in names), list(positions)]
+    columns = [key_values, *(picked(column_values(table.column(n))) for n in names), list(positions)]
     fields = [KEY_COLUMN, *names, "__index__"]
     samples = [dict(zip(fields, values)) for values in zip(*columns)]  # noqa: B905 (a name per column)
     if not keep_nulls:  # a null is a missing member: its field left out of that sample
         for n in names:
             column = table.column(n)
             if column.null_count:
-                for i in np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)):
+                null = column.is_null().to_numpy(zero_copy_only=False)
+                for i in np.flatnonzero(null if pick is None else null[pick]):
                     del samples[i][n]
     return samples
 
