@@ -291,3 +291,15 @@ def test_checker_finds_forbidden_imports(source: str, module: str, expected: set
 )
 def test_checker_allows_pure_imports(source: str) -> None:
     assert not imports_any(imported_modules(source, "fastload.core.x"), CORE_FORBIDDEN)
+
+
+@pytest.mark.parametrize(
+    "package", sorted(p.parent for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE), ids=str
+)
+def test_each_package_docstring_names_its_modules(package: Path) -> None:
+    """A package's docstring is its map: every module and subpackage in it is named there (``name``)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    members = [p.stem for p in package.glob("*.py") if p.stem != "__init__"]
+    members += [p.name for p in package.iterdir() if (p / "__init__.py").is_file()]
+    missing = sorted(m for m in members if f"``{m}``" not in doc)
+    assert not missing, f"{package.relative_to(PACKAGE.parent)}/__init__.py does not name {missing}"

@@ -7,4 +7,8 @@ ranges and the 206 contract (``ranges``), fault classes and backoff (``retry``),
 epoch, rank and worker (``sharding``; a rank's order as spans: ``refs``; the bounded sample shuffle:
 ``shuffle``), read tasks (``readplan``), sequence packing (``seqpack``), bench advice (``advice``), sizes
 with units (``units``), random access arithmetic (``randomaccess``) and a bounded LRU (``lru``).
-"""
+
+Also: row filters in pyarrow's DNF (``filters``), kept rows as runs (``selection``), the byte ranges of a
+projected read (``projection``), a tar shard's member layout (``layout``), sample tables (``table``), a
+mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which listed paths a pack leaves
+out (``pathrules``), SigV4 headers (``sigv4``) and GPU utilisation readings (``gpuutil``)."""

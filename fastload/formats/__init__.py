@@ -2,7 +2,9 @@
 implementing :class:`ShardFormat`, chosen through the registry (:func:`by_name`, :func:`for_path`).
 
 May import ``core``, ``storage``, the base modules and the C module ``fastload._native``.
-"""
+
+Modules: the protocol and registry (``registry``), checks every format shares (``checks``), the optional C
+readers (``native``), and one package per format: ``tar``, ``parquet``, ``tfrecord``."""
 
 from fastload.formats.parquet.format import PARQUET
 from fastload.formats.registry import (

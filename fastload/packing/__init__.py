@@ -8,4 +8,6 @@
 - all run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
   into a ``dest`` (local folder or ``s3dest``) and keep a ``journal`` for resume;
 - ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.
-"""
+
+Also: ``options`` (what of a PackConfig decides the bytes), ``staging`` (local staging folders of packs to
+S3), ``tokenizer_hook`` (``--tokenizer``), ``upgrade`` (``fastload index --upgrade``)."""

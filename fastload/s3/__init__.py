@@ -5,4 +5,6 @@ buffers and counters with one lifetime (``runtime``), the direct SigV4 transport
 loop (``retrying``), the AIMD gate (``gate``), the parallel ranged reader (``reader``, behind
 ``fastload.open``), part buffers (``partbuffers``), multipart uploads (``upload``), ListObjectsV2
 (``listing``), request counters (``stats``, behind ``fastload.s3_stats``).
-"""
+
+Also: the direct transport's HTTP/1.1 (``http1``), hedged GETs (``hedging``), deletes (``delete``) and
+bucket creation (``buckets``, ``fastload mb``)."""

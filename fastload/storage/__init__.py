@@ -4,4 +4,6 @@ Owns: open/read/size/list of a URL (``access``), ``fastload.open`` (``opener``),
 (``manifest``: ``index.json`` from a folder or prefix), the local cache of remote shards (``cache``), local
 and S3 listing of pack sources (``listing``, ``s3source``), a sample's input files with read-ahead
 (``inputs``), atomic local writes (``localfs``).
-"""
+
+Also: a file served by byte ranges (``rangedfile``), per-shard sample tables (``tables``), and URL
+checks (``urls``)."""

@@ -7,4 +7,5 @@
 - ``writer``: shards written from samples; ``index``: an index built for tars written by other tools.
 
 Imports ``fastload.core``, ``fastload.storage``, ``fastload.formats.native`` and ``fastload.errors``.
-"""
+
+Also ``format`` (the :class:`ShardFormat` adapter), ``check`` (verify) and ``crcs`` (each sample's CRC32C)."""
