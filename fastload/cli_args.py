@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--upgrade",
         action="store_true",
         help="turn the dataset's index.json v1 into v2 in place (per-shard sample tables; tar shards are "
-        "read once for each sample's CRC32C)",
+        "read once for each sample's CRC32C); on a v2 dataset, rebuild from their shards the sample tables "
+        "that are missing, damaged, stale or without a content checksum",
     )
 
     i = sub.add_parser(

@@ -12,14 +12,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import crc32c
-
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
 from fastload.errors import PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.dest import Destination, destination
 from fastload.packing.report import PackReport
+from fastload.storage.tables import table_problem
 
 STATE_DIR = ".fastload-pack"
 _STATE = f"{STATE_DIR}/state.json"
@@ -156,7 +155,7 @@ def kept_shards(
         if ref is None or name_of(number) != entry.name or dest.size(entry.name) != entry.bytes:
             return None
         table = dest.read_bytes(ref.name)
-        if table is None or len(table) != ref.bytes or f"{crc32c.crc32c(table):08x}" != ref.checksum:
+        if table is None or table_problem(table, ref, url=ref.name, shard=entry.name) is not None:
             return None
         skipped = [Skip(s["path"], s["reason"]) for s in record["skipped"]]
         return number, ShardResult(entry, skipped, int(record["payload_bytes"]), int(record["files"]))

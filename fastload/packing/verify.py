@@ -170,5 +170,33 @@ def _check_shard(
             reader.drain()
             problems += crc_problem(reader, shard)
         else:
-            problems += fmt.verify(f, full)
+            found = fmt.verify(f, full)
+            if shard.detached and size == shard.bytes and any(p.key is not None for p in found):
+                found = _blame_the_table(root, shard, found, s3_config)
+            problems += found
     return problems, shard.samples
+
+
+def _blame_the_table(
+    root: str, shard: ShardEntry, found: list[VerifyError], s3_config: S3Config | None
+) -> list[VerifyError]:
+    """``found`` (a shard's problems, some naming samples), or one problem naming its sample table when the
+    shard's whole-file CRC32C matches ``index.json``: then the shard is intact and the samples failed
+    against a stale or damaged table (an index written before tables had a content checksum cannot tell a
+    stale table at fetch). Reads the shard again, only on this failure path."""
+    with storage.open_read(storage.join(root, shard.name), config=s3_config) as again:
+        reader = ChecksumReader(again)
+        reader.drain()
+    if crc_problem(reader, shard):
+        return found
+    samples = [p for p in found if p.key is not None]
+    table = storage.join(root, shard.table.name) if shard.table is not None else "its sample table"
+    return [
+        VerifyError(
+            f"stale or damaged sample table {table}: {len(samples)} sample(s) fail against it (first: "
+            f"{samples[0]}), but the shard's size and CRC32C match index.json, so the shard is intact; run "
+            f"`fastload index --upgrade {root}` (it rebuilds the table from the shard)",
+            shard=shard.name,
+        ),
+        *[p for p in found if p.key is None],
+    ]
