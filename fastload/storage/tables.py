@@ -26,6 +26,22 @@ def split_entry(entry: ShardEntry, *, shard_format: str) -> tuple[ShardEntry, by
     return detach(entry, table_ref(table_name(entry.name), data), shard_format=shard_format), data
 
 
+INCOMPLETE_COPY = (
+    "a likely cause is an incomplete copy of the dataset (interrupted, or made by a tool that copies "
+    "index.json before the shards: `fastload cp -r` copies it last, so an unfinished copy has none)"
+)
+
+
+def missing_shard(url: str, name: str) -> NotFoundError:
+    """The error for shard ``name`` of a dataset's index not found at ``url``."""
+    return NotFoundError(
+        f"{url}: shard {name}, listed in the dataset's index, is missing; {INCOMPLETE_COPY}: copy the "
+        "dataset again whole; else it was deleted or moved since the dataset was written: restore it, or "
+        "re-pack (`fastload verify` checks every shard)",
+        path=url,
+    )
+
+
 def table_ref(name: str, data: bytes) -> TableRef:
     """What the manifest records of the table ``data`` stored as ``name``."""
     return TableRef(name, len(data), f"{crc32c.crc32c(data):08x}", f"{content_crc(data):08x}")
@@ -76,8 +92,8 @@ def fetch_table(
             data = storage.read_bytes(url, config=s3_config)
     except (NotFoundError, FileNotFoundError):
         raise NotFoundError(
-            f"{url}: the sample table of shard {entry.name} is missing; re-run `fastload index "
-            f"--upgrade {root}` (or re-pack)",
+            f"{url}: the sample table of shard {entry.name} is missing; {INCOMPLETE_COPY}: copy the dataset "
+            f"again whole; else run `fastload index --upgrade {root}` (it rebuilds the table from the shard)",
             path=url,
         ) from None
     problem = table_problem(data, ref, url=url, shard=entry.name, root=root)

@@ -23,7 +23,8 @@ from fastload.core.readplan import ReadTask, iter_reads
 from fastload.errors import VerifyError
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
-from fastload.train.shardreader import RawSample, ShardReader, missing_shard
+from fastload.storage.tables import missing_shard
+from fastload.train.shardreader import RawSample, ShardReader
 from fastload.train.tablememo import TableMemo
 
 __all__ = ["RANGE_THREADS", "TABLES_AHEAD", "RawSample", "ShardReader", "ShardReaders"]
