@@ -86,3 +86,19 @@ def list_shard(
     if limit is not None and entry.samples > limit:
         lines.append(f"  ... {entry.samples - limit} more (use --limit 0 for all)")
     return "\n".join(lines)
+
+
+def describe_file(url: str, *, limit: int | None = None, s3_config: S3Config | None = None) -> str:
+    """``fastload inspect`` of one shard file or S3 object (normalised ``url``): its samples, from the
+    sample table of the dataset whose ``index.json`` lists it; without one, from the file read once."""
+    from fastload.formats import index_files
+    from fastload.storage.manifest import dataset_of_file
+
+    found = dataset_of_file(url, s3_config=s3_config)
+    if found is not None:
+        root, index, entry = found
+        head = f"shard of the dataset {root} ({index.shard_format}; `fastload inspect {root}` for all of it)"
+        return head + "\n" + list_shard(index, entry.name, limit=limit, root=root, s3_config=s3_config)
+    root, index = index_files([url], s3_config=s3_config)
+    head = "no index.json lists this file: its samples were found by reading it once"
+    return head + "\n" + list_shard(index, index.shards[0].name, limit=limit, root=root, s3_config=s3_config)
