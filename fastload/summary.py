@@ -10,13 +10,14 @@ from fastload.config import S3Config
 from fastload.core.index import DatasetIndex
 from fastload.core.units import format_size
 from fastload.errors import ConfigError
-from fastload.formats import by_name, full_entry
+from fastload.formats import by_name, full_entry, sidecar_prefix
 
 
 def describe(index: DatasetIndex) -> str:
     """Summary: shards, samples, bytes, fields, and a histogram of shard sizes."""
     version = (
-        "v2 (shards listed; each shard's sample table in <shard>.fltable)"
+        "v2 (shards listed; each shard's sample table in "
+        f"{sidecar_prefix(index.shard_format)}<shard>.fltable)"
         if index.detached
         else "v1 (every sample listed in index.json; `fastload index --upgrade` writes v2)"
     )

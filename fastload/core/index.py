@@ -43,6 +43,11 @@ from fastload.core.table import SampleTable
 from fastload.errors import IndexFormatError
 
 INDEX_NAME = "index.json"
+# Where datasets of formats other tools read as a folder (Parquet) keep fastload's own files (index.json,
+# sample tables): those tools (pandas, pyarrow.dataset, Spark, DuckDB globs) skip names starting with "_" or
+# "." and fail on other files that are not Parquet (fastload.formats.sidecar_prefix decides, by format).
+SIDECAR_DIR = "_fastload"
+INDEX_NAMES = (INDEX_NAME, f"{SIDECAR_DIR}/{INDEX_NAME}")  # where readers look for the manifest, in order
 FORMAT = "fastload-index"
 VERSION = 2  # what this fastload writes
 VERSIONS = (1, 2)  # what it reads

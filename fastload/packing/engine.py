@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
-from fastload.core.table import table_name
+from fastload import formats
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.dest import Destination
 from fastload.packing.journal import PackJournal, shard_record
@@ -69,7 +69,8 @@ def publish_shard(
     whatever the shard holds)."""
     tmp = os.path.join(dest.tmp_dir, f"{job.number:06d}.part")
     result = job.write(tmp, on_sample=on_sample, open_threads=open_threads)
-    entry, table = split_entry(result.entry, shard_format=job.shard_format)
+    prefix = formats.sidecar_prefix(job.shard_format)
+    entry, table = split_entry(result.entry, shard_format=job.shard_format, prefix=prefix)
     dest.publish(tmp, job.name)
     tmp_table = os.path.join(dest.tmp_dir, f"{job.number:06d}.table.part")
     with open(tmp_table, "wb") as f:
@@ -78,7 +79,7 @@ def publish_shard(
         if getattr(config, "fsync", False):
             f.flush()
             os.fsync(f.fileno())
-    dest.publish(tmp_table, table_name(job.name))
+    dest.publish(tmp_table, formats.table_path(job.name, job.shard_format))
     published = ShardResult(entry, result.skipped, result.payload_bytes, result.files)
     journal.record(shard_record(job.number, published))
     return published

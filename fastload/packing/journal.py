@@ -13,10 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
+from fastload.core.index import DatasetIndex, ShardEntry, parse_index
 from fastload.errors import PackError, Skip, SkippedInputError
+from fastload.formats import index_name
 from fastload.formats.tar.writer import ShardResult
-from fastload.packing.dest import Destination, destination
+from fastload.packing.dest import Destination, destination, read_index_bytes
 from fastload.packing.report import PackReport
 from fastload.storage.tables import table_problem
 
@@ -95,9 +96,9 @@ def prepare_destination(
                 )
             dest.prepare()
             return True
-        raw = dest.read_bytes(INDEX_NAME)
-        if raw is not None:
-            done = parse_index(raw, where=f"{dest.url}/{INDEX_NAME}")
+        found = read_index_bytes(dest)
+        if found is not None:
+            done = parse_index(found[1], where=found[0])
             if done.options.get("layout") == layout:
                 return False
             raise PackError(
@@ -206,7 +207,7 @@ def finish_pack(
         skipped=[{"path": s.path, "reason": s.reason} for s in planned_skips + written_skips],
         payload_bytes=sum(r.payload_bytes for r in results.values()),
     )
-    dest.write_bytes(INDEX_NAME, index.to_json())
+    dest.write_bytes(index_name(shard_format), index.to_json())
     journal.remove()
     report = PackReport(
         dest.url,

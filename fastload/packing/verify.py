@@ -28,7 +28,7 @@ from fastload.formats.checks import crc_problem
 from fastload.formats.tar.scan import ChecksumReader
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
-from fastload.storage.manifest import dataset_of_file, is_one_file
+from fastload.storage.manifest import dataset_of_file, is_one_file, read_manifest
 
 
 @dataclass
@@ -85,12 +85,10 @@ def verify(
     index_url = storage.join(root, INDEX_NAME)
     index: DatasetIndex | None = None
     if storage.is_folder(root) and not single:
-        try:
-            raw = storage.read_bytes(index_url, config=s3_config)
-        except (NotFoundError, FileNotFoundError):
-            raw = None
-        if raw is not None:
-            index = parse_index(raw, where=index_url)
+        found_index = read_manifest(root, s3_config=s3_config)
+        if found_index is not None:
+            index_url = found_index[0]
+            index = parse_index(found_index[1], where=index_url)
     if index is not None:
         return _check_index(root, index, index_url, pool_size, s3_config, progress, root)
     if not storage.is_remote(root) and not os.path.exists(root):

@@ -5,23 +5,49 @@ from __future__ import annotations
 import os
 
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
+from fastload.core.index import INDEX_NAME, INDEX_NAMES, DatasetIndex, ShardEntry, parse_index
 from fastload.errors import IndexFormatError, NotFoundError
 from fastload.storage import access as storage
 
 
+def read_manifest(root: str, *, s3_config: S3Config | None = None) -> tuple[str, bytes] | None:
+    """``(url, bytes)`` of the dataset manifest under ``root`` (normalised): ``index.json`` at the root, else
+    ``_fastload/index.json`` (where Parquet datasets keep it: :data:`fastload.core.index.INDEX_NAMES`);
+    None when there is neither."""
+    for name in INDEX_NAMES:
+        url = storage.join(root, name)
+        try:
+            return url, storage.read_bytes(url, config=s3_config)
+        except (NotFoundError, FileNotFoundError, NotADirectoryError):
+            continue
+    return None
+
+
+def has_index(root: str, *, s3_config: S3Config | None = None) -> bool:
+    """Whether ``root`` (normalised) holds a dataset manifest, in either place."""
+    return any(storage.exists(storage.join(root, name), config=s3_config) for name in INDEX_NAMES)
+
+
 def load_index(dataset: str | os.PathLike[str], *, s3_config: S3Config | None = None) -> DatasetIndex:
-    """Read ``index.json`` from a dataset folder or ``s3://`` prefix (or the index file itself)."""
+    """Read the manifest of a dataset folder or ``s3://`` prefix (``index.json``, or ``_fastload/index.json``
+    in a Parquet dataset), or the index file itself."""
     url = storage.normalise(dataset)
-    if not url.endswith(".json"):
-        url = storage.join(url, INDEX_NAME)
-    try:
-        raw = storage.read_bytes(url, config=s3_config)
-    except (NotFoundError, FileNotFoundError):
+    if url.endswith(".json"):
+        try:
+            return parse_index(storage.read_bytes(url, config=s3_config), where=url)
+        except (NotFoundError, FileNotFoundError):
+            raise NotFoundError(
+                f"{url} not found: is this a dataset written by `fastload pack`?", path=url
+            ) from None
+    found = read_manifest(url, s3_config=s3_config)
+    if found is None:
+        where = storage.join(url, INDEX_NAME)
         raise NotFoundError(
-            f"{url} not found: is this a dataset written by `fastload pack`?", path=url
-        ) from None
-    return parse_index(raw, where=url)
+            f"{where} not found (nor {storage.join(url, INDEX_NAMES[1])}): is this a dataset written by "
+            "`fastload pack`?",
+            path=where,
+        )
+    return parse_index(found[1], where=found[0])
 
 
 def is_one_file(url: str, *, s3_config: S3Config | None = None) -> bool:

@@ -19,11 +19,13 @@ def table_bytes(entry: ShardEntry) -> bytes:
     return encode_table(entry.sample_table(), crc=crc32c.crc32c)
 
 
-def split_entry(entry: ShardEntry, *, shard_format: str) -> tuple[ShardEntry, bytes]:
+def split_entry(entry: ShardEntry, *, shard_format: str, prefix: str = "") -> tuple[ShardEntry, bytes]:
     """``(manifest entry, sidecar bytes)`` for an attached entry: what a v2 writer stores (the sidecar under
-    the dataset folder as ``manifest_entry.table.name``)."""
+    the dataset folder as ``manifest_entry.table.name``: ``prefix`` + ``<shard>.fltable``, the prefix
+    ``fastload.formats.sidecar_prefix`` gives for the format)."""
     data = table_bytes(entry)
-    return detach(entry, table_ref(table_name(entry.name), data), shard_format=shard_format), data
+    ref = table_ref(prefix + table_name(entry.name), data)
+    return detach(entry, ref, shard_format=shard_format), data
 
 
 INCOMPLETE_COPY = (
