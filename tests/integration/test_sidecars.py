@@ -61,6 +61,10 @@ def _outside(folder: Path) -> list[str]:
     )
 
 
+def _parquet_files(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.parquet"))
+
+
 def _old_layout(folder: Path) -> None:
     """What fastload wrote before ``_fastload/``: index.json at the root, each table beside its file."""
     side = folder / "_fastload"
@@ -100,6 +104,10 @@ def test_fastload_index_leaves_a_pandas_folder_readable_by_pandas_pyarrow_and_du
     assert "samples:  12" in run_cli("inspect", hive, check=0).stdout
     run_cli("index", "--force", hive, check=0)  # replaced in place, nothing left beside the files
     assert _outside(hive) == [] and _others_read(hive)["pyarrow"] == 12
+    _old_layout(hive)  # an index from before _fastload/, replaced: its files beside the data go too
+    assert _outside(hive) == ["index.json", *(f"{p}.fltable" for p in _parquet_files(hive))]
+    run_cli("index", "--force", hive, check=0)
+    assert _outside(hive) == [] and _others_read(hive) == {"pandas": 12, "pyarrow": 12, "duckdb": 12}
 
 
 def test_fastload_pack_parquet_output_is_readable_by_pandas_pyarrow_and_duckdb(packed):
