@@ -76,8 +76,17 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from fastload.summary import describe, list_shard
+    from fastload.storage import access as storage
+    from fastload.storage.manifest import is_one_file
+    from fastload.summary import describe, describe_file, list_shard
 
+    url = storage.normalise(args.target)
+    named_like_a_shard = formats.for_path(url) is not None or not storage.is_remote(url)
+    if not url.endswith(".json") and named_like_a_shard and is_one_file(url):
+        if args.shard is not None:
+            raise ConfigError(f"{args.target} is one shard: drop --shard, or give the dataset's folder")
+        print(describe_file(url, limit=args.limit or None))
+        return 0
     index = formats.load_index(args.target)
     if args.shard is None:
         print(describe(index))

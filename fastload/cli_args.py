@@ -168,7 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-read shards and check them against index.json (or lint foreign tars)",
     )
     v.add_argument(
-        "target", metavar="DST", help="dataset folder, or a .tar file / folder of tars without index"
+        "target",
+        metavar="DST",
+        help="dataset folder or s3:// prefix, one shard (checked against the index.json that lists it), or "
+        "a .tar file / folder of tars without index",
     )
     v.add_argument("--workers", type=int, default=None, help="shards checked at once (default: all cores)")
     v.add_argument(
@@ -200,13 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--upgrade",
         action="store_true",
         help="turn the dataset's index.json v1 into v2 in place (per-shard sample tables; tar shards are "
-        "read once for each sample's CRC32C)",
+        "read once for each sample's CRC32C); on a v2 dataset, rebuild from their shards the sample tables "
+        "that are missing, damaged, stale or without a content checksum",
     )
 
     i = sub.add_parser(
         "inspect", parents=[s3_options], help="summarise index.json, or list the samples of one shard"
     )
-    i.add_argument("target", metavar="DST", help="dataset folder or s3:// prefix (holding index.json)")
+    i.add_argument(
+        "target",
+        metavar="DST",
+        help="dataset folder or s3:// prefix (holding index.json), or one shard file or object",
+    )
     i.add_argument("--shard", default=None, help="list the samples of this shard (name or number)")
     i.add_argument("--limit", type=int, default=20, help="samples to list with --shard (0 = all)")
 

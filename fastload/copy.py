@@ -1,8 +1,11 @@
 """``fastload cp``: copy an object or a prefix between S3 and local disk with the parallel reader/uploader.
 
 Downloads land under their final name only when complete (temporary name, then rename); a prefix copy
-never writes outside DST: keys with ``..`` or ``.`` segments, absolute paths or NUL are refused. A progress
-bar (bytes, files/s) runs on stderr when it is a terminal.
+never writes outside DST: keys with ``..`` or ``.`` segments, absolute paths or NUL are refused. A prefix
+copy publishes every dataset's ``index.json`` last, in either direction, once everything else has arrived
+(:func:`manifests_last`): a copy that fails or is interrupted leaves no ``index.json`` at the destination,
+so it never opens as a dataset missing shards. A progress bar (bytes, files/s) runs on stderr when it is a
+terminal.
 
 Leftovers of killed runs: a download holds an ``flock`` on its temporary ``.NAME.XXXXXXXX.part`` while it
 writes, so the next download of NAME deletes the ones nobody holds, and an upload of a folder skips them
@@ -17,10 +20,12 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fastload.config import S3Config
+from fastload.core.index import INDEX_NAME
 from fastload.errors import AccessDeniedError, ConfigError, FastloadError, NotFoundError, write_error
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
@@ -102,6 +107,33 @@ def download(bucket: str, key: str, path: str, *, config: S3Config, progress: Pr
         raise
 
 
+def manifests_last(names: list[str]) -> tuple[list[str], list[str]]:
+    """``(everything else, manifests)``: the names of a prefix copy split so that every ``index.json``
+    (``/``-separated names; one per dataset, at any depth) is copied after all the rest."""
+    last = [n for n in names if n.rsplit("/", 1)[-1] == INDEX_NAME]
+    return [n for n in names if n.rsplit("/", 1)[-1] != INDEX_NAME], last
+
+
+def _in_order(
+    pairs: list[tuple[str, str]], name: int, copy_one: Callable[[tuple[str, str]], int], jobs: int
+) -> list[int]:
+    """``copy_one`` of each pair, ``jobs`` at a time: every pair whose ``pair[name]`` (its key) is not an
+    ``index.json`` first, the manifests only once all those succeeded (the first failure raises and no
+    manifest is copied). Returns the results in ``pairs`` order."""
+    _, last = manifests_last([p[name] for p in pairs])
+    later = set(last)
+    waves = (
+        [i for i, p in enumerate(pairs) if p[name] not in later],
+        [i for i, p in enumerate(pairs) if p[name] in later],
+    )
+    results = [0] * len(pairs)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for wave in waves:
+            for i, result in zip(wave, pool.map(lambda i: copy_one(pairs[i]), wave), strict=True):
+                results[i] = result
+    return results
+
+
 def _bar(total: int, files: int, progress: bool | None) -> Progress:
     return Progress(total=total, enabled=progress, desc=f"copying {files:,} file(s)")
 
@@ -163,11 +195,10 @@ def copy(
             if not os.path.realpath(target).startswith(root + os.sep):
                 raise ConfigError(f"refusing to write {target}: it resolves outside {dst}")
         sizes = {o.key: o.size for o in objects}
-        with (
-            _bar(sum(sizes[k] for k, _ in pairs), len(pairs), shown) as bar,
-            ThreadPoolExecutor(max_workers=jobs) as pool,
-        ):
-            fetched = pool.map(lambda p: download(bucket, p[0], p[1], config=config, progress=bar), pairs)
+        with _bar(sum(sizes[k] for k, _ in pairs), len(pairs), shown) as bar:
+            fetched = _in_order(
+                pairs, 0, lambda p: download(bucket, p[0], p[1], config=config, progress=bar), jobs
+            )
             for (_, target), size in zip(pairs, fetched, strict=True):
                 report.files += 1
                 report.bytes += size
@@ -200,12 +231,13 @@ def copy(
     report.bytes = sum(os.path.getsize(f) for f, _ in jobs_list)
     _abort_stale_uploads(bucket, prefix, jobs_list, config)
 
-    def send(pair: tuple[str, str], bar: Progress) -> None:
+    def send(pair: tuple[str, str], bar: Progress) -> int:
         upload_file(pair[0], bucket, pair[1], config=config, on_bytes=lambda n: bar.advance(n, 0))
         bar.advance(0, 1)
+        return 0
 
-    with _bar(report.bytes, len(jobs_list), shown) as bar, ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(lambda p: send(p, bar), jobs_list))
+    with _bar(report.bytes, len(jobs_list), shown) as bar:
+        _in_order(jobs_list, 1, lambda p: send(p, bar), jobs)
     report.files = len(jobs_list)
     report.copied = [f"s3://{bucket}/{k}" for _, k in jobs_list]
     return report

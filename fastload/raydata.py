@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from fastload.config import PackConfig, S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry
+from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.errors import ConfigError, FastloadError, PackError
 from fastload.packing.dest import destination
 from fastload.packing.journal import STATE_DIR
@@ -161,7 +161,9 @@ def from_ray(
         options={**output_options(config), "source": "ray.data"},
         payload_bytes=sum(r["payload_bytes"] for r in written),
     )
-    dest.write_bytes(INDEX_NAME, index.to_json())
+    from fastload.formats import index_name
+
+    dest.write_bytes(index_name(index.shard_format), index.to_json())
     dest.remove_tree(STATE_DIR)
     return PackReport(
         dest.url,

@@ -10,13 +10,14 @@ from fastload.config import S3Config
 from fastload.core.index import DatasetIndex
 from fastload.core.units import format_size
 from fastload.errors import ConfigError
-from fastload.formats import by_name, full_entry
+from fastload.formats import by_name, full_entry, sidecar_prefix
 
 
 def describe(index: DatasetIndex) -> str:
     """Summary: shards, samples, bytes, fields, and a histogram of shard sizes."""
     version = (
-        "v2 (shards listed; each shard's sample table in <shard>.fltable)"
+        "v2 (shards listed; each shard's sample table in "
+        f"{sidecar_prefix(index.shard_format)}<shard>.fltable)"
         if index.detached
         else "v1 (every sample listed in index.json; `fastload index --upgrade` writes v2)"
     )
@@ -86,3 +87,19 @@ def list_shard(
     if limit is not None and entry.samples > limit:
         lines.append(f"  ... {entry.samples - limit} more (use --limit 0 for all)")
     return "\n".join(lines)
+
+
+def describe_file(url: str, *, limit: int | None = None, s3_config: S3Config | None = None) -> str:
+    """``fastload inspect`` of one shard file or S3 object (normalised ``url``): its samples, from the
+    sample table of the dataset whose ``index.json`` lists it; without one, from the file read once."""
+    from fastload.formats import index_files
+    from fastload.storage.manifest import dataset_of_file
+
+    found = dataset_of_file(url, s3_config=s3_config)
+    if found is not None:
+        root, index, entry = found
+        head = f"shard of the dataset {root} ({index.shard_format}; `fastload inspect {root}` for all of it)"
+        return head + "\n" + list_shard(index, entry.name, limit=limit, root=root, s3_config=s3_config)
+    root, index = index_files([url], s3_config=s3_config)
+    head = "no index.json lists this file: its samples were found by reading it once"
+    return head + "\n" + list_shard(index, index.shards[0].name, limit=limit, root=root, s3_config=s3_config)

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME
 from fastload.errors import ConfigError, FastloadError
 from fastload.storage import access as storage
-from fastload.storage.manifest import refuse_unfinished
+from fastload.storage.manifest import has_index, refuse_unfinished
 
 BUCKET = "bench"
 
@@ -244,7 +243,7 @@ def prepare(options: Any, note: Callable[[str], None]) -> Workload:
     try:
         serve = os.path.join(temp.name, "serve")
         os.makedirs(serve)
-        if os.path.exists(os.path.join(root, INDEX_NAME)):
+        if has_index(root):
             work.kind, work.packed_local = "dataset", root
             os.symlink(root, os.path.join(serve, "packed"))
         else:
@@ -275,7 +274,7 @@ def _prepare_s3(source: str, options: Any, note: Callable[[str], None]) -> Workl
 
     config = S3Config.from_env(endpoint_url=options.endpoint_url)
     prefix_url = source.rstrip("/")
-    if storage.exists(storage.join(prefix_url, INDEX_NAME), config=config):
+    if has_index(prefix_url, s3_config=config):
         return Workload(
             label=source, kind="s3-dataset", packed_s3=prefix_url, s3_config=config, user_config=config
         )

@@ -8,7 +8,7 @@ Version 2 (written by this fastload) lists shards only, so it grows with shards,
      "options": {...}, "skipped": [{"path", "reason"}],
      "shards": [{"name", "format", "bytes", "samples", "checksum", "partition",
                  "fields": [...],                                    # tar member layout order, if uniform
-                 "table": {"name", "bytes", "checksum"}}]}           # the shard's sample table (sidecar)
+                 "table": {"name", "bytes", "checksum", "content"}}]} # the shard's sample table (sidecar)
 
 Each shard's per-sample columns (offsets, sizes, tar samples' CRC32C, member sizes, Parquet row groups, keys)
 live in its sample table (:mod:`fastload.core.table`), a sidecar the process reading the shard fetches with
@@ -43,6 +43,11 @@ from fastload.core.table import SampleTable
 from fastload.errors import IndexFormatError
 
 INDEX_NAME = "index.json"
+# Where datasets of formats other tools read as a folder (Parquet) keep fastload's own files (index.json,
+# sample tables): those tools (pandas, pyarrow.dataset, Spark, DuckDB globs) skip names starting with "_" or
+# "." and fail on other files that are not Parquet (fastload.formats.sidecar_prefix decides, by format).
+SIDECAR_DIR = "_fastload"
+INDEX_NAMES = (INDEX_NAME, f"{SIDECAR_DIR}/{INDEX_NAME}")  # where readers look for the manifest, in order
 FORMAT = "fastload-index"
 VERSION = 2  # what this fastload writes
 VERSIONS = (1, 2)  # what it reads
@@ -51,15 +56,22 @@ CHECKSUM_ALGORITHM = "crc32c"
 
 @dataclass(frozen=True)
 class TableRef:
-    """Where a shard's sample table lives: a sidecar ``name`` (relative to the dataset folder), its size and
-    CRC32C (8 hex digits), so one ranged read fetches it and the bytes are checked."""
+    """Where a shard's sample table lives: a sidecar ``name`` (relative to the dataset folder), its size,
+    the CRC32C of its whole file (``checksum``: for every intact table the CRC residue, kept for fastload
+    before ``content`` existed) and ``content``, the CRC32C of its bytes before its trailing CRC
+    (:func:`fastload.core.table.content_crc`), which tells this table from a stale one of the same size.
+    ``content`` is None in indexes written before it was recorded (``fastload index --upgrade`` adds it)."""
 
     name: str
     bytes: int
     checksum: str
+    content: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "bytes": self.bytes, "checksum": self.checksum}
+        out: dict[str, Any] = {"name": self.name, "bytes": self.bytes, "checksum": self.checksum}
+        if self.content is not None:
+            out["content"] = self.content
+        return out
 
 
 @dataclass
@@ -145,7 +157,12 @@ class ShardEntry:
             partition=raw.get("partition"),
             member_fields=[str(f) for f in raw.get("fields", [])],
             count=int(raw["samples"]),
-            table=TableRef(str(table["name"]), int(table["bytes"]), str(table["checksum"])),
+            table=TableRef(
+                str(table["name"]),
+                int(table["bytes"]),
+                str(table["checksum"]),
+                None if table.get("content") is None else str(table["content"]),
+            ),
             format=None if raw.get("format") is None else str(raw["format"]),
             stats=_stats(raw),
         )

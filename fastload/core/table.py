@@ -40,6 +40,16 @@ _PREFIX = struct.Struct("<4sII")
 _DTYPES: dict[str, np.dtype[Any]] = {"u8": np.dtype("<u8"), "u4": np.dtype("<u4"), "u1": np.dtype("u1")}
 
 
+def content_crc(data: bytes) -> int:
+    """A table's content checksum: its trailing u32, the CRC32C of every byte before it (what
+    ``index.json`` records as the table's ``content``). The CRC32C of the whole table, trailing CRC included,
+    is the same constant (the CRC residue) for every well-formed table, so it identifies nothing."""
+    if len(data) < 4:
+        return -1
+    (value,) = struct.unpack_from("<I", data, len(data) - 4)
+    return int(value)
+
+
 def table_name(shard_name: str) -> str:
     """The sidecar name of a shard's sample table, relative to the dataset's folder."""
     return shard_name + SUFFIX

@@ -20,9 +20,12 @@ from fastload.formats.registry import (
     foreign_format,
     full_entry,
     index_files,
+    index_name,
     load_index,
     names,
     register,
+    sidecar_prefix,
+    table_path,
     unregister,
 )
 from fastload.formats.tar.format import TAR
@@ -44,8 +47,11 @@ __all__ = [
     "foreign_format",
     "full_entry",
     "index_files",
+    "index_name",
     "load_index",
     "names",
     "register",
+    "sidecar_prefix",
+    "table_path",
     "unregister",
 ]

@@ -166,6 +166,31 @@ def foreign_format(url: str) -> ShardFormat | None:
     return fmt if fmt is not None and fmt.foreign else None
 
 
+def sidecar_prefix(shard_format: str) -> str:
+    """Where a dataset of ``shard_format`` keeps fastload's files (``index.json``, sample tables), relative
+    to its root: ``"_fastload/"`` for a format whose datasets other tools read by listing the folder (the
+    format's optional ``read_as_folder``: Parquet), where they skip names starting with ``_``; else ``""``,
+    beside the shards."""
+    from fastload.core.index import SIDECAR_DIR
+
+    return f"{SIDECAR_DIR}/" if getattr(by_name(shard_format), "read_as_folder", False) else ""
+
+
+def index_name(shard_format: str) -> str:
+    """The manifest's path, relative to the dataset's root, that a writer of ``shard_format`` uses."""
+    from fastload.core.index import INDEX_NAME
+
+    return sidecar_prefix(shard_format) + INDEX_NAME
+
+
+def table_path(shard_name: str, shard_format: str) -> str:
+    """Where a writer puts a shard's sample table, relative to the dataset's root (the manifest records it
+    and readers follow the record: older Parquet datasets have tables beside their files)."""
+    from fastload.core.table import table_name
+
+    return sidecar_prefix(shard_format) + table_name(shard_name)
+
+
 def check_index(index: DatasetIndex, *, where: str) -> ShardFormat:
     """The format of ``index``, after checking each shard entry describes a shard of it; raises
     :class:`~fastload.errors.IndexFormatError` naming ``where`` and the shard."""

@@ -14,6 +14,7 @@ import shutil
 from typing import Protocol
 
 from fastload.config import S3Config
+from fastload.core.index import INDEX_NAMES
 from fastload.errors import DestinationWriteError, write_error
 from fastload.storage.localfs import atomic_write, publish
 
@@ -115,3 +116,13 @@ def destination(url: str, state_dir: str, *, config: S3Config | None = None) -> 
 
         return S3Destination(url, config=config or S3Config.from_env())
     return LocalDestination(url, state_dir)
+
+
+def read_index_bytes(dest: Destination) -> tuple[str, bytes] | None:
+    """``(url, bytes)`` of the manifest a finished pack left in ``dest`` (``index.json``, or
+    ``_fastload/index.json`` for Parquet), or None."""
+    for name in INDEX_NAMES:
+        raw = dest.read_bytes(name)
+        if raw is not None:
+            return f"{dest.url}/{name}", raw
+    return None

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
-from fastload.core.table import table_name
+from fastload import formats
 from fastload.errors import DestinationWriteError
 from fastload.formats.tar.writer import ShardResult
 from fastload.packing.dest import Destination, write_failed
@@ -75,7 +75,8 @@ def publish_shard(
         result = job.write(tmp, on_sample=on_sample, open_threads=open_threads)
     except DestinationWriteError as exc:
         raise write_failed(dest, exc, exc.path) from exc
-    entry, table = split_entry(result.entry, shard_format=job.shard_format)
+    prefix = formats.sidecar_prefix(job.shard_format)
+    entry, table = split_entry(result.entry, shard_format=job.shard_format, prefix=prefix)
     dest.publish(tmp, job.name)
     tmp_table = os.path.join(dest.tmp_dir, f"{job.number:06d}.table.part")
     try:
@@ -89,7 +90,7 @@ def publish_shard(
         with contextlib.suppress(OSError):
             os.unlink(tmp_table)
         raise write_failed(dest, exc, tmp_table) from exc
-    dest.publish(tmp_table, table_name(job.name))
+    dest.publish(tmp_table, formats.table_path(job.name, job.shard_format))
     published = ShardResult(entry, result.skipped, result.payload_bytes, result.files)
     journal.record(shard_record(job.number, published))
     return published

@@ -11,9 +11,10 @@ CRC32C of each sample's bytes, from the same read). Each file's format is found 
 (:func:`fastload.formats.foreign_format`), and the format builds the index (:meth:`ShardFormat.table`).
 
 The index is v2: each file's sample table in a ``<file>.fltable`` sidecar next to it, then ``index.json``,
-written only when every file reads cleanly. Replacing an index (``force``) deletes the sidecars of files the
-new one no longer lists. ``fastload index --upgrade`` (:mod:`fastload.packing.upgrade`) turns a v1 index
-into v2 in place.
+written only when every file reads cleanly; for Parquet files both in ``_fastload/``
+(``_fastload/index.json``, ``_fastload/<file>.fltable``), where pandas, pyarrow.dataset, Spark and DuckDB
+do not look. Replacing an index (``force``) deletes the sidecars of files the new one no longer lists.
+``fastload index --upgrade`` (:mod:`fastload.packing.upgrade`) turns a v1 index into v2 in place.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from dataclasses import dataclass, field
 
 from fastload import formats
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex
+from fastload.core.index import DatasetIndex
 from fastload.errors import ConfigError, FastloadError, NotFoundError, VerifyError
 from fastload.packing.upgrade import remove_stale_tables, write_v2
 from fastload.storage import access as storage
-from fastload.storage.manifest import load_index, refuse_unfinished
+from fastload.storage.manifest import has_index, load_index, refuse_unfinished
 
 STATE_DIR = ".fastload-index"
 
@@ -49,7 +50,7 @@ class IndexReport:
     def summary(self) -> str:
         if self.index is not None:
             idx = self.index
-            where = storage.join(self.target, INDEX_NAME)
+            where = storage.join(self.target, formats.index_name(idx.shard_format))
             kind = formats.by_name(idx.shard_format).label
             return (
                 f"indexed {idx.samples:,} samples in {len(idx.shards)} {kind} file(s) "
@@ -99,9 +100,9 @@ def build_index(
         raise NotFoundError(f"{root} does not exist; give the folder holding the TFRecord files", path=root)
     elif not os.path.isdir(root):
         raise ConfigError(f"{root} is a file; give the folder (or s3:// prefix) holding the TFRecord files")
-    if not force and storage.exists(storage.join(root, INDEX_NAME), config=s3_config):
+    if not force and has_index(root, s3_config=s3_config):
         raise ConfigError(
-            f"{storage.join(root, INDEX_NAME)} exists already; pass --force (force=True) to replace it, "
+            f"{root} has an index.json already; pass --force (force=True) to replace it, "
             "or --upgrade to turn a v1 index into v2"
         )
     refuse_unfinished(root, s3_config=s3_config, what="indexed")

@@ -13,15 +13,15 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import crc32c
-
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_index
+from fastload.core.index import INDEX_NAMES, DatasetIndex, ShardEntry, parse_index
 from fastload.errors import PackError, Skip, SkippedInputError
+from fastload.formats import index_name
 from fastload.formats.tar.writer import ShardResult
-from fastload.packing.dest import Destination, destination
+from fastload.packing.dest import Destination, destination, read_index_bytes
 from fastload.packing.report import PackReport
 from fastload.storage.manifest import JOURNAL_DIR
+from fastload.storage.tables import table_problem
 
 STATE_DIR = JOURNAL_DIR  # (readers refuse a folder holding it: storage.manifest.refuse_unfinished)
 _STATE = f"{STATE_DIR}/state.json"
@@ -98,9 +98,9 @@ def prepare_destination(
                 )
             dest.prepare()
             return True
-        raw = dest.read_bytes(INDEX_NAME)
-        if raw is not None:
-            done = parse_index(raw, where=f"{dest.url}/{INDEX_NAME}")
+        found = read_index_bytes(dest)
+        if found is not None:
+            done = parse_index(found[1], where=found[0])
             if done.options.get("layout") == layout:
                 return False
             if done.skipped:
@@ -117,10 +117,10 @@ def prepare_destination(
             )
     if not dest.is_empty():
         hint = "pass --resume to continue the interrupted pack there, or " if journal.exists() else ""
-        raw = None if hint else dest.read_bytes(INDEX_NAME)
-        if raw is not None:
+        found = None if hint else read_index_bytes(dest)
+        if found is not None:
             with contextlib.suppress(ValueError):  # not an index we can read: the plain message
-                left_out = len(parse_index(raw, where=f"{dest.url}/{INDEX_NAME}").skipped)
+                left_out = len(parse_index(found[1], where=found[0]).skipped)
                 if left_out:
                     hint = (
                         f"it holds a pack that left out {left_out} input(s): pass --resume to retry them "
@@ -175,7 +175,7 @@ def kept_shards(
         if ref is None or name_of(number) != entry.name or dest.size(entry.name) != entry.bytes:
             return None
         table = dest.read_bytes(ref.name)
-        if table is None or len(table) != ref.bytes or f"{crc32c.crc32c(table):08x}" != ref.checksum:
+        if table is None or table_problem(table, ref, url=ref.name, shard=entry.name) is not None:
             return None
         skipped = [Skip(s["path"], s["reason"]) for s in record["skipped"]]
         return number, ShardResult(entry, skipped, int(record["payload_bytes"]), int(record["files"]))
@@ -210,7 +210,8 @@ def reopen_pack(
         if number not in retry:
             payload, files = totals(number)
             journal.record(shard_record(number, ShardResult(entry, [], payload, files)))
-    dest.remove(INDEX_NAME)
+    for name in INDEX_NAMES:  # (where this pack wrote it, or where an older fastload did)
+        dest.remove(name)
     return kept_shards(dest, journal, name_of)
 
 
@@ -253,7 +254,7 @@ def finish_pack(
         skipped=[{"path": s.path, "reason": s.reason} for s in planned_skips + written_skips],
         payload_bytes=sum(r.payload_bytes for r in results.values()),
     )
-    dest.write_bytes(INDEX_NAME, index.to_json())
+    dest.write_bytes(index_name(shard_format), index.to_json())
     journal.remove()
     report = PackReport(
         dest.url,

@@ -21,6 +21,7 @@ from fastload.core.index import INDEX_NAME, parse_index
 from fastload.errors import ConfigError, DestinationWriteError, PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
 from fastload.gcpause import gc_paused
+from fastload.packing.dest import read_index_bytes
 from fastload.packing.engine import Engine, LocalEngine
 from fastload.packing.journal import finish_pack, open_pack, reopen_pack
 from fastload.packing.options import checked, output_options
@@ -147,7 +148,8 @@ def pack(
         s3_config=s3_config,
     )
     if kept is None:  # complete: but the inputs it had to skip may be fixed now
-        index = parse_index(dest.read_bytes(INDEX_NAME) or b"", where=f"{dest.url}/{INDEX_NAME}")
+        where, raw = read_index_bytes(dest) or (f"{dest.url}/{INDEX_NAME}", b"")
+        index = parse_index(raw, where=where)
         retry = plan.shards_holding({s["path"] for s in index.skipped})
         if retry:
             kept = reopen_pack(

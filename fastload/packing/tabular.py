@@ -35,6 +35,7 @@ from fastload.core.plan import ShardPlan, plan_shards, sample_order
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.parquet.writer import KEY_COLUMN
 from fastload.formats.tar.writer import ShardResult
+from fastload.packing.dest import read_index_bytes
 from fastload.packing.engine import LocalEngine
 from fastload.packing.journal import finish_pack, open_pack
 from fastload.packing.options import output_options
@@ -323,7 +324,8 @@ def pack_table(
         s3_config=s3_config,
     )
     if kept is None:  # already complete
-        index = parse_index(dest.read_bytes(INDEX_NAME) or b"", where=f"{dest.url}/{INDEX_NAME}")
+        where, raw = read_index_bytes(dest) or (f"{dest.url}/{INDEX_NAME}", b"")
+        index = parse_index(raw, where=where)
         return PackReport(
             dest.url,
             index,

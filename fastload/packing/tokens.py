@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from fastload import formats
 from fastload.config import PARQUET_COMPRESSIONS, S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
 from fastload.core.seqpack import TOKEN_DTYPES
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.tar.writer import ShardResult
-from fastload.packing.dest import Destination
+from fastload.packing.dest import Destination, read_index_bytes
 from fastload.packing.engine import LocalEngine
 from fastload.packing.journal import open_pack
 from fastload.packing.plan import source_and_target
@@ -275,7 +276,7 @@ def pack_tokens(
         skipped=[{"path": s.path, "reason": s.reason} for s in skipped],
         payload_bytes=totals.tokens * np_dtype.itemsize,
     )
-    dest.write_bytes(INDEX_NAME, index.to_json())
+    dest.write_bytes(formats.index_name(index.shard_format), index.to_json())
     journal.remove()
     report = TokensReport(
         dest.url,
@@ -320,7 +321,8 @@ class _Totals:
 
 def _complete(dest: Destination, began: float) -> TokensReport:
     """The report of a resume that finds the pack already finished (nothing is written)."""
-    index = parse_index(dest.read_bytes(INDEX_NAME) or b"", where=f"{dest.url}/{INDEX_NAME}")
+    where, raw = read_index_bytes(dest) or (f"{dest.url}/{INDEX_NAME}", b"")
+    index = parse_index(raw, where=where)
     opts = index.options
     return TokensReport(
         dest.url,

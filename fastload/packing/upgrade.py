@@ -7,6 +7,11 @@ range is recorded, so readers can check each sample's bytes on every read. Parqu
 their own checks (page checksums, record CRCs) and are not read. Shards are read, then their sidecars
 written, several at a time; ``index.json`` last, so an interrupted upgrade (or a refused shard: nothing is
 written then) leaves the v1 index in place and can be run again.
+
+On a v2 dataset it repairs sample tables (:func:`refresh_tables`): a table written before its content
+checksum was recorded (it may be a stale table of another pack), or one that is missing, damaged or stale,
+is rebuilt from its shard (the shard's size and CRC32C checked against ``index.json`` first), then
+``index.json`` is written again with every table's content checksum.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ import crc32c
 
 from fastload import formats
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry
-from fastload.core.table import table_name
-from fastload.errors import VerifyError
-from fastload.packing.dest import destination
+from fastload.core.index import INDEX_NAME, SIDECAR_DIR, DatasetIndex, ShardEntry
+from fastload.errors import FastloadError, VerifyError
+from fastload.formats import index_name, sidecar_prefix, table_path
+from fastload.packing.dest import Destination, destination
 from fastload.storage import access as storage
-from fastload.storage.tables import split_entry
+from fastload.storage.manifest import read_manifest
+from fastload.storage.tables import split_entry, table_bytes, table_ref
 
 STATE_DIR = ".fastload-index"
 _CHUNK = 8 << 20
@@ -107,13 +113,25 @@ def write_v2(
     dest = destination(root, state_dir, config=s3_config)
 
     def one(entry: ShardEntry) -> ShardEntry:
-        manifest_entry, data = split_entry(entry, shard_format=index.shard_format)
-        dest.write_bytes(table_name(entry.name), data)
+        prefix = sidecar_prefix(index.shard_format)
+        manifest_entry, data = split_entry(entry, shard_format=index.shard_format, prefix=prefix)
+        assert manifest_entry.table is not None  # (split_entry names it)
+        dest.write_bytes(manifest_entry.table.name, data)
         return manifest_entry
 
     v2 = dataclasses.replace(index, shards=_parallel(one, shards, threads))
-    dest.write_bytes(INDEX_NAME, v2.to_json())
+    publish_index(dest, v2)
     return v2
+
+
+def publish_index(dest: Destination, index: DatasetIndex) -> None:
+    """Write ``index`` where a dataset of its format keeps it (:func:`fastload.formats.index_name`) and,
+    when that is ``_fastload/index.json`` (Parquet), remove an ``index.json`` at the root left by an
+    older fastload (which readers would find first)."""
+    name = index_name(index.shard_format)
+    dest.write_bytes(name, index.to_json())
+    if name != INDEX_NAME:
+        dest.remove(INDEX_NAME)
 
 
 def remove_stale_tables(
@@ -129,20 +147,129 @@ def remove_stale_tables(
     return len(stale)
 
 
+def rebuilt_table(
+    root: str, index: DatasetIndex, entry: ShardEntry, *, s3_config: S3Config | None = None
+) -> bytes:
+    """The sample table of ``entry`` (a v2 manifest entry) built again from its shard, read once by its
+    format (as ``fastload index`` reads foreign files); :class:`VerifyError` naming the shard when the shard
+    is not the one ``index.json`` describes (size, CRC32C, sample count, member layout) or its format
+    cannot index it."""
+    fmt = formats.by_name(entry.format or index.shard_format)
+    url = storage.join(root, entry.name)
+    if not fmt.foreign:
+        raise VerifyError(
+            f"its sample table cannot be rebuilt ({fmt.label} shards are indexed only when packed): copy "
+            "the dataset again whole, or re-pack",
+            shard=entry.name,
+        )
+    named = [(url, entry.name)]
+    key_column = index.options.get("key_column")
+    if fmt.name == "parquet" and isinstance(key_column, str):
+        built, problems = fmt.table(named, threads=1, s3_config=s3_config, key_column=key_column)  # type: ignore[call-arg]
+    else:
+        built, problems = fmt.table(named, threads=1, s3_config=s3_config)
+    if problems:
+        raise problems[0]
+    (full,) = built.shards
+    checksum = full.checksum or _whole_crc(url, s3_config)
+    layout = list(full.member_fields) if full.member_sizes else []
+    if (full.bytes, checksum, full.samples, layout) != (
+        entry.bytes,
+        entry.checksum,
+        entry.samples,
+        entry.member_fields,
+    ):
+        raise VerifyError(
+            f"{full.bytes} bytes with CRC32C {checksum}, {full.samples} samples; index.json says "
+            f"{entry.bytes} bytes with {entry.checksum}, {entry.samples} samples: the shard changed since "
+            "it was packed, so its table cannot be rebuilt; copy the dataset again whole, or re-pack",
+            shard=entry.name,
+        )
+    return table_bytes(dataclasses.replace(full, name=entry.name, partition=entry.partition))
+
+
+def _whole_crc(url: str, s3_config: S3Config | None) -> str:
+    crc = 0
+    with storage.open_read(url, config=s3_config) as f:
+        while data := f.read(_CHUNK):
+            crc = crc32c.crc32c(data, crc)
+    return f"{crc:08x}"
+
+
+def refresh_tables(
+    root: str, index: DatasetIndex, *, s3_config: S3Config | None = None, threads: int = 8
+) -> tuple[DatasetIndex, int, int]:
+    """``(index, tables rebuilt, tables moved)``: the v2 ``index`` with each shard's table checked, and
+    rebuilt from its shard (:func:`rebuilt_table`) where it has no content checksum recorded (an index
+    written before there was one: the table may be stale) or is missing, damaged or stale; a good table
+    not where this fastload writes tables of the format (:func:`fastload.formats.table_path`: Parquet
+    datasets written before ``_fastload/``) is written there. The new tables are written, ``index.json`` is
+    not (the caller writes it last, then removes the old tables). A shard that cannot be rebuilt raises
+    before any table is written."""
+    fmt = index.shard_format
+
+    def check(entry: ShardEntry) -> tuple[ShardEntry, bytes | None, bool]:
+        if entry.table is not None and entry.table.content is not None:
+            try:
+                full = formats.full_entry(root, entry, shard_format=fmt, s3_config=s3_config)
+            except (OSError, FastloadError):
+                pass
+            else:
+                if entry.table.name == table_path(entry.name, fmt):
+                    return entry, None, False
+                return entry, table_bytes(full), False
+        return entry, rebuilt_table(root, index, entry, s3_config=s3_config), True
+
+    if not index.shards:
+        return index, 0, 0
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(index.shards)))) as pool:
+        checked = list(pool.map(check, index.shards))
+    dest = destination(root, STATE_DIR, config=s3_config)
+    shards: list[ShardEntry] = []
+    for entry, data, _ in checked:
+        if data is not None:
+            name = table_path(entry.name, fmt)
+            dest.write_bytes(name, data)
+            entry = dataclasses.replace(entry, table=table_ref(name, data))
+        shards.append(entry)
+    rebuilt = sum(1 for _, _, again in checked if again)
+    moved = sum(1 for _, data, again in checked if data is not None and not again)
+    return dataclasses.replace(index, shards=shards), rebuilt, moved
+
+
 @dataclass
 class UpgradeReport:
-    """What ``fastload index --upgrade`` did: ``upgraded`` is False when the index was v2 already."""
+    """What ``fastload index --upgrade`` did: ``upgraded`` is False when the index was v2 already with
+    every sample table checked and its content checksum recorded; ``tables_rebuilt`` on a v2 index."""
 
     target: str
     index: DatasetIndex
     upgraded: bool = True
     shards_read: int = 0
+    tables_rebuilt: int = 0
+    moved: int = 0  # sample tables moved into _fastload/ (with index.json: Parquet, older layout)
     seconds: float = 0.0
 
     def summary(self) -> str:
-        where = storage.join(self.target, INDEX_NAME)
+        where = storage.join(self.target, index_name(self.index.shard_format))
         if not self.upgraded:
-            return f"{where} is index v2 already; nothing to upgrade"
+            return f"{where} is index v2 already; nothing to upgrade (every sample table intact)"
+        if self.tables_rebuilt or self.moved:
+            parts = []
+            if self.tables_rebuilt:
+                parts.append(
+                    f"rebuilt {self.tables_rebuilt} sample table(s) from their shards (missing, damaged, "
+                    "stale, or written before tables had a content checksum)"
+                )
+            if self.moved:
+                parts.append(
+                    f"moved index.json and {self.moved} sample table(s) into {SIDECAR_DIR}/ (where Parquet "
+                    "readers do not look)"
+                )
+            return (
+                f"{'; '.join(parts)}; wrote {where} with every table's content checksum, in "
+                f"{self.seconds:.1f}s"
+            )
         shards = len(self.index.shards)
         return (
             f"upgraded {where} to index v2 ({shards} shard(s), {self.index.samples:,} samples): wrote "
@@ -162,7 +289,16 @@ def upgrade_index(
         s3_config = s3_config or S3Config.from_env()
     index = formats.load_index(root, s3_config=s3_config)
     if index.detached:
-        return UpgradeReport(root, index, upgraded=False)
+        fresh, rebuilt, moved = refresh_tables(root, index, s3_config=s3_config, threads=threads)
+        found = read_manifest(root, s3_config=s3_config)
+        misplaced = found is not None and found[0] != storage.join(root, index_name(index.shard_format))
+        if not (rebuilt or moved or misplaced):
+            return UpgradeReport(root, index, upgraded=False)
+        publish_index(destination(root, STATE_DIR, config=s3_config), fresh)
+        remove_stale_tables(root, index, fresh, state_dir=STATE_DIR, s3_config=s3_config)
+        return UpgradeReport(
+            root, fresh, tables_rebuilt=rebuilt, moved=moved, seconds=time.monotonic() - began
+        )
     shards = with_crcs(root, index, s3_config=s3_config, threads=threads)
     read = sum(1 for old, new in zip(index.shards, shards, strict=True) if new.crcs and not old.crcs)
     v2 = write_v2(root, index, shards, s3_config=s3_config, threads=threads)

@@ -13,6 +13,7 @@ record's CRCs and Example).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,7 @@ from fastload.formats.checks import crc_problem
 from fastload.formats.tar.scan import ChecksumReader
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
-from fastload.storage.manifest import refuse_unfinished
+from fastload.storage.manifest import dataset_of_file, is_one_file, read_manifest, refuse_unfinished
 
 
 @dataclass
@@ -69,35 +70,29 @@ def verify(
     s3_config: S3Config | None = None,
     progress: bool | None = False,
 ) -> VerifyReport:
-    """Verify a dataset (a folder or ``s3://`` prefix holding ``index.json``), or lint a foreign tar file
-    or folder/prefix of tars. ``progress``: a bar of shards' bytes checked (None: when on a terminal)."""
+    """Verify a dataset (a folder or ``s3://`` prefix holding ``index.json``) or one shard of it (a file or
+    object that the ``index.json`` of its folder, or a folder above, lists), or lint a foreign tar file or
+    folder/prefix of tars. ``progress``: a bar of shards' bytes checked (None: when on a terminal)."""
     root = storage.normalise(target)
     pool_size = workers or os.cpu_count() or 1
+    single = _single_file(root, s3_config)
+    if single:  # one shard: against the index of the dataset that lists it, else linted
+        found = dataset_of_file(root, s3_config=s3_config)
+        if found is not None:
+            base, listing, entry = found
+            one = dataclasses.replace(listing, shards=[entry])
+            return _check_index(base, one, storage.join(base, INDEX_NAME), 1, s3_config, progress, root)
     index_url = storage.join(root, INDEX_NAME)
     index: DatasetIndex | None = None
-    if storage.is_folder(root):
-        try:
-            raw = storage.read_bytes(index_url, config=s3_config)
-        except (NotFoundError, FileNotFoundError):
-            raw = None
-        if raw is not None:
-            index = parse_index(raw, where=index_url)
+    if storage.is_folder(root) and not single:
+        found_index = read_manifest(root, s3_config=s3_config)
+        if found_index is not None:
+            index_url = found_index[0]
+            index = parse_index(found_index[1], where=index_url)
         else:
             refuse_unfinished(root, s3_config=s3_config, what="verified")
     if index is not None:
-        idx = index
-        fmt = formats.check_index(idx, where=index_url)
-        report = VerifyReport(root)
-        bar = Progress(total=idx.bytes, enabled=progress, desc=f"verifying {len(idx.shards)} shards")
-        with bar, ThreadPoolExecutor(max_workers=pool_size) as pool:
-            checked = pool.map(lambda s: _check_shard(root, fmt, s, idx.shard_format, s3_config), idx.shards)
-            for shard, (problems, samples) in zip(idx.shards, checked, strict=True):
-                report.problems += problems
-                report.samples += samples
-                bar.advance(shard.bytes, 1)
-        report.shards = len(idx.shards)
-        report.bytes = idx.bytes
-        return report
+        return _check_index(root, index, index_url, pool_size, s3_config, progress, root)
     if not storage.is_remote(root) and not os.path.exists(root):
         raise NotFoundError(f"{root} does not exist", path=root)
     tars = (
@@ -106,7 +101,7 @@ def verify(
             for t in storage.list_files(root, "", config=s3_config)
             if formats.foreign_format(t) is not None and not _left_out(root, t)
         ]
-        if storage.is_folder(root)
+        if storage.is_folder(root) and not single
         else [root]
     )
     kinds = {_lint_format(t).label for t in tars}
@@ -123,6 +118,37 @@ def verify(
     report.shards = len(tars)
     if not tars:
         report.problems.append(VerifyError("no index.json and no .tar or TFRecord files here", shard=root))
+    return report
+
+
+def _single_file(url: str, s3_config: S3Config | None) -> bool:
+    """Whether ``url`` is one file: a local file, or an S3 object named like a shard (a prefix is not)."""
+    if storage.is_remote(url):
+        return formats.for_path(url) is not None and is_one_file(url, s3_config=s3_config)
+    return os.path.isfile(url)
+
+
+def _check_index(
+    root: str,
+    idx: DatasetIndex,
+    index_url: str,
+    pool_size: int,
+    s3_config: S3Config | None,
+    progress: bool | None,
+    target: str,
+) -> VerifyReport:
+    """Every shard of ``idx`` (a dataset at ``root``, or the one shard asked for) against the index."""
+    fmt = formats.check_index(idx, where=index_url)
+    report = VerifyReport(target)
+    bar = Progress(total=idx.bytes, enabled=progress, desc=f"verifying {len(idx.shards)} shards")
+    with bar, ThreadPoolExecutor(max_workers=pool_size) as pool:
+        checked = pool.map(lambda s: _check_shard(root, fmt, s, idx.shard_format, s3_config), idx.shards)
+        for shard, (problems, samples) in zip(idx.shards, checked, strict=True):
+            report.problems += problems
+            report.samples += samples
+            bar.advance(shard.bytes, 1)
+    report.shards = len(idx.shards)
+    report.bytes = idx.bytes
     return report
 
 
@@ -173,5 +199,33 @@ def _check_shard(
             reader.drain()
             problems += crc_problem(reader, shard)
         else:
-            problems += fmt.verify(f, full)
+            found = fmt.verify(f, full)
+            if shard.detached and size == shard.bytes and any(p.key is not None for p in found):
+                found = _blame_the_table(root, shard, found, s3_config)
+            problems += found
     return problems, shard.samples
+
+
+def _blame_the_table(
+    root: str, shard: ShardEntry, found: list[VerifyError], s3_config: S3Config | None
+) -> list[VerifyError]:
+    """``found`` (a shard's problems, some naming samples), or one problem naming its sample table when the
+    shard's whole-file CRC32C matches ``index.json``: then the shard is intact and the samples failed
+    against a stale or damaged table (an index written before tables had a content checksum cannot tell a
+    stale table at fetch). Reads the shard again, only on this failure path."""
+    with storage.open_read(storage.join(root, shard.name), config=s3_config) as again:
+        reader = ChecksumReader(again)
+        reader.drain()
+    if crc_problem(reader, shard):
+        return found
+    samples = [p for p in found if p.key is not None]
+    table = storage.join(root, shard.table.name) if shard.table is not None else "its sample table"
+    return [
+        VerifyError(
+            f"stale or damaged sample table {table}: {len(samples)} sample(s) fail against it (first: "
+            f"{samples[0]}), but the shard's size and CRC32C match index.json, so the shard is intact; run "
+            f"`fastload index --upgrade {root}` (it rebuilds the table from the shard)",
+            shard=shard.name,
+        ),
+        *[p for p in found if p.key is None],
+    ]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
-from fastload.errors import NotFoundError, UnfinishedPackError
+from fastload.core.index import INDEX_NAME, INDEX_NAMES, DatasetIndex, ShardEntry, parse_index
+from fastload.errors import IndexFormatError, NotFoundError, UnfinishedPackError
 from fastload.storage import access as storage
 
 JOURNAL_DIR = ".fastload-pack"  # a pack's resume journal, in its destination while it runs
@@ -23,17 +23,76 @@ def refuse_unfinished(root: str, *, s3_config: S3Config | None = None, what: str
         raise UnfinishedPackError(root, what=what)
 
 
+def read_manifest(root: str, *, s3_config: S3Config | None = None) -> tuple[str, bytes] | None:
+    """``(url, bytes)`` of the dataset manifest under ``root`` (normalised): ``index.json`` at the root, else
+    ``_fastload/index.json`` (where Parquet datasets keep it: :data:`fastload.core.index.INDEX_NAMES`);
+    None when there is neither."""
+    for name in INDEX_NAMES:
+        url = storage.join(root, name)
+        try:
+            return url, storage.read_bytes(url, config=s3_config)
+        except (NotFoundError, FileNotFoundError, NotADirectoryError):
+            continue
+    return None
+
+
+def has_index(root: str, *, s3_config: S3Config | None = None) -> bool:
+    """Whether ``root`` (normalised) holds a dataset manifest, in either place."""
+    return any(storage.exists(storage.join(root, name), config=s3_config) for name in INDEX_NAMES)
+
+
 def load_index(dataset: str | os.PathLike[str], *, s3_config: S3Config | None = None) -> DatasetIndex:
-    """Read ``index.json`` from a dataset folder or ``s3://`` prefix (or the index file itself)."""
+    """Read the manifest of a dataset folder or ``s3://`` prefix (``index.json``, or ``_fastload/index.json``
+    in a Parquet dataset), or the index file itself."""
     url = storage.normalise(dataset)
-    if not url.endswith(".json"):
-        url = storage.join(url, INDEX_NAME)
-    try:
-        raw = storage.read_bytes(url, config=s3_config)
-    except (NotFoundError, FileNotFoundError):
-        if not storage.normalise(dataset).endswith(".json"):
-            refuse_unfinished(storage.normalise(dataset), s3_config=s3_config)
+    if url.endswith(".json"):
+        try:
+            return parse_index(storage.read_bytes(url, config=s3_config), where=url)
+        except (NotFoundError, FileNotFoundError):
+            raise NotFoundError(
+                f"{url} not found: is this a dataset written by `fastload pack`?", path=url
+            ) from None
+    found = read_manifest(url, s3_config=s3_config)
+    if found is None:
+        where = storage.join(url, INDEX_NAME)
+        refuse_unfinished(url, s3_config=s3_config)
         raise NotFoundError(
-            f"{url} not found: is this a dataset written by `fastload pack`?", path=url
-        ) from None
-    return parse_index(raw, where=url)
+            f"{where} not found (nor {storage.join(url, INDEX_NAMES[1])}): is this a dataset written by "
+            "`fastload pack`?",
+            path=where,
+        )
+    return parse_index(found[1], where=found[0])
+
+
+def is_one_file(url: str, *, s3_config: S3Config | None = None) -> bool:
+    """Whether ``url`` (normalised) is one file or S3 object rather than a folder or prefix."""
+    if storage.is_remote(url):
+        return not url.endswith("/") and storage.exists(url, config=s3_config)
+    return os.path.isfile(url)
+
+
+def _parent(url: str) -> str:
+    if storage.is_remote(url):
+        head, _, _ = url.rstrip("/").rpartition("/")
+        return url if head in ("s3:", "s3:/") else head
+    return os.path.dirname(url)
+
+
+def dataset_of_file(
+    url: str, *, s3_config: S3Config | None = None, levels: int = 4
+) -> tuple[str, DatasetIndex, ShardEntry] | None:
+    """``(root, index, entry)`` of the dataset whose ``index.json`` lists the file ``url`` (normalised) as a
+    shard: in its folder or one of the ``levels`` folders above (partition folders); None when none does."""
+    root = url
+    for _ in range(levels):
+        parent = _parent(root)
+        if parent == root or parent == "":
+            return None
+        root = parent
+        try:
+            index = load_index(root, s3_config=s3_config)
+        except (NotFoundError, FileNotFoundError, IndexFormatError):
+            continue
+        name = url[len(root) :].lstrip("/").replace(os.sep, "/")
+        return next(((root, index, s) for s in index.shards if s.name == name), None)
+    return None

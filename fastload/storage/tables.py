@@ -1,6 +1,6 @@
 """Per-shard sample tables (index v2) fetched from their sidecars: one read of ``<shard>.fltable`` next to
-the shard (a single GET from S3: tables are small), checked against the size and CRC32C the manifest
-records, through the shard cache when there is one."""
+the shard (a single GET from S3: tables are small), checked against the size, CRC32C and content checksum
+the manifest records (:func:`table_problem`), through the shard cache when there is one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import crc32c
 
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry, TableRef, attach, detach
-from fastload.core.table import decode_table, encode_table, table_name
+from fastload.core.table import content_crc, decode_table, encode_table, table_name
 from fastload.errors import IndexFormatError, NotFoundError
 from fastload.storage import access as storage
 from fastload.storage.cache import ShardCache
@@ -19,12 +19,58 @@ def table_bytes(entry: ShardEntry) -> bytes:
     return encode_table(entry.sample_table(), crc=crc32c.crc32c)
 
 
-def split_entry(entry: ShardEntry, *, shard_format: str) -> tuple[ShardEntry, bytes]:
+def split_entry(entry: ShardEntry, *, shard_format: str, prefix: str = "") -> tuple[ShardEntry, bytes]:
     """``(manifest entry, sidecar bytes)`` for an attached entry: what a v2 writer stores (the sidecar under
-    the dataset folder as ``manifest_entry.table.name``)."""
+    the dataset folder as ``manifest_entry.table.name``: ``prefix`` + ``<shard>.fltable``, the prefix
+    ``fastload.formats.sidecar_prefix`` gives for the format)."""
     data = table_bytes(entry)
-    ref = TableRef(table_name(entry.name), len(data), f"{crc32c.crc32c(data):08x}")
+    ref = table_ref(prefix + table_name(entry.name), data)
     return detach(entry, ref, shard_format=shard_format), data
+
+
+INCOMPLETE_COPY = (
+    "a likely cause is an incomplete copy of the dataset (interrupted, or made by a tool that copies "
+    "index.json before the shards: `fastload cp -r` copies it last, so an unfinished copy has none)"
+)
+
+
+def missing_shard(url: str, name: str) -> NotFoundError:
+    """The error for shard ``name`` of a dataset's index not found at ``url``."""
+    return NotFoundError(
+        f"{url}: shard {name}, listed in the dataset's index, is missing; {INCOMPLETE_COPY}: copy the "
+        "dataset again whole; else it was deleted or moved since the dataset was written: restore it, or "
+        "re-pack (`fastload verify` checks every shard)",
+        path=url,
+    )
+
+
+def table_ref(name: str, data: bytes) -> TableRef:
+    """What the manifest records of the table ``data`` stored as ``name``."""
+    return TableRef(name, len(data), f"{crc32c.crc32c(data):08x}", f"{content_crc(data):08x}")
+
+
+def table_problem(data: bytes, ref: TableRef, *, url: str, shard: str, root: str = "DATASET") -> str | None:
+    """Why the bytes ``data`` read from ``url`` are not the sample table ``ref`` of ``shard`` (damaged,
+    truncated, or a stale table of another pack: a different content checksum), or None when they are.
+    An index written before ``content`` was recorded can tell damage only (``fastload index --upgrade``
+    records it). ``root``: the dataset, for the command the message gives."""
+    whole = crc32c.crc32c(data)
+    fix = (
+        f"run `fastload index --upgrade {root}` (it rebuilds the table from the shard), or copy the dataset "
+        "again whole (`fastload cp -r` copies index.json last)"
+    )
+    if len(data) != ref.bytes or f"{whole:08x}" != ref.checksum:
+        return (
+            f"{url}: the sample table of shard {shard} is damaged or truncated ({len(data)} bytes with "
+            f"CRC32C {whole:08x}, index.json says {ref.bytes} bytes with {ref.checksum}); {fix}"
+        )
+    if ref.content is not None and f"{content_crc(data):08x}" != ref.content:
+        return (
+            f"{url}: stale sample table of shard {shard}: its content checksum is {content_crc(data):08x}, "
+            f"index.json records {ref.content}, so it was written with another pack or version of this "
+            f"dataset (the shard itself may be intact); {fix}"
+        )
+    return None
 
 
 def fetch_table(
@@ -49,16 +95,13 @@ def fetch_table(
             data = storage.read_bytes(url, config=s3_config)
     except (NotFoundError, FileNotFoundError):
         raise NotFoundError(
-            f"{url}: the sample table of shard {entry.name} is missing; re-run `fastload index "
-            f"--upgrade {root}` (or re-pack)",
+            f"{url}: the sample table of shard {entry.name} is missing; {INCOMPLETE_COPY}: copy the dataset "
+            f"again whole; else run `fastload index --upgrade {root}` (it rebuilds the table from the shard)",
             path=url,
         ) from None
-    if len(data) != ref.bytes or f"{crc32c.crc32c(data):08x}" != ref.checksum:
-        raise IndexFormatError(
-            f"{url}: {len(data)} bytes with CRC32C {crc32c.crc32c(data):08x}, index.json says {ref.bytes} "
-            f"bytes with {ref.checksum}: damaged or from another packing; re-run `fastload index --upgrade` "
-            "(or re-pack)"
-        )
+    problem = table_problem(data, ref, url=url, shard=entry.name, root=root)
+    if problem is not None:
+        raise IndexFormatError(problem)
     # (member_sizes rows come as tuples: tens of thousands of lists per table would reach the cyclic
     # collector's oldest generation and trigger full collections, ~70 ms each once torch is imported)
     return attach(entry, decode_table(data, where=url), where=url)

@@ -30,10 +30,11 @@ from fastload import formats
 from fastload.config import S3Config
 from fastload.core import filters as F
 from fastload.core import selection
-from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry
+from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.errors import ConfigError
 from fastload.storage import access as storage
 from fastload.storage.cache import ShardCache
+from fastload.storage.manifest import has_index
 
 Ints = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -177,11 +178,11 @@ def partition_parent(source: Any, *, s3_config: S3Config | None) -> tuple[str, s
         head, sep, last = here.rpartition("/")
         if not sep or "=" not in last or not head or head.endswith(":/"):
             break
-        if not tail and storage.exists(storage.join(url, INDEX_NAME), config=s3_config):
+        if not tail and has_index(url, s3_config=s3_config):
             return None  # a dataset of its own
         tail.insert(0, last)
         here = head
-        if storage.exists(storage.join(here, INDEX_NAME), config=s3_config):
+        if has_index(here, s3_config=s3_config):
             return here, "/".join(tail)
     return None
 

@@ -24,10 +24,11 @@ from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.lru import LRU
 from fastload.core.randomaccess import spans
-from fastload.errors import ConfigError, NotFoundError, SampleChecksumError, VerifyError
+from fastload.errors import ConfigError, SampleChecksumError, VerifyError
 from fastload.formats.tar.reader import short_read
 from fastload.storage import access as storage
 from fastload.storage.rangedfile import RangedFile
+from fastload.storage.tables import missing_shard
 
 if TYPE_CHECKING:
     from fastload.storage.cache import ShardCache
@@ -285,8 +286,4 @@ class ShardHandles:
                 )
             return ShardHandle(url, entry, fd=os.open(url, os.O_RDONLY), cached=False)
         except FileNotFoundError:  # (NotFoundError and S3's included)
-            raise NotFoundError(
-                f"{url}: shard {entry.name}, listed in the dataset's index, is missing (deleted or moved "
-                "since the dataset was opened?); restore it, or re-pack the dataset",
-                path=url,
-            ) from None
+            raise missing_shard(url, entry.name) from None

@@ -24,8 +24,9 @@ from fastload.core.readplan import ReadTask, iter_reads
 from fastload.errors import SampleChecksumError, VerifyError
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
+from fastload.storage.tables import missing_shard
 from fastload.train.damaged import raising, read_past_damage
-from fastload.train.shardreader import RawSample, ShardReader, missing_shard
+from fastload.train.shardreader import RawSample, ShardReader
 from fastload.train.tablememo import TableMemo
 
 __all__ = ["RANGE_THREADS", "TABLES_AHEAD", "RawSample", "ShardReader", "ShardReaders"]

@@ -17,9 +17,10 @@ from fastload.config import S3Config
 from fastload.core.filters import Filter
 from fastload.core.index import ShardEntry
 from fastload.core.readplan import runs
-from fastload.errors import ConfigError, NotFoundError
+from fastload.errors import ConfigError
 from fastload.formats.tar.reader import short_read
 from fastload.storage import access as storage
+from fastload.storage.tables import missing_shard
 
 RawSample = dict[str, Any]
 
@@ -42,14 +43,6 @@ def _read_range(
     if len(data) != size:
         raise short_read(name, size, offset)
     return data
-
-
-def missing_shard(url: str, name: str) -> NotFoundError:
-    return NotFoundError(
-        f"{url}: shard {name}, listed in the dataset's index, is missing (deleted or moved since the "
-        "dataset was opened?); restore it, or re-pack the dataset (`fastload verify` checks every shard)",
-        path=url,
-    )
 
 
 class ShardRead:

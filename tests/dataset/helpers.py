@@ -80,7 +80,8 @@ def attached_index(root: Path) -> dict[str, Any]:
     """The dataset's ``index.json`` in v1 form, every shard's per-sample columns listed: as written (v1),
     or the v2 manifest with each shard's sample table attached. Written back to ``index.json`` (e.g. after
     a test changes it), it is a v1 index that readers still take."""
-    raw: dict[str, Any] = json.loads((root / "index.json").read_bytes())
+    inside = root / "_fastload" / "index.json"  # (Parquet datasets keep it there)
+    raw: dict[str, Any] = json.loads((inside if inside.exists() else root / "index.json").read_bytes())
     if raw.get("version", 1) == 1:
         return raw
     index = formats.load_index(str(root))

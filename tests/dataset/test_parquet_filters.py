@@ -89,7 +89,7 @@ def test_statistics_prune_shards_and_row_groups_before_reading(monthly: Packed) 
     assert ds.filtered is not None
     assert ds.filtered.counts.tolist() == [5, 0, 0, 0, 0, 0]
     assert 0 < ds.filtered.fetched_bytes < 2 * 24 * len(b"2024-01-01") + 1000
-    index = json.loads((monthly.root / "index.json").read_bytes())
+    index = json.loads((monthly.root / "_fastload" / "index.json").read_bytes())
     assert index["shards"][0]["stats"]["date"] == ["2024-01-01", "2024-01-12", 0]
     assert "bin" not in index["shards"][0]["stats"]  # (long values get no statistics)
 

@@ -33,10 +33,14 @@ BUCKET = "v2"
 def to_v2(packed: Packed, dst: Path) -> Path:
     """A copy of ``packed`` upgraded to index v2 (what `fastload index --upgrade` writes)."""
     shutil.copytree(packed.root, dst)
-    index = json.loads((dst / "index.json").read_bytes())
+
+    def manifest() -> Path:  # (Parquet datasets keep it in _fastload/)
+        return dst / "index.json" if (dst / "index.json").exists() else dst / "_fastload" / "index.json"
+
+    index = json.loads(manifest().read_bytes())
     if index["version"] == 1:  # (pack may write v2 itself)
         upgrade_index(str(dst))
-    index = json.loads((dst / "index.json").read_bytes())
+    index = json.loads(manifest().read_bytes())
     assert index["version"] == 2 and all("table" in s and "keys" not in s for s in index["shards"])
     return dst
 

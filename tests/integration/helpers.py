@@ -59,7 +59,13 @@ def pack_cli(
 
 def read_manifest(dst: Path) -> dict[str, Any]:
     """``index.json`` as written (v2: shards listed, no per-sample columns)."""
-    return json.loads((dst / "index.json").read_bytes())
+    return json.loads(manifest_path(dst).read_bytes())
+
+
+def manifest_path(dst: Path) -> Path:
+    """Where the dataset at ``dst`` keeps ``index.json``: beside the shards, or in ``_fastload/``."""
+    inside = dst / "_fastload" / "index.json"
+    return inside if inside.exists() else dst / "index.json"
 
 
 def read_index(dst: Path) -> dict[str, Any]:
@@ -77,9 +83,10 @@ def make_v1(dst: Path, *, crcs: bool = False) -> None:
 
     index = formats.load_index(dst, tables=True)
     shards = [replace(s, table=None, format=None, crcs=s.crcs if crcs else []) for s in index.shards]
-    (dst / "index.json").write_bytes(replace(index, shards=shards).to_json())
-    for s in index.shards:
-        (dst / f"{s.name}.fltable").unlink()
+    tables = [s.table.name for s in formats.load_index(dst).shards if s.table is not None]
+    manifest_path(dst).write_bytes(replace(index, shards=shards).to_json())
+    for name in tables:
+        (dst / name).unlink()
     assert read_manifest(dst)["version"] == 1
 
 

@@ -52,9 +52,10 @@ def test_crc32c_and_totals_match_the_files(rich_tree, tmp_path, fmt):
         assert "keys" not in listed and "offsets" not in listed and listed["format"] == fmt
         table = (dst / listed["table"]["name"]).read_bytes()
         assert listed["table"] == {
-            "name": listed["name"] + ".fltable",
+            "name": ("_fastload/" if fmt == "parquet" else "") + listed["name"] + ".fltable",
             "bytes": len(table),
             "checksum": f"{crc32c.crc32c(table):08x}",
+            "content": f"{crc32c.crc32c(table[:-4]):08x}",  # what tells this table from another
         }
         tables.append(listed["table"]["name"])
     total_bytes = 0
@@ -76,7 +77,8 @@ def test_crc32c_and_totals_match_the_files(rich_tree, tmp_path, fmt):
     assert index["fields"] == sorted({f for fs in expected.values() for f in fs})
     assert index["skipped"] == []
     names = {p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file()}
-    assert names == {"index.json", *(s["name"] for s in index["shards"]), *tables}, "stray files left in DST"
+    manifest = "_fastload/index.json" if fmt == "parquet" else "index.json"
+    assert names == {manifest, *(s["name"] for s in index["shards"]), *tables}, "stray files left in DST"
 
 
 def test_tar_shard_size_is_respected_and_oversized_samples_get_their_own_shard(

@@ -143,7 +143,7 @@ def test_parquet_hive_partitions_filter_by_split(split_tree, tmp_path):
         folder, _, name = shard["name"].rpartition("/")
         assert folder == shard["partition"] and name.endswith(".parquet")
         assert all(k.startswith(folder.split("=")[1] + "/") for k in shard["keys"]), "shard spans partitions"
-    assert sorted(p.name for p in dst.iterdir()) == ["index.json", "split=train", "split=val"]
+    assert sorted(p.name for p in dst.iterdir()) == ["_fastload", "split=train", "split=val"]
 
     dataset = ds.dataset(dst, format="parquet", partitioning="hive", exclude_invalid_files=True)
     expected = split_tree.samples()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -230,8 +231,13 @@ def test_packed_shards_lint_clean_without_their_index(rich_tree, tmp_path):
     """fastload's own shards pass the foreign-tar lint too (names WebDataset splits the same way)."""
     dst = tmp_path / "dst"
     fastload.pack(str(rich_tree.root), dst, shard_size_bytes=16 << 10, progress=False)
-    report = fastload.verify(shard_paths(dst)[0])
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shard = shard_paths(dst)[0]
+    report = fastload.verify(shutil.copy(shard, alone / shard.name))
     assert report.ok and not report.indexed
+    beside = fastload.verify(shard)  # beside its index.json: checked against it (issue 28 item 8)
+    assert beside.ok and beside.indexed and beside.shards == 1
 
 
 def test_verify_catches_a_member_resized_within_its_blocks(packed):

@@ -97,10 +97,11 @@ def test_fastload_index_then_no_warning_verify_and_inspect(
     shutil.copytree(hive.root, root)
     assert main(["index", str(root), "--key-column", "id"]) == 0
     assert "indexed 15 samples in 3 Parquet file(s)" in capsys.readouterr().out
-    index = json.loads((root / "index.json").read_text())
+    index = json.loads((root / "_fastload" / "index.json").read_text())  # where pandas does not look
     assert index["version"] == 2 and index["options"]["key_column"] == "id"
     assert [s["partition"] for s in index["shards"]] == list(hive.partitions.values())
-    assert all((root / (s["name"] + ".fltable")).is_file() for s in index["shards"])
+    assert all(s["table"]["name"] == f"_fastload/{s['name']}.fltable" for s in index["shards"])
+    assert all((root / s["table"]["name"]).is_file() for s in index["shards"])
     tables = fastload.formats.load_index(str(root), tables=True)  # the footers read to index, kept
     assert all(s.footer and s.footer == footer_bytes(root / s.name) for s in tables.shards)
     samples, caught = read_all(root)
@@ -108,7 +109,7 @@ def test_fastload_index_then_no_warning_verify_and_inspect(
     assert fastload.verify(root).ok
     with pytest.raises(ConfigError, match="key_column='label'"):
         fastload.ShardDataset(root, key_column="label")
-    (root / "index.json").unlink()
+    (root / "_fastload" / "index.json").unlink()
     linted = fastload.verify(root)
     assert linted.ok and not linted.indexed and linted.samples == 15, linted.summary()
 
@@ -125,7 +126,7 @@ def test_files_with_different_columns_are_refused(tmp_path: Path) -> None:
     report_error = pytest.raises(ConfigError, match="different columns")
     with report_error:
         build_index(tmp_path)
-    assert not (tmp_path / "index.json").exists()
+    assert not (tmp_path / "index.json").exists() and not (tmp_path / "_fastload").exists()
 
 
 def test_bad_keys_and_bad_files_are_named(tmp_path: Path) -> None:

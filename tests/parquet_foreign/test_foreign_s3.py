@@ -64,7 +64,7 @@ def test_an_s3_prefix_of_foreign_parquet(hive: Hive, moto_url: str, tmp_path: Pa
 
     report = build_index(url, s3_config=config, key_column="id")
     assert report.ok, report.summary()
-    manifest = json.loads(client.get_object(Bucket=BUCKET, Key="ev/index.json")["Body"].read())
+    manifest = json.loads(client.get_object(Bucket=BUCKET, Key="ev/_fastload/index.json")["Body"].read())
     assert [s["partition"] for s in manifest["shards"]] == list(hive.partitions.values())
     client.close()
     with warnings.catch_warnings():

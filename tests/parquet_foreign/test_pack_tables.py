@@ -91,9 +91,9 @@ def test_missing_files_are_reported_like_other_skipped_inputs(
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert f"{gone}: missing (no such file)" in err and "nothing was written" in err
-    assert not (tmp_path / "out" / "index.json").exists()
+    assert not (tmp_path / "out" / "_fastload" / "index.json").exists()
     assert main([*argv, "--allow-skip"]) == 0
-    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    index = json.loads((tmp_path / "out" / "_fastload" / "index.json").read_text())
     assert index["totals"]["samples"] == 5 and index["skipped"][0]["path"] == str(gone)
     got = {s["__key__"]: s for s in read_back(tmp_path / "out")}
     # the bytes replaced the paths (--file-column path): each row holds its image
@@ -152,7 +152,8 @@ def test_interrupted_table_pack_resumes_to_the_same_result(
         fastload.pack(src, tmp_path / "out", resume=True, **{**kw, "sort_by": "label"})
     resumed = fastload.pack(src, tmp_path / "out", resume=True, **kw)
     assert resumed.shards_kept == 2 and resumed.shards_written == len(clean.index.shards) - 2
-    assert (tmp_path / "out" / "index.json").read_bytes() == (tmp_path / "clean" / "index.json").read_bytes()
+    manifest = Path("_fastload", "index.json")
+    assert (tmp_path / "out" / manifest).read_bytes() == (tmp_path / "clean" / manifest).read_bytes()
     for shard in clean.index.shards:
         assert (tmp_path / "out" / shard.name).read_bytes() == (tmp_path / "clean" / shard.name).read_bytes()
     with open(src, "a") as f:

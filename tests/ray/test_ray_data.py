@@ -97,7 +97,9 @@ def test_from_ray_writes_shards_that_verify_and_read_back(fmt: str, tmp_path: Pa
     report = fastload.from_ray(ds, tmp_path / "out", shard_format=fmt, max_samples=6)
     assert report.index.samples == 40 and fastload.verify(tmp_path / "out").ok
     assert all(s.samples <= 6 for s in report.index.shards) and len(report.index.shards) >= 7
-    index = json.loads((tmp_path / "out" / "index.json").read_bytes())
+    index = json.loads(
+        (tmp_path / "out" / ("_fastload/" if fmt == "parquet" else "") / "index.json").read_bytes()
+    )
     assert index["fields"] == ["cls", "jpg", "txt"] and index["options"]["source"] == "ray.data"
     assert index["version"] == 2  # each write task wrote its shards' sample tables
     assert all((tmp_path / "out" / s["table"]["name"]).is_file() for s in index["shards"])

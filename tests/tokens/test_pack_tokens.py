@@ -33,7 +33,7 @@ def read_back(root: Path | str, **kw: Any) -> dict[str, np.ndarray]:
 
 def test_token_dataset_verifies_and_reads_back(token_dataset: TokenDataset) -> None:
     assert fastload.verify(token_dataset.root).ok
-    index = json.loads((token_dataset.root / "index.json").read_bytes())
+    index = json.loads((token_dataset.root / "_fastload" / "index.json").read_bytes())  # (Parquet shards)
     assert index["version"] == 2 and all("keys" not in s for s in index["shards"])
     index["shards"] = [s.to_dict() for s in formats.load_index(token_dataset.root, tables=True).shards]
     assert index["fields"] == ["tokens.i32"] and index["shard_format"] == "parquet"
@@ -70,7 +70,8 @@ def test_shards_and_row_groups_are_cut_by_token_bytes(tmp_path: Path) -> None:
     )
     for a, b in zip(shards, again.index.shards, strict=True):
         assert (tmp_path / "ds" / a.name).read_bytes() == (tmp_path / "ds2" / b.name).read_bytes()
-    assert (tmp_path / "ds" / "index.json").read_bytes() == (tmp_path / "ds2" / "index.json").read_bytes()
+    manifest = Path("_fastload", "index.json")
+    assert (tmp_path / "ds" / manifest).read_bytes() == (tmp_path / "ds2" / manifest).read_bytes()
     assert not (tmp_path / "ds" / ".fastload-pack").exists()
 
 

@@ -76,7 +76,7 @@ def kill_midway(src: Path, dst: Path, *, after_shards: int, attempts: int = 3) -
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        if proc.returncode == -signal.SIGKILL and not (dst / "index.json").exists():
+        if proc.returncode == -signal.SIGKILL and not (dst / "_fastload" / "index.json").exists():
             return
     pytest.fail(f"could not interrupt pack-tokens of {src} in {attempts} attempts (it finished too fast)")
 
@@ -263,7 +263,7 @@ def test_a_reader_failure_mid_shard_stops_the_writers_and_leaves_a_resumable_jou
             tmp_path / "t.jsonl", dst, tokenizer=tok.encode, shard_size_bytes=16 << 10, row_group_bytes=2048
         )
     assert time.monotonic() - began < 30, "the writers must not wait for row groups that never come"
-    assert (dst / STATE_DIR).is_dir() and not (dst / "index.json").exists()
+    assert (dst / STATE_DIR).is_dir() and not (dst / "_fastload" / "index.json").exists()
     assert not list((dst / STATE_DIR / "tmp").glob("*")), "no temporary file is left behind"
     present = len(shards(dst))  # the first 4,096 documents (one read chunk) were handed on
     tok.calls = -(10**9)  # the tokenizer works again: resume finishes the pack
@@ -309,4 +309,4 @@ def test_a_publisher_failure_is_raised_and_stops_the_reader(
         )
     assert len(finished) < 39, "the reader stops soon after a shard fails (40 shards in all)"
     assert not (tmp_path / "ds" / "shard-000002.parquet").exists()
-    assert not (tmp_path / "ds" / "index.json").exists()
+    assert not (tmp_path / "ds" / "_fastload" / "index.json").exists()

@@ -208,6 +208,7 @@ class ParquetFormat:
     pack_options: tuple[str, ...] = ("row_group_bytes", "compression")
     foreign = True
     projects_columns = True
+    read_as_folder = True  # pandas, pyarrow.dataset, Spark, DuckDB read its datasets by listing the folder
     selects_rows = True  # ParquetSamples.select: the rows a filter keeps, by statistics and filter columns
     # ParquetSamples.load takes any positions in any order (it reads their row groups): a shard that fits in
     # one read task is planned without its sample table (core.readplan.iter_reads(whole=))
