@@ -9,8 +9,9 @@ tasks (``prefetch``), decoders (``decode``), collate functions (``collate``), ``
 (``mapview``, its open shards in ``mapshards``). Names torch does not document are used only in
 ``torchprivate``.
 
-Also: ``fastload.Mix`` (``mix``, its plan ``mixplan``, a worker's reads ``mixread``), filters
-(``filtering``), one open shard (``shardreader``), damaged samples skipped (``damaged``), sample tables
-between epochs (``tablememo``), checkpoint checks (``statecheck``), shared-memory files (``shmfiles``),
-PackedSequences' state (``packstate``) and equal steps (``packsync``), GPU decode (``gpudecode``) and
-utilisation (``gpumon``)."""
+Also: ``fastload.Mix`` (``mix``, its plan ``mixplan``, a worker's reads ``mixread``, its weights
+``mixweights``), filters (``filtering``), one open shard (``shardreader``), damaged samples skipped
+(``damaged``), sample tables between epochs (``tablememo``), checkpoint checks (``statecheck``),
+shared-memory files (``shmfiles``), PackedSequences' documents (``packdocs``), state (``packstate``)
+and equal steps (``packsync``), GPU decode (``gpudecode``) and utilisation (``gpumon``).
+"""

@@ -33,11 +33,10 @@ from fastload.train.chunks import chunks_of
 from fastload.train.dataset import ShardDataset
 from fastload.train.mixplan import MixPlan, Source, plan_epoch
 from fastload.train.mixread import interleave, source_samples
+from fastload.train.mixweights import Weights, sample_weights, tokens_per_sample
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import SKIPPED
 from fastload.train.statecheck import check_shape, differences, refusal
-
-Weights = Mapping[str, float] | Sequence[float]
 
 
 class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
@@ -86,7 +85,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         if weigh_by not in ("samples", "tokens"):
             raise ConfigError(f"weigh_by={weigh_by!r}; choose 'samples' or 'tokens'")
         self.weigh_by = weigh_by
-        self._per_sample = _tokens_per_sample(named) if weigh_by == "tokens" else None
+        self._per_sample = tokens_per_sample(named) if weigh_by == "tokens" else None
         steps = [(0, self._weights(weights))]
         if callable(schedule) or isinstance(schedule, (str, bytes, Mapping)):
             raise ConfigError(
@@ -111,25 +110,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         self._loader_batch: int | None = None  # the batch size of the fastload.DataLoader reading it
 
     def _weights(self, weights: Weights | None) -> tuple[float, ...]:
-        values = self._given_weights(weights)
-        if self._per_sample is None:
-            return values
-        values = tuple(w / m for w, m in zip(values, self._per_sample, strict=True))  # tokens -> samples
-        return tuple(w / sum(values) for w in values)
-
-    def _given_weights(self, weights: Weights | None) -> tuple[float, ...]:
-        if weights is None:
-            return (1.0,) * len(self.names)
-        if isinstance(weights, Mapping):
-            unknown = set(weights) - set(self.names)
-            if unknown or len(weights) != len(self.names):
-                raise ConfigError(f"weights name {sorted(weights)}; the sources are {list(self.names)}")
-            values = tuple(float(weights[n]) for n in self.names)
-        else:
-            values = tuple(float(w) for w in weights)
-        if len(values) != len(self.names) or any(not w >= 0 for w in values) or not any(values):
-            raise ConfigError(f"weights {values} need one number >= 0 per source, not all 0")
-        return values
+        return sample_weights(weights, self.names, self._per_sample)
 
     def __repr__(self) -> str:
         return f"Mix({dict(zip(self.names, self.steps[0][1], strict=True))}, stop={self.stop!r})"
@@ -399,21 +380,6 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             samples.close()
             for stream in streams:
                 stream.close()
-
-
-def _tokens_per_sample(named: Mapping[str, ShardDataset]) -> tuple[float, ...]:
-    """Each source's mean tokens per document, from its index (written by ``pack-tokens``)."""
-    means = []
-    for name, d in named.items():
-        opts = d.index.options
-        tokens, documents = opts.get("tokens"), opts.get("documents")
-        if opts.get("kind") != "tokens" or not tokens or not documents:
-            raise ConfigError(
-                f"weigh_by='tokens': source {name!r} ({d.root}) is not a token dataset with tokens in it "
-                "(write it with fastload pack-tokens), or weigh by samples"
-            )
-        means.append(int(tokens) / int(documents))
-    return tuple(means)
 
 
 __all__ = ["Mix"]

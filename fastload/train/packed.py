@@ -31,6 +31,7 @@ from fastload.core.seqpack import (
     segment_ids,
 )
 from fastload.errors import ConfigError
+from fastload.train.packdocs import refuse_collated, token_ids
 from fastload.train.packstate import END, Live, Round, Upstream, load_state, save_state
 from fastload.train.packsync import data_group, synced
 
@@ -168,41 +169,15 @@ class PackedSequences(torch.utils.data.IterableDataset[dict[str, Any]]):
         return found[0]
 
     def _document(self, doc: Any) -> np.ndarray:
-        where = "a document"
-        name: str | None = None
+        where, name = "a document", None
         if isinstance(doc, dict):
-            if isinstance(doc.get("__key__"), (list, tuple)):
-                raise ConfigError(
-                    f"got a collated batch of {len(doc['__key__'])} samples (each field a list), "
-                    "not samples: pass collate_fn=list to the DataLoader that feeds PackedSequences"
-                )
+            refuse_collated(doc)
             name = self._token_field(doc)
             where = f"sample {doc.get('__key__')!r}"
             if name not in doc:
                 raise ConfigError(f"{where} has no field {name!r} (it has {sorted(doc)}); pass field=NAME")
             doc = doc[name]
-        if isinstance(doc, (bytes, bytearray, memoryview)):
-            ext = (name or "").rsplit(".", 1)[-1]
-            if ext not in TOKEN_DTYPES:
-                raise ConfigError(
-                    f"{where}: field {name!r} holds bytes; token bytes need a field ending in "
-                    f"{' or '.join('.' + e for e in TOKEN_DTYPES)}"
-                )
-            if len(doc) % TOKEN_DTYPES[ext].itemsize:
-                raise ConfigError(f"{where}: {len(doc)} bytes in {name!r} is not a whole number of token ids")
-            return np.frombuffer(doc, dtype=TOKEN_DTYPES[ext])
-        arr = doc.detach().cpu().numpy() if isinstance(doc, torch.Tensor) else np.asarray(doc)
-        if arr.ndim != 1 or (arr.dtype.kind not in "iu" and arr.size):
-            raise ConfigError(
-                f"{where} is not a 1-D sequence of integer token ids (got {arr.dtype} with shape "
-                f"{arr.shape}); give token ids, e.g. from a `fastload pack-tokens` dataset"
-            )
-        if arr.size and arr.dtype.kind == "i" and int(arr.min()) < 0:
-            raise ConfigError(
-                f"{where} holds a negative token id ({int(arr.min())} at position {int(arr.argmin())}); "
-                "token ids are >= 0"
-            )
-        return arr
+        return token_ids(doc, name, where)
 
     # -- iteration ----------------------------------------------------------------------------------------
 

@@ -253,6 +253,7 @@ class PositionMethods:
         disk), by every process of this dataset since it was made."""
         return int(self._shared.fields.cache_bypassed)
 
+    @property
     def skipped_samples(self) -> list[SkippedSample]:
         """The samples left out with ``on_error="skip"`` this epoch, each named once (shard, key, byte
         offset of a damaged one, reason), by whichever process read them (a DataLoader worker's as soon as
