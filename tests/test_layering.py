@@ -303,3 +303,17 @@ def test_each_package_docstring_names_its_modules(package: Path) -> None:
     members += [p.name for p in package.iterdir() if (p / "__init__.py").is_file()]
     missing = sorted(m for m in members if f"``{m}``" not in doc)
     assert not missing, f"{package.relative_to(PACKAGE.parent)}/__init__.py does not name {missing}"
+
+
+FORMAT_PACKAGES = sorted(p.parent.name for p in (PACKAGE / "formats").glob("*/__init__.py"))
+
+
+@pytest.mark.parametrize(
+    "path", sorted((PACKAGE / "formats").glob("*/*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_no_format_package_imports_another(path: Path) -> None:
+    """What formats share lives in ``fastload/formats`` itself (``shard``, ``checks``, ``registry``)."""
+    own = path.parent.name
+    others = {f"fastload.formats.{name}" for name in FORMAT_PACKAGES if name != own}
+    bad = sorted(m for m in _imports_of(path) if any(m == o or m.startswith(o + ".") for o in others))
+    assert not bad, f"{path.relative_to(PACKAGE)} imports another format's package: {bad}"

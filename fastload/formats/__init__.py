@@ -3,8 +3,10 @@ implementing :class:`ShardFormat`, chosen through the registry (:func:`by_name`,
 
 May import ``core``, ``storage``, the base modules and the C module ``fastload._native``.
 
-Modules: the protocol and registry (``registry``), checks every format shares (``checks``), the optional C
-readers (``native``), and one package per format: ``tar``, ``parquet``, ``tfrecord``."""
+Modules: the protocol and registry (``registry``), the shard kit every format shares (``shard``: the
+write loop, its output, results, a checksumming reader), checks every format shares (``checks``), the
+optional C readers (``native``), and one package per format: ``tar``, ``parquet``, ``tfrecord``; no format
+package imports another's."""
 
 from fastload.formats.parquet.format import PARQUET
 from fastload.formats.registry import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastload.core.index import ShardEntry
 from fastload.errors import VerifyError
-from fastload.formats.tar.scan import ChecksumReader
+from fastload.formats.shard import ChecksumReader
 
 
 def crc_problem(reader: ChecksumReader, shard: ShardEntry) -> list[VerifyError]:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
     from fastload.core.index import DatasetIndex, ShardEntry
     from fastload.core.keys import Sample
-    from fastload.formats.tar.writer import ShardResult
+    from fastload.formats.shard import ShardResult
     from fastload.storage.cache import ShardCache
     from fastload.storage.inputs import Input
 
@@ -293,8 +293,8 @@ def index_files(
     listed under (names relative to it, as ``fastload index`` names them), else their common folder.
     Raises :class:`ConfigError` for other files or a mix of formats, :class:`VerifyError` for the first
     bad shard."""
-    from fastload.formats.tar.index import split_root
     from fastload.storage import access as storage
+    from fastload.storage.access import split_root
 
     if not urls:
         raise ConfigError("no shards given")

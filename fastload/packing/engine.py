@@ -22,7 +22,7 @@ from typing import Protocol
 
 from fastload import formats
 from fastload.errors import DestinationWriteError
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination, write_failed
 from fastload.packing.journal import PackJournal, shard_record
 from fastload.storage.tables import split_entry

@@ -17,7 +17,7 @@ from fastload.config import S3Config
 from fastload.core.index import INDEX_NAMES, DatasetIndex, ShardEntry, parse_index
 from fastload.errors import PackError, Skip, SkippedInputError
 from fastload.formats import index_name
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination, destination, read_index_bytes
 from fastload.packing.report import PackReport
 from fastload.storage.manifest import JOURNAL_DIR

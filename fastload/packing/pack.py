@@ -19,7 +19,7 @@ from typing import Any
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import INDEX_NAME, parse_index
 from fastload.errors import ConfigError, DestinationWriteError, PackError, Skip, SkippedInputError
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.gcpause import gc_paused
 from fastload.packing.dest import read_index_bytes
 from fastload.packing.engine import Engine, LocalEngine

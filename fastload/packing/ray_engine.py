@@ -32,7 +32,7 @@ from typing import Any
 
 from fastload.config import S3Config
 from fastload.errors import ConfigError, FastloadError, PackError
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.packing.dest import LocalDestination, destination
 from fastload.packing.engine import Advance, Done, ShardJob, publish_shard
 from fastload.packing.journal import STATE_DIR, PackJournal

@@ -24,7 +24,7 @@ from fastload.core.index import ShardEntry
 from fastload.core.plan import ShardPlan, plan_row_groups
 from fastload.errors import Skip
 from fastload.formats.parquet.writer import KEY_COLUMN, finish_entry, write_row_groups
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.packing.engine import Advance
 from fastload.storage import access as storage
 from fastload.storage.inputs import read_problem, read_whole

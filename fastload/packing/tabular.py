@@ -34,7 +34,7 @@ from fastload.core.index import INDEX_NAME, parse_index
 from fastload.core.plan import ShardPlan, plan_shards, sample_order
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.parquet.writer import KEY_COLUMN
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.packing.dest import read_index_bytes
 from fastload.packing.engine import LocalEngine
 from fastload.packing.journal import finish_pack, open_pack

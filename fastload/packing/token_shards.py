@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fastload.core.index import ShardEntry
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.packing.engine import Advance
 from fastload.packing.token_docs import Chunk
 

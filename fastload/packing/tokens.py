@@ -28,7 +28,7 @@ from fastload.config import PARQUET_COMPRESSIONS, S3Config
 from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
 from fastload.core.seqpack import TOKEN_DTYPES
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination, read_index_bytes
 from fastload.packing.engine import LocalEngine
 from fastload.packing.journal import open_pack

@@ -25,7 +25,7 @@ from fastload.core.index import INDEX_NAME, DatasetIndex, ShardEntry, parse_inde
 from fastload.errors import FastloadError, NotFoundError, VerifyError
 from fastload.formats import ShardFormat
 from fastload.formats.checks import crc_problem
-from fastload.formats.tar.scan import ChecksumReader
+from fastload.formats.shard import ChecksumReader
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
 from fastload.storage.manifest import dataset_of_file, is_one_file, read_manifest, refuse_unfinished

@@ -11,7 +11,7 @@ from fastload import formats
 from fastload.config import PackConfig
 from fastload.core.keys import Sample
 from fastload.core.plan import ShardPlan
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.gcpause import gc_paused
 from fastload.packing.engine import Advance
 from fastload.packing.plan import PackPlan

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import BinaryIO
 
 from fastload.config import S3Config
-from fastload.errors import NotFoundError
+from fastload.errors import ConfigError, NotFoundError
 from fastload.storage.urls import check_url
 
 
@@ -89,3 +90,20 @@ def list_files(root: str, suffix: str, *, config: S3Config | None = None) -> lis
         dirs.sort()
         out += [os.path.join(folder, f) for f in sorted(files) if f.endswith(suffix)]
     return sorted(out)
+
+
+def split_root(urls: Sequence[str]) -> tuple[str, list[str]]:
+    """A common root of ``urls`` and each URL's name relative to it."""
+    remote = {is_remote(u) for u in urls}
+    if len(remote) != 1:
+        raise ConfigError("give shard URLs all on S3 or all local, not a mix")
+    if remote.pop():
+        parents = [u.rsplit("/", 1)[0] for u in urls]
+        root = parents[0]
+        while any(not (p + "/").startswith(root + "/") for p in parents):
+            root = root.rsplit("/", 1)[0]
+            if root in ("s3:/", "s3:"):
+                raise ConfigError("give shard URLs in one bucket")
+        return root, [u[len(root) + 1 :] for u in urls]
+    root = os.path.commonpath([os.path.dirname(u) for u in urls])
+    return root, [os.path.relpath(u, root) for u in urls]

@@ -25,7 +25,7 @@ from fastload.core.index import ShardEntry
 from fastload.core.lru import LRU
 from fastload.core.randomaccess import spans
 from fastload.errors import ConfigError, SampleChecksumError, VerifyError
-from fastload.formats.tar.reader import short_read
+from fastload.formats.shard import short_read
 from fastload.storage import access as storage
 from fastload.storage.rangedfile import RangedFile
 from fastload.storage.tables import missing_shard

@@ -18,7 +18,7 @@ from fastload.core.filters import Filter
 from fastload.core.index import ShardEntry
 from fastload.core.readplan import runs
 from fastload.errors import ConfigError
-from fastload.formats.tar.reader import short_read
+from fastload.formats.shard import short_read
 from fastload.storage import access as storage
 from fastload.storage.tables import missing_shard
 

@@ -19,7 +19,7 @@ from fastload.config import PackConfig, S3Config
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.keys import Sample
 from fastload.errors import IndexFormatError, VerifyError
-from fastload.formats.tar.writer import ShardOutput, ShardResult, write_shard
+from fastload.formats.shard import ShardOutput, ShardResult, write_shard
 from fastload.storage.inputs import Input, Member, read_exactly, read_problem
 
 

@@ -228,7 +228,7 @@ class _Job:
 
     def write(self, tmp_path: str, *, on_sample, open_threads: int):
         from fastload.core.index import ShardEntry
-        from fastload.formats.tar.writer import ShardResult
+        from fastload.formats.shard import ShardResult
 
         time.sleep(0.01)
         if self.number == self.fail:

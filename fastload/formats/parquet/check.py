@@ -13,7 +13,7 @@ from fastload.core.index import ShardEntry
 from fastload.errors import FastloadError, VerifyError
 from fastload.formats.checks import crc_problem
 from fastload.formats.parquet.arrowfile import open_parquet
-from fastload.formats.tar.scan import ChecksumReader
+from fastload.formats.shard import ChecksumReader
 from fastload.storage import access as storage
 
 if TYPE_CHECKING:

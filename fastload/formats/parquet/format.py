@@ -31,7 +31,7 @@ FETCH_THREADS = 8  # column-chunk ranges of one load fetched at once
 if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
     from fastload.core.keys import Sample
-    from fastload.formats.tar.writer import ShardResult
+    from fastload.formats.shard import ShardResult
     from fastload.storage.inputs import Input
 
 RawSample = dict[str, Any]

@@ -22,7 +22,7 @@ from fastload.core.plan import plan_row_groups
 from fastload.errors import Skip, write_error
 from fastload.formats.parquet.footer import row_groups_of, tail_footer
 from fastload.formats.parquet.stats import STATS_MAX_VALUE_BYTES, shard_stats
-from fastload.formats.tar.writer import ShardResult
+from fastload.formats.shard import ShardResult
 from fastload.storage.inputs import (
     CHANGED_WHILE_READ,
     READ_ATTEMPTS,

@@ -15,9 +15,10 @@ from fastload.core.index import ShardEntry
 from fastload.core.keys import KeyRuleError, lint_member_name, split_key
 from fastload.errors import VerifyError
 from fastload.formats.checks import crc_problem
+from fastload.formats.shard import ChecksumReader
 from fastload.formats.tar.header import Member, TarFormatError
 from fastload.formats.tar.index import SampleCrcReader
-from fastload.formats.tar.scan import ChecksumReader, iter_members
+from fastload.formats.tar.scan import iter_members
 from fastload.storage import access as storage
 
 

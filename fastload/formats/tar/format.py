@@ -19,7 +19,7 @@ from fastload.formats.tar.reader import read_run, span
 if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
     from fastload.core.keys import Sample
-    from fastload.formats.tar.writer import ShardResult
+    from fastload.formats.shard import ShardResult
     from fastload.storage.inputs import Input
 
 RawSample = dict[str, Any]

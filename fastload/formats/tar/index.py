@@ -9,7 +9,6 @@ reads, the checked cache, each sample's CRC checked on read) works on foreign sh
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
@@ -21,8 +20,9 @@ from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
 from fastload.core.layout import set_layout
 from fastload.errors import ConfigError, VerifyError
+from fastload.formats.shard import ChecksumReader
 from fastload.formats.tar.header import Member, TarFormatError, UnsupportedMember
-from fastload.formats.tar.scan import ChecksumReader, iter_members
+from fastload.formats.tar.scan import iter_members
 from fastload.storage import access as storage
 
 _ZEROS = bytes(1 << 20)
@@ -145,23 +145,6 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
     return entry, fields
 
 
-def split_root(urls: Sequence[str]) -> tuple[str, list[str]]:
-    """A common root of ``urls`` and each URL's name relative to it."""
-    remote = {storage.is_remote(u) for u in urls}
-    if len(remote) != 1:
-        raise ConfigError("give shard URLs all on S3 or all local, not a mix")
-    if remote.pop():
-        parents = [u.rsplit("/", 1)[0] for u in urls]
-        root = parents[0]
-        while any(not (p + "/").startswith(root + "/") for p in parents):
-            root = root.rsplit("/", 1)[0]
-            if root in ("s3:/", "s3:"):
-                raise ConfigError("give shard URLs in one bucket")
-        return root, [u[len(root) + 1 :] for u in urls]
-    root = os.path.commonpath([os.path.dirname(u) for u in urls])
-    return root, [os.path.relpath(u, root) for u in urls]
-
-
 def index_tar_shards(
     urls: Sequence[str], *, config: S3Config | None = None, threads: int = 8
 ) -> tuple[str, DatasetIndex]:
@@ -175,7 +158,7 @@ def index_tar_shards(
             f"{missing[0]}: only .tar shards can be read without an index.json (for TFRecord files run "
             "`fastload index`; Parquet needs an index written by `fastload pack`)"
         )
-    root, names = split_root(urls)
+    root, names = storage.split_root(urls)
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
         results = list(pool.map(lambda u, n: index_tar_shard(u, n, config=config), urls, names))
     fields = sorted(set().union(*(f for _, f in results)))

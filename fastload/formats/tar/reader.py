@@ -37,6 +37,7 @@ from fastload.core.keys import KeyRuleError, split_key
 from fastload.core.table import Keys
 from fastload.errors import VerifyError
 from fastload.formats import native
+from fastload.formats.shard import short_read
 from fastload.formats.tar.crcs import check_crcs
 from fastload.formats.tar.header import BLOCK, Member, TarFormatError, UnsupportedMember, is_header_of
 from fastload.formats.tar.scan import BufferCursor, iter_members
@@ -91,17 +92,6 @@ def span(entry: ShardEntry, first: int, stop: int) -> tuple[int, int]:
     """``(offset, size)`` of samples ``first..stop-1`` in the shard."""
     offset = entry.offsets[first]
     return offset, entry.offsets[stop - 1] + entry.sizes[stop - 1] - offset
-
-
-def short_read(shard: str, size: int, offset: int, key: str | None = None) -> VerifyError:
-    """The error for a shard that ends before the bytes its index lists."""
-    return VerifyError(
-        f"shard is shorter than its index says (wanted {size} bytes at {offset}); "
-        "it was truncated or replaced: re-download or re-pack it",
-        shard=shard,
-        key=key,
-        offset=offset,
-    )
 
 
 def parse_tar_fragment(

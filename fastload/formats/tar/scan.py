@@ -12,9 +12,7 @@ says what to do.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import BinaryIO, Protocol
-
-from crc32c import crc32c
+from typing import Protocol
 
 from fastload.formats.tar.header import (
     BLOCK,
@@ -51,42 +49,6 @@ class Cursor(Protocol):
     def read(self, n: int) -> bytes: ...
 
     def skip(self, n: int) -> int: ...
-
-
-class ChecksumReader:
-    """Wraps a binary stream; tracks position and CRC32C of everything read through it."""
-
-    def __init__(self, f: BinaryIO, chunk_bytes: int = 4 << 20) -> None:
-        self.f = f
-        self.crc = 0
-        self.pos = 0
-        self._buf = bytearray(chunk_bytes)
-        self._view = memoryview(self._buf)
-
-    def _take(self, data: bytes | memoryview) -> None:
-        """Account for ``data``, just read (subclasses track more)."""
-        self.crc = crc32c(data, self.crc)
-        self.pos += len(data)
-
-    def read(self, n: int) -> bytes:
-        data = self.f.read(n)
-        self._take(data)
-        return data
-
-    def skip(self, n: int) -> int:
-        """Read and discard up to ``n`` bytes; return how many were there."""
-        left = n
-        while left:
-            got = self.f.readinto(self._view[: min(left, len(self._buf))])  # type: ignore[attr-defined]
-            if not got:
-                break
-            self._take(self._view[:got])
-            left -= got
-        return n - left
-
-    def drain(self) -> None:
-        while self.skip(len(self._buf)):
-            pass
 
 
 class BufferCursor:

@@ -3,140 +3,21 @@ the whole file, and of each sample's byte range while its bytes are still in the
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from crc32c import crc32c
-
-from fastload.core.index import ShardEntry
 from fastload.core.keys import Sample
 from fastload.core.layout import set_layout
-from fastload.errors import DestinationWriteError, Skip, write_error
+from fastload.errors import DestinationWriteError, Skip
+from fastload.formats.shard import DEFAULT_BUFFER_BYTES, ShardOutput, ShardResult, write_shard
 from fastload.formats.tar.header import BLOCK, END_OF_ARCHIVE, member_header, padded
 from fastload.storage.inputs import (
-    CHANGED_WHILE_READ,
-    READ_ATTEMPTS,
     Input,
     Member,
     changed_while_read,
-    close_all,
-    open_ahead,
-    open_sample,
     read_exactly,
     read_problem,
 )
-
-DEFAULT_BUFFER_BYTES = 8 << 20
-
-
-@dataclass
-class ShardResult:
-    """A written shard's index entry, the inputs it had to leave out, and the payload bytes copied."""
-
-    entry: ShardEntry
-    skipped: list[Skip] = field(default_factory=list)
-    payload_bytes: int = 0
-    files: int = 0
-
-
-class ShardOutput:
-    """Buffered, checksummed, rewindable writer to a file descriptor (of the file at ``path``).
-
-    A failed write, truncate or read-back of the output raises
-    :class:`~fastload.errors.DestinationWriteError` (naming ``path``), so no writer can take a full disk
-    for an unreadable source; the output is then in no defined state: the caller removes it.
-
-    ``crc`` is the CRC32C of every byte flushed. Between :meth:`begin_sample` and :meth:`end_sample` the
-    bytes written are also checksummed on their own (each byte once more, while still in the buffer: in
-    cache), so a sample's CRC32C costs no re-read.
-    """
-
-    def __init__(self, fd: int, buffer_bytes: int, *, path: str = "") -> None:
-        self.fd = fd
-        self.path = path
-        self.buf = bytearray(buffer_bytes)
-        self.view = memoryview(self.buf)
-        self.fill = 0
-        self.flushed = 0
-        self.crc = 0
-        self._sample_at: int | None = None  # where the open sample begins (begin_sample)
-        self._sample_crc = 0  # CRC32C of its bytes flushed so far
-
-    @property
-    def position(self) -> int:
-        return self.flushed + self.fill
-
-    def flush(self) -> None:
-        if self.fill:
-            data = self.view[: self.fill]
-            self.crc = crc32c(data, self.crc)
-            if self._sample_at is not None:
-                at = max(0, self._sample_at - self.flushed)
-                self._sample_crc = crc32c(self.view[at : self.fill], self._sample_crc)
-            try:
-                _write_all(self.fd, data)
-            except OSError as exc:
-                raise write_error(exc, self.path) from exc
-            self.flushed += self.fill
-            self.fill = 0
-
-    def reserve(self, n: int) -> memoryview:
-        """Room for ``n`` bytes at the current position (flushing first if needed; ``n`` <= buffer)."""
-        if self.fill + n > len(self.buf):
-            self.flush()
-        out = self.view[self.fill : self.fill + n]
-        self.fill += n
-        return out
-
-    def write(self, data: bytes) -> None:
-        self.reserve(len(data))[:] = data
-
-    def begin_sample(self) -> None:
-        """Start checksumming a sample's bytes on their own, from the current position."""
-        self._sample_at, self._sample_crc = self.position, 0
-
-    def end_sample(self) -> int:
-        """The CRC32C of the bytes written since :meth:`begin_sample`."""
-        if self._sample_at is None:
-            raise RuntimeError("end_sample without begin_sample")
-        at = max(0, self._sample_at - self.flushed)
-        crc = crc32c(self.view[at : self.fill], self._sample_crc)
-        self._sample_at = None
-        return crc
-
-    def mark(self) -> tuple[int, int, int]:
-        """A point to :meth:`rewind` to: the position, the bytes flushed and their CRC32C."""
-        return self.position, self.flushed, self.crc
-
-    def rewind(self, mark: tuple[int, int, int]) -> None:
-        """Forget everything after ``mark`` (from :meth:`mark`), and the open sample."""
-        position, flushed, crc = mark
-        self._sample_at = None
-        if position >= self.flushed:
-            self.fill = position - self.flushed
-            return
-        # bytes [flushed, position) were in the buffer at the mark and have been flushed since (rare: a
-        # sample failed after filling the buffer): checksum them again from the file
-        try:
-            back = os.pread(self.fd, position - flushed, flushed)
-            if len(back) != position - flushed:
-                raise OSError(errno.EIO, f"read back {len(back)} of {position - flushed} bytes written")
-            crc = crc32c(back, crc)
-            os.ftruncate(self.fd, position)
-            os.lseek(self.fd, position, os.SEEK_SET)
-        except OSError as exc:
-            raise write_error(exc, self.path) from exc
-        self.flushed, self.fill, self.crc = position, 0, crc
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        n = os.write(fd, data)
-        data = data[n:]
 
 
 def _copy_member(out: ShardOutput, name: str, f: BinaryIO, size: int, mtime: int) -> bool:
@@ -210,92 +91,4 @@ def write_tar_shard(
         on_sample=on_sample,
     )
     set_layout(result.entry, layouts)
-    return result
-
-
-def write_shard(
-    name: str,
-    samples: Sequence[Sample[Input]],
-    tmp_path: str,
-    write_sample: Callable[[ShardOutput, str, Sequence[Member]], Skip | None],
-    *,
-    trailer: bytes = b"",
-    sample_crcs: bool = False,
-    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-    fsync: bool = False,
-    open_threads: int = 0,
-    window_bytes: int = 64 << 20,
-    on_sample: Callable[[int, int], None] | None = None,
-) -> ShardResult:
-    """The shard loop every format shares: open inputs ahead, ``write_sample(out, key, members)`` each
-    sample (it returns the failed input, if any: the sample is then rolled back and reported; one that
-    changed as it was read, :func:`~fastload.storage.inputs.changed_while_read`, is read again, up to
-    ``READ_ATTEMPTS`` times), record
-    offsets and sizes (and with ``sample_crcs`` the CRC32C of each sample's bytes), end with ``trailer``,
-    CRC32C on the fly; the file is removed on any error. A failed write of the output raises
-    :class:`~fastload.errors.DestinationWriteError`; errors reading inputs are the samples' skips."""
-    keys: list[str] = []
-    result = ShardResult(ShardEntry(name=name, bytes=0, checksum="", keys=keys))
-    entry = result.entry
-    try:
-        fd = os.open(
-            tmp_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666
-        )  # (less the umask); read: see rewind
-    except OSError as exc:
-        raise write_error(exc, tmp_path) from exc
-    try:
-        out = ShardOutput(fd, buffer_bytes, path=tmp_path)
-        for sample, members, failed in open_ahead(samples, threads=open_threads, window_bytes=window_bytes):
-            mark = out.mark()
-            start = out.position
-            for attempt in range(1, READ_ATTEMPTS + 1):
-                if sample_crcs:
-                    out.begin_sample()
-                try:
-                    if failed is None:
-                        failed = write_sample(out, sample.key, members)
-                finally:
-                    close_all(members)
-                if failed is None or failed.reason != CHANGED_WHILE_READ or attempt == READ_ATTEMPTS:
-                    break
-                out.rewind(mark)  # torn: read the sample again, from a fresh open
-                members, failed = open_sample(sample)
-            if failed is not None:
-                out.rewind(mark)
-                result.skipped.append(
-                    Skip(failed.path, f"{failed.reason}; sample {sample.key!r} left out of {name}")
-                )
-                continue
-            keys.append(sample.key)
-            entry.offsets.append(start)
-            entry.sizes.append(out.position - start)
-            if sample_crcs:
-                entry.crcs.append(out.end_sample())
-            nbytes = sum(m.size for m in members)
-            result.payload_bytes += nbytes
-            result.files += len(members)
-            if on_sample is not None:
-                on_sample(nbytes, len(members))
-        if trailer:
-            out.write(trailer)
-        out.flush()
-        if fsync:
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                raise write_error(exc, tmp_path) from exc
-        entry.bytes = out.position
-        entry.checksum = f"{out.crc:08x}"
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_path)
-        raise
-    try:
-        os.close(fd)  # (a network file system may report a failed write only here)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_path)
-        raise write_error(exc, tmp_path) from exc
     return result

@@ -10,13 +10,13 @@ from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.readplan import runs
 from fastload.errors import VerifyError
 from fastload.formats.checks import crc_problem, offsets_problem
-from fastload.formats.tar.scan import ChecksumReader
+from fastload.formats.shard import ChecksumReader
 from fastload.formats.tfrecord.codec import SUFFIXES, is_gzip_name, is_tfrecord_name
 
 if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
     from fastload.core.keys import Sample
-    from fastload.formats.tar.writer import ShardResult
+    from fastload.formats.shard import ShardResult
     from fastload.formats.tfrecord.reader import TFRecordSamples
     from fastload.storage.inputs import Input
 

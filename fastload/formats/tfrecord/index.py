@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastload.config import S3Config
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.errors import ConfigError, FastloadError, VerifyError
-from fastload.formats.tar.scan import ChecksumReader
+from fastload.formats.shard import ChecksumReader
 from fastload.formats.tfrecord.codec import is_tfrecord_name
 from fastload.formats.tfrecord.reader import scan
 from fastload.storage import access as storage
@@ -70,7 +70,7 @@ def index_tfrecord_files(
 ) -> tuple[str, DatasetIndex]:
     """``(root, index)`` for TFRecord files given by URL (all local or all on S3), without writing anything:
     shard names are relative to ``root``. Raises :class:`VerifyError` for the first bad file."""
-    from fastload.formats.tar.index import split_root
+    from fastload.storage.access import split_root
 
     if not urls:
         raise ConfigError("no TFRecord files given")

@@ -33,7 +33,7 @@ from fastload.core.index import ShardEntry
 from fastload.core.readplan import runs
 from fastload.errors import VerifyError
 from fastload.formats import native
-from fastload.formats.tar.scan import ChecksumReader
+from fastload.formats.shard import ChecksumReader
 from fastload.formats.tfrecord.codec import (
     FOOTER_BYTES,
     HEADER_BYTES,

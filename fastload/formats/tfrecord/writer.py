@@ -11,7 +11,7 @@ from crc32c import crc32c
 
 from fastload.core.keys import Sample
 from fastload.errors import DestinationWriteError, Skip
-from fastload.formats.tar.writer import DEFAULT_BUFFER_BYTES, ShardOutput, ShardResult, write_shard
+from fastload.formats.shard import DEFAULT_BUFFER_BYTES, ShardOutput, ShardResult, write_shard
 from fastload.formats.tfrecord.codec import record_footer, record_header, record_size, sample_layout
 from fastload.storage.inputs import Input, Member, changed_while_read, read_exactly, read_problem
 
