@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from fastload import formats
 from fastload.config import PARQUET_COMPRESSIONS
@@ -44,6 +45,23 @@ def build_parser() -> argparse.ArgumentParser:
         "http://127.0.0.1:9000 for MinIO or Ceph",
     )
 
+    _pack(sub, s3_options)
+    _verify(sub, s3_options)
+    _inspect(sub, s3_options)
+    _index(sub, s3_options)
+    _cp(sub, s3_options)
+    _ls(sub, s3_options)
+    _mb(sub, s3_options)
+    _demo_data(sub)
+    _pack_tokens(sub, s3_options)
+
+    from fastload.bench.args import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
+    return parser
+
+
+def _pack(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "pack",
         parents=[s3_options],
@@ -162,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Ray cluster for --engine ray (default: RAY_ADDRESS, a running local cluster, else a new one)",
     )
 
+
+def _verify(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     v = sub.add_parser(
         "verify",
         parents=[s3_options],
@@ -178,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
     )
 
+
+def _inspect(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     x = sub.add_parser(
         "index",
         parents=[s3_options],
@@ -207,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         "that are missing, damaged, stale or without a content checksum",
     )
 
+
+def _index(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     i = sub.add_parser(
         "inspect", parents=[s3_options], help="summarise index.json, or list the samples of one shard"
     )
@@ -218,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--shard", default=None, help="list the samples of this shard (name or number)")
     i.add_argument("--limit", type=int, default=20, help="samples to list with --shard (0 = all)")
 
+
+def _cp(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     c = sub.add_parser(
         "cp",
         parents=[s3_options],
@@ -231,12 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
     )
 
+
+def _ls(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     ls = sub.add_parser(
         "ls", parents=[s3_options], help="list objects under an s3:// prefix (or files under a folder)"
     )
     ls.add_argument("url", metavar="URL", help="s3://bucket/prefix/ (or a local folder)")
     ls.add_argument("--recursive", "-r", action="store_true", help="list every key, not one level")
 
+
+def _mb(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     mb = sub.add_parser(
         "mb",
         parents=[s3_options],
@@ -246,11 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
         "url", metavar="URL", help="s3://bucket (in AWS_REGION; nothing done if it is yours already)"
     )
 
+
+def _demo_data(sub: Any) -> None:
     d = sub.add_parser("demo-data", help="write a small generated tree of sample files to try fastload on")
     d.add_argument("dir", metavar="DIR", help="folder to write the sample files into")
     d.add_argument("--samples", type=int, default=2000, help="samples to write (default 2000)")
     d.add_argument("--seed", type=int, default=0, help="seed of the generated data (default 0)")
 
+
+def _pack_tokens(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     t = sub.add_parser(
         "pack-tokens",
         parents=[s3_options],
@@ -300,8 +334,3 @@ def build_parser() -> argparse.ArgumentParser:
         help="shards checksummed/published at once (default: up to 4; same output)",
     )
     t.add_argument("--resume", action="store_true", help="continue an interrupted pack-tokens into DST")
-
-    from fastload.bench.args import add_parser as add_bench_parser
-
-    add_bench_parser(sub)
-    return parser
