@@ -57,14 +57,18 @@ def imported_modules(source: str, module: str) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base_parts = package[: len(package) - (node.level - 1)]
-                base = ".".join([*base_parts, *([node.module] if node.module else [])])
-            else:
-                base = node.module or ""
+            base = _from_base(node, package)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
     return found
+
+
+def _from_base(node: ast.ImportFrom, package: list[str]) -> str:
+    """The module a ``from ... import`` names, relative imports resolved against ``package``."""
+    if not node.level:
+        return node.module or ""
+    base_parts = package[: len(package) - (node.level - 1)]
+    return ".".join([*base_parts, *([node.module] if node.module else [])])
 
 
 def imports_any(modules: set[str], names: tuple[str, ...]) -> set[str]:
@@ -168,11 +172,7 @@ def module_edges(source: str, module: str, known: set[str], *, is_package: bool 
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base_parts = package[: len(package) - (node.level - 1)]
-                base = ".".join([*base_parts, *([node.module] if node.module else [])])
-            else:
-                base = node.module or ""
+            base = _from_base(node, package)
             names = [f"{base}.{alias.name}" for alias in node.names]
             modules = [n for n in names if n in known]
             if len(modules) < len(names):
