@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -17,7 +16,6 @@ import pytest
 
 import fastload
 from fastload.errors import UnfinishedPackError
-from fastload.s3 import runtime
 
 from .helpers import cli_env, run_cli
 
@@ -94,22 +92,6 @@ def test_resume_makes_it_a_dataset(unfinished: Path, thousands_tree, tmp_path: P
     run_cli("pack", thousands_tree.root, dst, "--quiet", "--resume", *OPTIONS, check=True)
     assert "OK" in run_cli("verify", dst, check=True).stdout
     assert len(fastload.MapDataset(dst)) == len(thousands_tree.samples())
-
-
-@pytest.fixture
-def moto_env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    for name, value in {
-        "AWS_ENDPOINT_URL": moto_url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    runtime.reset()
-    try:
-        yield moto_url
-    finally:
-        runtime.reset()
 
 
 def test_an_unfinished_pack_on_s3_is_refused(unfinished: Path, moto_env: str) -> None:

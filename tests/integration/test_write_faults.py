@@ -22,7 +22,6 @@ import pytest
 import fastload
 from fastload.copy import copy
 from fastload.errors import DestinationWriteError
-from fastload.s3 import runtime
 
 from .helpers import snapshot
 
@@ -134,20 +133,10 @@ def test_a_failing_parquet_write_names_the_destination(
 
 
 @pytest.fixture
-def moto_env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    for name, value in {
-        "AWS_ENDPOINT_URL": moto_url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    runtime.reset()
-    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1").create_bucket(Bucket="writefaults")
-    try:
-        yield moto_url
-    finally:
-        runtime.reset()
+def moto_env(moto_env: str) -> str:
+    """conftest's, with this file's bucket."""
+    boto3.client("s3", endpoint_url=moto_env, region_name="us-east-1").create_bucket(Bucket="writefaults")
+    return moto_env
 
 
 def test_a_full_staging_folder_is_named_not_the_bucket(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,25 +14,8 @@ import pytest
 
 import fastload.copy  # noqa: F401 - (sys.modules: the package's `copy` attribute is the function)
 from fastload.cli import main
-from fastload.s3 import runtime
 
 from .helpers import run_cli
-
-
-@pytest.fixture
-def moto_env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    for name, value in {
-        "AWS_ENDPOINT_URL": moto_url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    runtime.reset()
-    try:
-        yield moto_url
-    finally:
-        runtime.reset()
 
 
 class _FullFile:
