@@ -119,8 +119,10 @@ def test_s3_gets_per_shuffled_epoch_are_about_the_row_groups(tokens: Path, moto_
         config=Config(s3={"addressing_style": "path"}),
     )
     client.create_bucket(Bucket=BUCKET)
-    for path in sorted(p for p in tokens.iterdir() if p.is_file()):
-        client.put_object(Bucket=BUCKET, Key=f"tok/{path.name}", Body=path.read_bytes())
+    for path in sorted(p for p in tokens.rglob("*") if p.is_file()):  # (Parquet's _fastload/ too)
+        client.put_object(
+            Bucket=BUCKET, Key=f"tok/{path.relative_to(tokens).as_posix()}", Body=path.read_bytes()
+        )
     client.close()
     url = f"s3://{BUCKET}/tok"
     config = fastload.S3Config(endpoint_url=moto_url, addressing_style="path")
