@@ -6,5 +6,7 @@ loop (``retrying``), the AIMD gate (``gate``), the parallel ranged reader (``rea
 ``fastload.open``), part buffers (``partbuffers``), multipart uploads (``upload``), ListObjectsV2
 (``listing``), request counters (``stats``, behind ``fastload.s3_stats``).
 
-Also: the direct transport's HTTP/1.1 (``http1``), hedged GETs (``hedging``), deletes (``delete``) and
-bucket creation (``buckets``, ``fastload mb``)."""
+Also: the seam between the reader and a store's transport (``objectio``: responses, aborts, the one body
+loop, what is known of the object), one part's fetch (``partfetch``), the races between a GET and its hedges
+and the hedges themselves (``races``), the hedging watchdog (``hedging``), the direct transport's HTTP/1.1
+(``http1``), deletes (``delete``) and bucket creation (``buckets``, ``fastload mb``)."""

@@ -21,6 +21,8 @@ import socket
 import ssl
 from collections.abc import Callable, Mapping
 
+from fastload.s3.objectio import fill
+
 MAX_HEAD_BYTES = 64 << 10  # status line and headers; S3's are under 2 KiB
 _RECV_BYTES = 64 << 10
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -149,12 +151,8 @@ class Response:
     def read(self, limit: int) -> bytes:
         """Up to ``limit`` body bytes (fewer only at the body's end)."""
         out = bytearray(limit)
-        view, got = memoryview(out), 0
-        while got < limit:
-            n = self.readinto(view[got:])
-            if not n:
-                break
-            got += n
+        view = memoryview(out)
+        got, _ = fill(self, view)
         del view
         return bytes(out[:got])
 

@@ -1,4 +1,5 @@
-"""The reader's transport: ranged GETs and HEADs of one object, answered as :class:`Body` values.
+"""S3's transport: ranged GETs and HEADs of one object, answered as :class:`~fastload.s3.objectio.Body`
+values (the seam, ``s3.objectio``, every store's transport answers through; signing stays here).
 
 Two implementations behind one interface, chosen by ``S3Config.transport``:
 
@@ -9,7 +10,7 @@ Two implementations behind one interface, chosen by ``S3Config.transport``:
   TLS verified with the client's CA bundle; bodies read
   straight into the caller's buffer in pieces of ``core.hedge.PIECE_BYTES`` (progress the hedging watchdog
   sees). A fraction of botocore's CPU per GiB, one copy less. Requests can be cut short from another thread
-  (:class:`~fastload.s3.hedging.Abort`), which shuts the connection's socket (:func:`connection_socket`).
+  (:class:`~fastload.s3.objectio.Abort`), which shuts the connection's socket (:func:`connection_socket`).
 - ``"botocore"``, :class:`BotocoreObject`: ``client.get_object``/``head_object`` (bodies through
   ``StreamingBody.read``), for what the direct path does not cover (non-SigV4 signers, botocore plugins,
   region redirects). Its requests cannot be aborted, so they are not hedged.
@@ -29,7 +30,7 @@ import socket
 import ssl
 import threading
 import urllib.request
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastload.config import S3Config
@@ -49,42 +50,12 @@ from fastload.s3.client import (
     no_credentials_error,
     tls_verify,
 )
-from fastload.s3.hedging import Abort
 from fastload.s3.http1 import Connection, Response
+from fastload.s3.objectio import Abort, Body, ObjectIO
 from fastload.s3.retrying import BadResponse
 
 _ERROR_BODY_BYTES = 64 << 10
 _CODE = re.compile(rb"<Code>\s*([^<\s]+)\s*</Code>")
-
-
-class Body(Protocol):
-    """One response: status and range headers, and its body read piece by piece."""
-
-    status: int
-    content_range: str | None
-    content_length: int | None
-    etag: str | None
-
-    def readinto(self, view: memoryview) -> int:
-        """Up to ``len(view)`` bytes into ``view``; 0 at the end (or once cut); raises on reset/timeout."""
-
-    def close(self) -> None:
-        """Done with the body (the connection is reused only if it was read to its end)."""
-
-
-class ObjectIO(Protocol):
-    """Requests on one object (one version, if given)."""
-
-    @property
-    def abortable(self) -> bool:
-        """Whether ``get(..., abort=)`` honours the abort (so its GETs may be hedged)."""
-
-    def get(self, headers: dict[str, str], *, abort: Abort | None = None, fresh: bool = False) -> Body:
-        """A GET with ``headers`` (Range, If-Match); :class:`BadResponse` on an error status. ``abort.fire()``
-        cuts it short (where :attr:`abortable`); ``fresh``: on a new connection (a hedge), not a pooled."""
-
-    def head(self, headers: dict[str, str]) -> Body:
-        """A HEAD (its body is empty); raises :class:`BadResponse` on an error status."""
 
 
 def error_failure(status: int, body: bytes) -> Failure:
