@@ -300,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="shards checksummed/published at once (default: up to 4; same output)",
     )
     t.add_argument("--resume", action="store_true", help="continue an interrupted pack-tokens into DST")
+    t.add_argument(
+        "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
+    )
 
     from fastload.bench.args import add_parser as add_bench_parser
 
