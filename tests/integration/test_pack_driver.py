@@ -5,15 +5,28 @@ had drifted between the three hand-written drivers now behaves as ``fastload.pac
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import fastload
 from fastload.cli import main
 from fastload.config import PackConfig
-from fastload.errors import ConfigError, SkippedInputError
+from fastload.core.index import DatasetIndex
+from fastload.core.plan import ShardPlan
+from fastload.errors import ConfigError, Skip, SkippedInputError
+from fastload.formats.tar.writer import ShardResult
+from fastload.packing.dest import Destination
+from fastload.packing.driver import Plan, Target, run
+from fastload.packing.engine import Engine, LocalEngine, ShardJob
+from fastload.packing.journal import STATE_DIR, PackJournal
+from fastload.packing.ray_sink import _InMemory, to_samples
+from fastload.packing.report import PackReport
+from fastload.packing.write import FileShard
 
 
 def write_tokens(path: Path, docs: int = 60, *, broken: bool = False) -> Path:
@@ -85,3 +98,57 @@ def test_a_finished_table_pack_reports_its_skips_as_a_pack_of_files_does(tmp_pat
     again = fastload.pack(root / "manifest.csv", tmp_path / "out", resume=True, allow_skip=True, **options)
     assert again.already_complete and [s.path for s in again.skipped] == [str(gone)]
     assert "nothing to do" in again.summary() and "skipped 1 input(s)" in again.summary()
+
+
+class SamplesPlan(Plan[PackReport]):
+    """A plan fed by a Python generator of sample dicts, cut every ``per_shard`` samples while they stream
+    in (the shape of issue 30's ShardWriter / optimize): written to show the driver needs nothing more."""
+
+    def __init__(self, url: str, samples: Iterator[dict[str, Any]], *, per_shard: int) -> None:
+        self.samples, self.per_shard = samples, per_shard
+        self.config = PackConfig(progress=False)
+        self.target = Target(url=url, fingerprint="toy", layout="toy", shards=None, progress=False)
+
+    def name_of(self, number: int) -> str:
+        return f"shard-{number:06d}.tar"
+
+    def engine(self, dest: Destination, journal: PackJournal, todo: int | None) -> Engine:
+        return LocalEngine(dest, journal, workers=2)
+
+    def jobs(self, dest: Destination, kept: Mapping[int, ShardResult]) -> Iterator[ShardJob]:
+        for number in itertools.count():
+            chunk = list(itertools.islice(self.samples, self.per_shard))
+            if not chunk:
+                return
+            samples = to_samples(chunk, _InMemory())
+            shard = ShardPlan(number, 0, len(samples), self.name_of(number))
+            yield FileShard(plan=shard, samples=samples, fields=["cls", "txt"], config=self.config)
+
+    def index(self, results: Mapping[int, ShardResult]) -> DatasetIndex:
+        return DatasetIndex(
+            shard_format="tar",
+            fields=["cls", "txt"],
+            shards=[results[n].entry for n in sorted(results)],
+            options={"layout": "toy"},
+            payload_bytes=sum(r.payload_bytes for r in results.values()),
+        )
+
+    def report(
+        self, url: str, index: DatasetIndex, results: Mapping[int, ShardResult], *, kept: int, seconds: float
+    ) -> PackReport:
+        return PackReport(
+            url, index, shards_written=len(results), files=sum(r.files for r in results.values())
+        )
+
+    def complete(self, url: str, index: DatasetIndex, *, skipped: list[Skip], seconds: float) -> PackReport:
+        return PackReport(url, index, already_complete=True)
+
+
+def test_a_plan_fed_by_a_generator_of_samples_runs_on_the_same_driver(tmp_path: Path) -> None:
+    made = ({"__key__": f"s{i:04d}", "txt": f"sample {i}", "cls": i % 3} for i in range(25))
+    report = run(SamplesPlan(str(tmp_path / "ds"), made, per_shard=10))
+    assert len(report.index.shards) == 3 and report.files == 50 and report.index.samples == 25
+    assert not (tmp_path / "ds" / STATE_DIR).exists(), "the journal is removed once index.json is"
+    assert fastload.verify(tmp_path / "ds").ok
+    got = [(s["__key__"], s["txt"], s["cls"]) for s in fastload.ShardDataset(tmp_path / "ds", decode=False)]
+    assert sorted(got) == [(f"s{i:04d}", f"sample {i}".encode(), b"%d" % (i % 3)) for i in range(25)]
