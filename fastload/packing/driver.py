@@ -70,7 +70,9 @@ class Retry:
 
 
 class Plan(ABC, Generic[R]):
-    """What one pack writes, for :func:`run`; ``R`` is its report type."""
+    """What one pack writes, for :func:`run`; ``R`` is its report type. Subclasses give names, an engine,
+    jobs, the index and the reports; ``open`` (a fresh or resumed pack into an empty destination) and
+    ``retry`` (none) have defaults that an append and a pack of files override."""
 
     target: Target
     progress_items = "files"  # what the bar's rate counts
