@@ -172,6 +172,7 @@ def _pack_tokens(args: argparse.Namespace) -> int:
             allow_skip=args.allow_skip,
             workers=args.workers,
             resume=args.resume,
+            progress=False if args.quiet else None,
         )
     except SkippedInputError as exc:
         print(f"fastload pack-tokens: {exc}", file=sys.stderr)

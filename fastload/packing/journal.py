@@ -1,8 +1,9 @@
 """The resume journal of a pack run, kept in the destination under ``.fastload-pack/``: the plan's
 fingerprint, and one small record per finished shard (its manifest entry, which names its sample table's
 sidecar with size and CRC32C, and its skips); the decision, at the start of a run, whether a
-destination is fresh, resumed or already complete; and the end of a run (:func:`finish_pack`: index.json
-last, the journal removed), shared by the pack of files and the pack of tables."""
+destination is fresh, resumed or already complete (:func:`open_pack`), and the turning of a finished pack
+back into an interrupted one to retry its skipped inputs (:func:`reopen_pack`). The pack driver
+(``packing.driver``) calls them, and removes the journal once ``index.json`` is written."""
 
 from __future__ import annotations
 
@@ -15,11 +16,9 @@ from typing import Any
 
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAMES, DatasetIndex, ShardEntry, parse_index
-from fastload.errors import PackError, Skip, SkippedInputError
-from fastload.formats import index_name
+from fastload.errors import PackError, Skip
 from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination, destination, read_index_bytes
-from fastload.packing.report import PackReport
 from fastload.storage.manifest import JOURNAL_DIR
 from fastload.storage.tables import table_problem
 
@@ -225,47 +224,3 @@ def shard_record(number: int, result: ShardResult) -> dict[str, Any]:
         "payload_bytes": result.payload_bytes,
         "files": result.files,
     }
-
-
-def finish_pack(
-    dest: Destination,
-    journal: PackJournal,
-    results: dict[int, ShardResult],
-    *,
-    numbers: Sequence[int],
-    shard_format: str,
-    fields: list[str],
-    options: dict[str, Any],
-    planned_skips: list[Skip],
-    kept: int,
-    allow_skip: bool,
-    seconds: float,
-    empty_files: int = 0,
-) -> PackReport:
-    """After every shard of a pack is published: ``index.json`` (shards in plan order ``numbers``, every
-    skip) written last, the journal removed, the report; raises :class:`SkippedInputError` for inputs that
-    failed while shards were written, unless skips are allowed."""
-    written_skips = [s for n in sorted(results) for s in results[n].skipped]
-    index = DatasetIndex(
-        shard_format=shard_format,
-        fields=fields,
-        shards=[results[n].entry for n in numbers],
-        options=options,
-        skipped=[{"path": s.path, "reason": s.reason} for s in planned_skips + written_skips],
-        payload_bytes=sum(r.payload_bytes for r in results.values()),
-    )
-    dest.write_bytes(index_name(shard_format), index.to_json())
-    journal.remove()
-    report = PackReport(
-        dest.url,
-        index,
-        skipped=planned_skips + written_skips,
-        shards_written=len(numbers) - kept,
-        shards_kept=kept,
-        files=sum(r.files for r in results.values()),
-        empty_files=empty_files,
-        seconds=seconds,
-    )
-    if written_skips and not allow_skip:
-        raise SkippedInputError(written_skips, written=True)
-    return report

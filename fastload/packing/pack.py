@@ -1,79 +1,36 @@
 """``fastload.pack``: a tree of small files into tar, Parquet or TFRecord shards plus ``index.json``.
 
-plan (``packing.plan``: list sources, group files into samples, order and cut shards) -> prepare the
-destination, keeping an interrupted run's shards (``packing.journal``) -> an engine (``packing.engine``:
-local threads, or Ray) writes each shard (``packing.write``) to a temporary name, publishes it by rename
-and journals it -> ``index.json`` last (``packing.report.PackReport`` says what was done).
+plan (``packing.plan``: list sources, group files into samples, order and cut shards) -> :class:`FilesPlan`
+run by the pack driver (``packing.driver``): prepare the destination, keeping an interrupted run's shards
+(``packing.journal``) -> an engine (``packing.engine``: local threads, or Ray) writes each shard
+(``packing.write``) to a temporary name, publishes it by rename and journals it -> ``index.json`` last
+(``packing.report.PackReport`` says what was done).
 """
 
 from __future__ import annotations
 
-import errno
-import functools
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
 from fastload.config import PackConfig, S3Config
-from fastload.core.index import INDEX_NAME, parse_index
-from fastload.errors import ConfigError, DestinationWriteError, PackError, Skip, SkippedInputError
+from fastload.core.index import DatasetIndex
+from fastload.errors import ConfigError, Skip, SkippedInputError
 from fastload.formats.shard import ShardResult
 from fastload.gcpause import gc_paused
-from fastload.packing.dest import read_index_bytes
-from fastload.packing.engine import Engine, LocalEngine
-from fastload.packing.journal import finish_pack, open_pack, reopen_pack
+from fastload.packing.dest import Destination
+from fastload.packing.driver import Plan, Retry, Target, destination_errors, pack_report, results_index, run
+from fastload.packing.engine import Engine, LocalEngine, ShardJob
+from fastload.packing.journal import PackJournal
 from fastload.packing.options import checked, output_options
-from fastload.packing.plan import plan_pack, shard_sizes, source_and_target
-from fastload.packing.progress import Progress
+from fastload.packing.plan import PackPlan, plan_pack, shard_sizes, source_and_target
 from fastload.packing.report import PackReport
 from fastload.packing.write import file_shards
 
 __all__ = ["PackReport", "pack", "shard_sizes", "source_and_target"]
 
-_DESTINATION_ERRORS = {
-    errno.ENOSPC: "no space left on the device",
-    errno.EDQUOT: "the disk quota is used up",
-    errno.EROFS: "it is on a read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-}
 
-
-def _destination_errors(fn: Callable[..., PackReport]) -> Callable[..., PackReport]:
-    """A write to the destination that fails for want of space or permission becomes a :class:`PackError`
-    naming the destination and what to do (finished shards are kept for ``--resume``)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> PackReport:
-        try:
-            return fn(*args, **kwargs)
-        except DestinationWriteError:
-            raise  # already names the destination (and staging folder) and what to do
-        except OSError as exc:
-            why = _DESTINATION_ERRORS.get(exc.errno or 0)
-            dst = str(kwargs.get("dst", args[1] if len(args) > 1 else "the destination"))
-            where = exc.filename if isinstance(exc.filename, str) else dst
-            if why is None or (
-                exc.errno in (errno.EACCES, errno.EPERM)
-                and not where.startswith(os.path.abspath(dst) if not dst.startswith("s3://") else dst)
-            ):
-                raise
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                todo = (
-                    "free some space (or pack elsewhere), then run the same command with --resume: the "
-                    "shards finished so far are kept"
-                )
-            else:
-                todo = "choose a destination you can write to (or fix its permissions)"
-            detail = f" ({where})" if where != dst else ""
-            raise PackError(f"cannot write to {dst}: {why}{detail}; {todo}") from exc
-
-    return wrapper
-
-
-@_destination_errors
 def pack(
     sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     dst: str | os.PathLike[str],
@@ -131,95 +88,108 @@ def pack(
             raise ConfigError("tabular sources are packed by the local engine; leave out --engine ray")
         table_options = TableOptions(file_columns=tuple(file_columns), sort_by=sort_by, key_column=key_column)
         return pack_table(srcs, target, config, table_options, s3_config=s3_config)
-    began = time.monotonic()
-    with gc_paused():  # planning makes many small objects and no cycles; collections here only cost time
-        plan = plan_pack(srcs, config, s3_config)
+    with destination_errors(target), gc_paused():
+        plan = plan_pack(srcs, config, s3_config)  # (planning makes many small objects and no cycles)
     if (plan.skipped or plan.unreadable) and not config.allow_skip:
         raise SkippedInputError(plan.skipped + plan.unreadable, written=False, hint=plan.hint)
-
-    names = {p.number: p.name for p in plan.shards}
-    dest, journal, kept = open_pack(
-        target,
-        fingerprint=plan.fingerprint,
-        layout=plan.layout,
-        resume=config.resume,
-        shards=len(plan.shards),
-        name_of=names.get,
-        s3_config=s3_config,
+    return run(
+        FilesPlan(plan, config, target, srcs=srcs, s3_config=s3_config, engine=engine, address=ray_address)
     )
-    if kept is None:  # complete: but the inputs it had to skip may be fixed now
-        where, raw = read_index_bytes(dest) or (f"{dest.url}/{INDEX_NAME}", b"")
-        index = parse_index(raw, where=where)
-        retry = plan.shards_holding({s["path"] for s in index.skipped})
-        if retry:
-            kept = reopen_pack(
-                dest,
-                journal,
-                index,
-                numbers=[p.number for p in plan.shards],
-                retry=retry,
-                totals=plan.shard_totals,
-                name_of=names.get,
-                fingerprint=plan.fingerprint,
-            )
-        else:
-            skipped = [Skip(s["path"], s["reason"]) for s in index.skipped]
-            if skipped and not config.allow_skip:
-                raise SkippedInputError(skipped, written=True)
-            return PackReport(
-                dest.url,
-                index,
-                skipped=skipped,
-                shards_kept=len(index.shards),
-                seconds=time.monotonic() - began,
-                already_complete=True,
-                notes=plan.notes,
-            )
 
-    results: dict[int, ShardResult] = dict(kept)
-    done_bytes = sum(r.payload_bytes for r in results.values())
-    open_threads = 16 if any(src.startswith("s3://") for src in srcs) else 0
-    writer: Engine
-    if engine == "ray":
-        from fastload.packing.ray_engine import RayEngine
 
-        writer = RayEngine(
-            dest.url,
+class FilesPlan(Plan[PackReport]):
+    """The driver's plan of a pack of files (:class:`~fastload.packing.plan.PackPlan` cut into
+    :class:`~fastload.packing.write.FileShard` jobs) on the local or the Ray engine; a finished pack's shards
+    holding inputs it had to skip are written again if those can be listed now."""
+
+    def __init__(
+        self,
+        plan: PackPlan,
+        config: PackConfig,
+        url: str,
+        *,
+        srcs: list[str],
+        s3_config: S3Config | None,
+        engine: str = "local",
+        address: str | None = None,
+    ) -> None:
+        self.plan, self.config, self.srcs = plan, config, srcs
+        self.s3_config, self.engine_name, self.address = s3_config, engine, address
+        self._names = {p.number: p.name for p in plan.shards}
+        self.target = Target(
+            url=url,
+            fingerprint=plan.fingerprint,
+            layout=plan.layout,
+            shards=len(plan.shards),
+            resume=config.resume,
+            allow_skip=config.allow_skip,
+            progress=config.progress,
             s3_config=s3_config,
-            workers=config.workers,
-            open_threads=open_threads,
-            address=ray_address,
         )
-    else:
-        workers = min(config.worker_count, max(1, len(plan.shards) - len(kept)))
-        writer = LocalEngine(dest, journal, workers=workers, open_threads=open_threads)
-    with Progress(
-        total=plan.payload_bytes,
-        initial=done_bytes,
-        enabled=config.progress,
-        desc=f"packing {len(plan.shards)} shards",
-    ) as progress:
-        try:
-            writer.write(
-                file_shards(plan, config, skip=kept), advance=progress.advance, done=results.__setitem__
-            )
-        except BaseException:
-            dest.cleanup()
-            raise
 
-    report = finish_pack(
-        dest,
-        journal,
-        results,
-        numbers=[p.number for p in plan.shards],
-        shard_format=config.shard_format,
-        fields=plan.fields,
-        options={**output_options(config), "layout": plan.layout},
-        planned_skips=plan.skipped,
-        kept=len(kept),
-        allow_skip=config.allow_skip,
-        seconds=time.monotonic() - began,
-        empty_files=plan.empty_files,
-    )
-    report.notes = plan.notes
-    return report
+    def name_of(self, number: int) -> str | None:
+        return self._names.get(number)
+
+    def _numbers(self) -> list[int]:
+        return [p.number for p in self.plan.shards]
+
+    def retry(self, index: DatasetIndex) -> Retry | None:
+        held = self.plan.shards_holding({s["path"] for s in index.skipped})
+        return Retry(self._numbers(), frozenset(held), self.plan.shard_totals) if held else None
+
+    def engine(self, dest: Destination, journal: PackJournal, todo: int | None) -> Engine:
+        open_threads = 16 if any(src.startswith("s3://") for src in self.srcs) else 0
+        if self.engine_name == "ray":
+            from fastload.packing.ray_engine import RayEngine
+
+            return RayEngine(
+                dest.url,
+                s3_config=self.s3_config,
+                workers=self.config.workers,
+                open_threads=open_threads,
+                address=self.address,
+            )
+        workers = min(self.config.worker_count, todo or 1)
+        return LocalEngine(dest, journal, workers=workers, open_threads=open_threads)
+
+    def jobs(self, dest: Destination, kept: Mapping[int, ShardResult]) -> Iterable[ShardJob]:
+        return file_shards(self.plan, self.config, skip=kept)
+
+    def progress_total(self) -> int | None:
+        return self.plan.payload_bytes
+
+    def index(self, results: Mapping[int, ShardResult]) -> DatasetIndex:
+        return results_index(
+            results,
+            numbers=self._numbers(),
+            shard_format=self.config.shard_format,
+            fields=self.plan.fields,
+            options={**output_options(self.config), "layout": self.plan.layout},
+            planned_skips=self.plan.skipped,
+        )
+
+    def report(
+        self, url: str, index: DatasetIndex, results: Mapping[int, ShardResult], *, kept: int, seconds: float
+    ) -> PackReport:
+        return pack_report(
+            url,
+            index,
+            results,
+            planned_skips=self.plan.skipped,
+            kept=kept,
+            seconds=seconds,
+            shards=len(self.plan.shards),
+            empty_files=self.plan.empty_files,
+            notes=self.plan.notes,
+        )
+
+    def complete(self, url: str, index: DatasetIndex, *, skipped: list[Skip], seconds: float) -> PackReport:
+        return PackReport(
+            url,
+            index,
+            skipped=skipped,
+            shards_kept=len(index.shards),
+            seconds=seconds,
+            already_complete=True,
+            notes=self.plan.notes,
+        )

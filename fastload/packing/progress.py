@@ -1,4 +1,5 @@
-"""Progress bars (tqdm): bytes and files per second; silent when not on a terminal or when asked."""
+"""Progress bars (tqdm): bytes and files (or documents) per second, toward a total or open-ended; silent
+when not on a terminal or when asked."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ class Progress:
     """A thread-safe byte counter shown as a tqdm bar with a files/s figure. When not shown, no tqdm object is
     made at all (even a disabled one starts tqdm's monitor thread)."""
 
-    def __init__(self, *, total: int, initial: int = 0, enabled: bool | None, desc: str) -> None:
+    def __init__(
+        self, *, total: int | None, initial: int = 0, enabled: bool | None, desc: str, items: str = "files"
+    ) -> None:
         show = sys.stderr.isatty() if enabled is None else enabled
         self._bar: tqdm[Any] | None = None
         self._lock = threading.Lock()
         self._files = 0
+        self._items = items
         self._start = time.monotonic()
         self._shown = self._start
         if not show:
@@ -45,7 +49,8 @@ class Progress:
             now = time.monotonic()
             if now - self._shown >= 0.5:
                 self._shown = now
-                self._bar.set_postfix_str(f"{self._files / (now - self._start):,.0f} files/s", refresh=False)
+                rate = f"{self._files / (now - self._start):,.0f} {self._items}/s"
+                self._bar.set_postfix_str(rate, refresh=False)
 
     def __enter__(self) -> Progress:
         return self

@@ -20,8 +20,7 @@ import hashlib
 import io
 import json
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -30,16 +29,16 @@ import numpy as np
 import pyarrow as pa
 
 from fastload.config import PackConfig, S3Config
-from fastload.core.index import INDEX_NAME, parse_index
+from fastload.core.index import DatasetIndex
 from fastload.core.plan import ShardPlan, plan_shards, sample_order
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.parquet.writer import KEY_COLUMN
 from fastload.formats.shard import ShardResult
-from fastload.packing.dest import read_index_bytes
-from fastload.packing.engine import LocalEngine
-from fastload.packing.journal import finish_pack, open_pack
+from fastload.packing.dest import Destination
+from fastload.packing.driver import Plan, Target, pack_report, results_index, run
+from fastload.packing.engine import Engine, LocalEngine, ShardJob
+from fastload.packing.journal import PackJournal
 from fastload.packing.options import output_options
-from fastload.packing.progress import Progress
 from fastload.packing.report import PackReport
 from fastload.packing.table_shards import TableShard
 from fastload.storage import access as storage
@@ -307,67 +306,94 @@ def pack_table(
         )
     if config.partition_level is not None:
         raise ConfigError("--partition-by groups files by folder; it does not apply to the rows of a table")
-    began = time.monotonic()
     plan = plan_table_pack(sources, config, options, s3_config)
     if plan.skipped and not config.allow_skip:
         raise SkippedInputError(plan.skipped, written=False)
     if not plan.rows.num_rows:
         raise PackError(f"no rows to pack in {', '.join(sources)}")
-    names = {p.number: p.name for p in plan.shards}
-    dest, journal, kept = open_pack(
-        target,
-        fingerprint=plan.fingerprint,
-        layout=plan.layout,
-        resume=config.resume,
-        shards=len(plan.shards),
-        name_of=names.get,
-        s3_config=s3_config,
-    )
-    if kept is None:  # already complete
-        where, raw = read_index_bytes(dest) or (f"{dest.url}/{INDEX_NAME}", b"")
-        index = parse_index(raw, where=where)
-        return PackReport(
-            dest.url,
-            index,
-            shards_kept=len(index.shards),
-            seconds=time.monotonic() - began,
-            already_complete=True,
-        )
-    results: dict[int, ShardResult] = dict(kept)
-    jobs = (
-        TableShard(
-            plan=shard,
-            rows=plan.rows.slice(shard.start, shard.count),
-            files={f: u[shard.start : shard.stop] for f, u in plan.files.items()},
-            sizes=plan.sizes[shard.start : shard.stop],
-            config=config,
-            sort_by=options.sort_by,
+    return run(RowsPlan(plan, config, options, target, s3_config=s3_config))
+
+
+class RowsPlan(Plan[PackReport]):
+    """The driver's plan of a pack of table rows: :class:`~fastload.packing.table_shards.TableShard` jobs on
+    the local engine."""
+
+    def __init__(
+        self,
+        plan: TablePlan,
+        config: PackConfig,
+        options: TableOptions,
+        url: str,
+        *,
+        s3_config: S3Config | None,
+    ) -> None:
+        self.plan, self.config, self.options, self.s3_config = plan, config, options, s3_config
+        self._names = {p.number: p.name for p in plan.shards}
+        self.target = Target(
+            url=url,
+            fingerprint=plan.fingerprint,
+            layout=plan.layout,
+            shards=len(plan.shards),
+            resume=config.resume,
+            allow_skip=config.allow_skip,
+            progress=config.progress,
             s3_config=s3_config,
         )
-        for shard in plan.shards
-        if shard.number not in kept
-    )
-    writer = LocalEngine(
-        dest, journal, workers=min(config.worker_count, max(1, len(plan.shards) - len(kept))), open_threads=16
-    )
-    with Progress(
-        total=plan.payload_bytes, enabled=config.progress, desc=f"packing {len(plan.shards)} shards"
-    ) as bar:
-        try:
-            writer.write(jobs, advance=bar.advance, done=results.__setitem__)
-        except BaseException:
-            dest.cleanup()
-            raise
-    return finish_pack(
-        dest,
-        journal,
-        results,
-        numbers=[p.number for p in plan.shards],
-        shard_format="parquet",
-        fields=plan.fields,
-        options={**output_options(config), "kind": "table", **options.to_dict(), "layout": plan.layout},
-        planned_skips=plan.skipped,
-        kept=len(kept),
-        allow_skip=config.allow_skip,
-        seconds=time.monotonic() - began,
-    )
+
+    def name_of(self, number: int) -> str | None:
+        return self._names.get(number)
+
+    def engine(self, dest: Destination, journal: PackJournal, todo: int | None) -> Engine:
+        return LocalEngine(dest, journal, workers=min(self.config.worker_count, todo or 1), open_threads=16)
+
+    def jobs(self, dest: Destination, kept: Mapping[int, ShardResult]) -> Iterable[ShardJob]:
+        plan = self.plan
+        return (
+            TableShard(
+                plan=shard,
+                rows=plan.rows.slice(shard.start, shard.count),
+                files={f: u[shard.start : shard.stop] for f, u in plan.files.items()},
+                sizes=plan.sizes[shard.start : shard.stop],
+                config=self.config,
+                sort_by=self.options.sort_by,
+                s3_config=self.s3_config,
+            )
+            for shard in plan.shards
+            if shard.number not in kept
+        )
+
+    def progress_total(self) -> int | None:
+        return self.plan.payload_bytes
+
+    def index(self, results: Mapping[int, ShardResult]) -> DatasetIndex:
+        return results_index(
+            results,
+            numbers=[p.number for p in self.plan.shards],
+            shard_format="parquet",
+            fields=self.plan.fields,
+            options={
+                **output_options(self.config),
+                "kind": "table",
+                **self.options.to_dict(),
+                "layout": self.plan.layout,
+            },
+            planned_skips=self.plan.skipped,
+        )
+
+    def report(
+        self, url: str, index: DatasetIndex, results: Mapping[int, ShardResult], *, kept: int, seconds: float
+    ) -> PackReport:
+        return pack_report(
+            url,
+            index,
+            results,
+            planned_skips=self.plan.skipped,
+            kept=kept,
+            seconds=seconds,
+            shards=len(self.plan.shards),
+        )
+
+    def complete(self, url: str, index: DatasetIndex, *, skipped: list[Skip], seconds: float) -> PackReport:
+        return PackReport(
+            url, index, skipped=skipped, shards_kept=len(index.shards), seconds=seconds, already_complete=True
+        )

@@ -16,22 +16,21 @@ through ``formats.parquet.writer`` as its groups arrive (``token_shards``) -> an
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fastload import formats
-from fastload.config import PARQUET_COMPRESSIONS, S3Config
-from fastload.core.index import INDEX_NAME, DatasetIndex, parse_index
+from fastload.config import PackConfig, S3Config
+from fastload.core.index import DatasetIndex
 from fastload.core.seqpack import TOKEN_DTYPES
-from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
+from fastload.errors import ConfigError, PackError, Skip
 from fastload.formats.shard import ShardResult
-from fastload.packing.dest import Destination, read_index_bytes
-from fastload.packing.engine import LocalEngine
-from fastload.packing.journal import open_pack
+from fastload.packing.dest import Destination
+from fastload.packing.driver import Plan, Target, run
+from fastload.packing.engine import Engine, LocalEngine, ShardJob
+from fastload.packing.journal import PackJournal
 from fastload.packing.plan import source_and_target
 from fastload.packing.token_docs import Chunk, Reader, check_range
 from fastload.packing.token_inputs import (
@@ -127,6 +126,7 @@ def pack_tokens(
     workers: int | None = None,
     resume: bool = False,
     s3_config: S3Config | None = None,
+    progress: bool | None = None,
 ) -> TokensReport:
     """Write the token-id documents of ``sources`` (JSONL / Parquet files, or folders or ``s3://`` prefixes
     holding ``.jsonl``, ``.jsonl.gz``, ``.ndjson`` and ``.parquet`` files, read in sorted order) as Parquet
@@ -150,8 +150,8 @@ def pack_tokens(
     column fails before anything is written; if the run is interrupted later (killed, disk full), the shards
     published so far are journaled: ``resume=True`` with the same inputs and options keeps them and writes
     the rest, giving the bytes of an uninterrupted run (it refuses if the inputs or options changed).
+    A progress bar (token bytes, documents/s) shows on a terminal unless ``progress=False``.
     """
-    began = time.monotonic()
     chosen, explicit = _dtype_for(dtype, vocab_size)
     ext = DTYPES[chosen]
     np_dtype = TOKEN_DTYPES[ext]
@@ -160,16 +160,6 @@ def pack_tokens(
         raise ConfigError(
             f"field_name={field_name!r} must be a plain name such as 'tokens' (no '.', '/', '_' first)"
         )
-    if row_group_bytes < 1 or row_group_bytes > 1 << 30:
-        raise ConfigError(f"row_group_bytes={row_group_bytes} must be between 1 byte and 1 GiB")
-    if shard_size_bytes < 4096:
-        raise ConfigError(f"shard_size_bytes={shard_size_bytes} is too small; use at least 4 KiB")
-    if compression not in PARQUET_COMPRESSIONS:
-        raise ConfigError(f"compression={compression!r}; choose one of {', '.join(PARQUET_COMPRESSIONS)}")
-    if not prefix or "/" in prefix or prefix.startswith("."):
-        raise ConfigError(
-            f"prefix={prefix!r} must be a non-empty file name part without '/', not starting with '.'"
-        )
     for name, special in (("bos_id", bos_id), ("eos_id", eos_id)):
         if special is not None and (
             isinstance(special, bool) or not isinstance(special, int) or not 0 <= special < limit
@@ -177,6 +167,17 @@ def pack_tokens(
             raise ConfigError(f"{name}={special!r} must be a token id in 0..{limit - 1:,}")
     if workers is not None and (isinstance(workers, bool) or workers < 1):
         raise ConfigError(f"workers={workers!r} must be >= 1")
+    config = PackConfig(  # (its checks, and messages, are those of every pack's options)
+        shard_format="parquet",
+        shard_size_bytes=shard_size_bytes,
+        row_group_bytes=row_group_bytes,
+        prefix=prefix,
+        compression=compression,
+        workers=workers or min(DEFAULT_WORKERS, os.cpu_count() or 1),
+        resume=resume,
+        allow_skip=allow_skip,
+        progress=progress,
+    )
     srcs, target = source_and_target(
         sources, dst, missing="pass the JSONL/Parquet files (or folders) to pack"
     )
@@ -210,25 +211,24 @@ def pack_tokens(
     )
     layout, print_ = fingerprint(inputs, {**options, "hook": hook_name})
 
-    dest, journal, kept = open_pack(
-        target,
-        fingerprint=print_,
-        layout=layout,
-        resume=resume,
-        shards=None,
-        name_of=lambda n: _shard_name(prefix, n),
-        s3_config=s3_config,
-    )
-    if kept is None:
-        return _complete(dest, began)
-    results: dict[int, ShardResult] = dict(kept)
-    totals = _Totals()
-    cutter = ShardCutter(dtype=np_dtype, row_group_bytes=row_group_bytes, shard_size_bytes=shard_size_bytes)
-
-    def documents() -> Iterator[tuple[int, TokenGroup]]:
-        for inp in inputs:
-            reader = Reader(
-                inp,
+    return run(
+        TokensPlan(
+            target=Target(
+                url=target,
+                fingerprint=print_,
+                layout=layout,
+                shards=None,
+                resume=resume,
+                allow_skip=allow_skip,
+                progress=progress,
+                s3_config=s3_config,
+            ),
+            config=config,
+            srcs=srcs,
+            inputs=inputs,
+            skipped=skipped,
+            options=options,
+            reader=dict(
                 column=read_column,
                 key_column=key_column,
                 tokenizer=hook,
@@ -236,72 +236,142 @@ def pack_tokens(
                 skipped=skipped,
                 bos_id=bos_id,
                 eos_id=eos_id,
-            )
-            for chunk in reader.chunks():
-                chunk = check_range(chunk, reader, limit=limit, vocab_size=vocab_size, dtype=chosen)
-                if chunk.keys:
-                    totals.add(chunk)
-                    yield from cutter.add(chunk)
-        yield from cutter.finish()
+            ),
+            limit=limit,
+            vocab_size=vocab_size,
+            dtype=chosen,
+            dtype_chosen=explicit,
+            field_name=field_full,
+        )
+    )
 
-    engine = LocalEngine(dest, journal, workers=workers or min(DEFAULT_WORKERS, os.cpu_count() or 1))
-    try:
-        jobs = shard_jobs(
+
+@dataclass(kw_only=True)
+class TokensPlan(Plan[TokensReport]):
+    """The driver's plan of a pack of token documents: shards cut while the documents stream in (so their
+    number is known only at the end), each written by the reader and published by the local engine's
+    threads (:func:`~fastload.packing.token_shards.shard_jobs`); the bar counts token bytes and documents."""
+
+    target: Target
+    config: PackConfig
+    srcs: list[str]
+    inputs: list[Any]
+    skipped: list[Skip]
+    options: dict[str, Any]
+    reader: dict[str, Any]  # Reader's keywords
+    limit: int
+    vocab_size: int | None
+    dtype: str
+    dtype_chosen: bool
+    field_name: str
+    totals: _Totals = field(default_factory=lambda: _Totals())
+    cutter: ShardCutter | None = None
+    _kept: frozenset[int] = frozenset()
+
+    progress_items = "documents"
+
+    def name_of(self, number: int) -> str:
+        return _shard_name(self.config.prefix, number)
+
+    def engine(self, dest: Destination, journal: PackJournal, todo: int | None) -> Engine:
+        return LocalEngine(dest, journal, workers=self.config.worker_count)
+
+    def progress_desc(self) -> str:
+        return f"packing {len(self.inputs)} file(s) of tokens"
+
+    def jobs(self, dest: Destination, kept: Mapping[int, ShardResult]) -> Iterable[ShardJob]:
+        np_dtype = TOKEN_DTYPES[DTYPES[self.dtype]]
+        self._kept = frozenset(kept)
+        cfg = self.config
+        self.cutter = cutter = ShardCutter(
+            dtype=np_dtype, row_group_bytes=cfg.row_group_bytes, shard_size_bytes=cfg.shard_size_bytes
+        )
+
+        def documents() -> Iterator[tuple[int, TokenGroup]]:
+            for inp in self.inputs:
+                reader = Reader(inp, **self.reader)
+                for chunk in reader.chunks():
+                    chunk = check_range(
+                        chunk, reader, limit=self.limit, vocab_size=self.vocab_size, dtype=self.dtype
+                    )
+                    if chunk.keys:
+                        self.totals.add(chunk)
+                        yield from cutter.add(chunk)
+            yield from cutter.finish()
+
+        return shard_jobs(
             documents(),
             tmp_dir=dest.tmp_dir,
-            name_of=lambda n: _shard_name(prefix, n),
-            field=field_full,
-            compression=compression,
+            name_of=self.name_of,
+            field=self.field_name,
+            compression=self.config.compression,
             skip=kept,
         )
-        engine.write(jobs, advance=_ignore, done=results.__setitem__)
-    except BaseException:
-        dest.cleanup()
-        raise
-    if not cutter.shards:
-        journal.remove()
-        detail = f": {len(skipped)} skipped, first: {skipped[0]}" if skipped else ""
-        raise PackError(f"no documents found in {', '.join(srcs)}{detail}")
-    index = DatasetIndex(
-        shard_format="parquet",
-        fields=[field_full],
-        shards=[results[n].entry for n in range(cutter.shards)],
-        options={
-            **options,
-            "documents": totals.documents,
-            "tokens": totals.tokens,
-            "max_token_id": totals.max_id,
-            "layout": layout,
-        },
-        skipped=[{"path": s.path, "reason": s.reason} for s in skipped],
-        payload_bytes=totals.tokens * np_dtype.itemsize,
-    )
-    dest.write_bytes(formats.index_name(index.shard_format), index.to_json())
-    journal.remove()
-    report = TokensReport(
-        dest.url,
-        index,
-        documents=totals.documents,
-        tokens=totals.tokens,
-        dtype=chosen,
-        max_token_id=totals.max_id,
-        dtype_chosen=explicit,
-        skipped=skipped,
-        seconds=time.monotonic() - began,
-        shards_written=cutter.shards - len([n for n in kept if n < cutter.shards]),
-        shards_kept=len([n for n in kept if n < cutter.shards]),
-    )
-    if skipped and not allow_skip:
-        raise SkippedInputError(skipped, written=True)
-    return report
+
+    def _shards(self) -> int:
+        return self.cutter.shards if self.cutter is not None else 0
+
+    def index(self, results: Mapping[int, ShardResult]) -> DatasetIndex:
+        if not self._shards():
+            first = f": {len(self.skipped)} skipped, first: {self.skipped[0]}" if self.skipped else ""
+            raise PackError(f"no documents found in {', '.join(self.srcs)}{first}")
+        t = self.totals
+        return DatasetIndex(
+            shard_format="parquet",
+            fields=[self.field_name],
+            shards=[results[n].entry for n in range(self._shards())],
+            options={
+                **self.options,
+                "documents": t.documents,
+                "tokens": t.tokens,
+                "max_token_id": t.max_id,
+                "layout": self.target.layout,
+            },
+            skipped=[{"path": s.path, "reason": s.reason} for s in self.skipped],
+            payload_bytes=t.tokens * TOKEN_DTYPES[DTYPES[self.dtype]].itemsize,
+        )
+
+    def report(
+        self, url: str, index: DatasetIndex, results: Mapping[int, ShardResult], *, kept: int, seconds: float
+    ) -> TokensReport:
+        shards = self._shards()
+        kept = len([n for n in self._kept if n < shards])
+        return TokensReport(
+            url,
+            index,
+            documents=self.totals.documents,
+            tokens=self.totals.tokens,
+            dtype=self.dtype,
+            max_token_id=self.totals.max_id,
+            dtype_chosen=self.dtype_chosen,
+            skipped=self.skipped,
+            seconds=seconds,
+            shards_written=shards - kept,
+            shards_kept=kept,
+        )
+
+    def complete(self, url: str, index: DatasetIndex, *, skipped: list[Skip], seconds: float) -> TokensReport:
+        opts = index.options
+        return TokensReport(
+            url,
+            index,
+            documents=int(opts.get("documents", index.samples)),
+            tokens=int(opts.get("tokens", 0)),
+            dtype=str(opts.get("dtype", "int32")),
+            max_token_id=int(opts.get("max_token_id", -1)),
+            dtype_chosen=True,
+            skipped=skipped,
+            seconds=seconds,
+            shards_kept=len(index.shards),
+            already_complete=True,
+        )
+
+    def late_skips(self, results: Mapping[int, ShardResult]) -> list[Skip]:
+        return self.skipped  # (documents and files: found while reading, which is while writing)
 
 
 def _shard_name(prefix: str, number: int) -> str:
     return f"{prefix}-{number:06d}{PARQUET_SUFFIX}"
-
-
-def _ignore(nbytes: int, files: int) -> None:
-    """pack-tokens shows no progress bar."""
 
 
 @dataclass
@@ -317,26 +387,6 @@ class _Totals:
             self.max_id = max(self.max_id, int(chunk.ids.max()))
         self.documents += len(chunk.keys)
         self.tokens += int(chunk.ids.size)
-
-
-def _complete(dest: Destination, began: float) -> TokensReport:
-    """The report of a resume that finds the pack already finished (nothing is written)."""
-    where, raw = read_index_bytes(dest) or (f"{dest.url}/{INDEX_NAME}", b"")
-    index = parse_index(raw, where=where)
-    opts = index.options
-    return TokensReport(
-        dest.url,
-        index,
-        documents=int(opts.get("documents", index.samples)),
-        tokens=int(opts.get("tokens", 0)),
-        dtype=str(opts.get("dtype", "int32")),
-        max_token_id=int(opts.get("max_token_id", -1)),
-        dtype_chosen=True,
-        skipped=[Skip(s["path"], s["reason"]) for s in index.skipped],
-        seconds=time.monotonic() - began,
-        shards_kept=len(index.shards),
-        already_complete=True,
-    )
 
 
 __all__ = ["TokensReport", "load_tokenizer", "pack_tokens"]

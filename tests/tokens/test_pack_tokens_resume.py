@@ -303,10 +303,13 @@ def test_a_publisher_failure_is_raised_and_stops_the_reader(
 
     monkeypatch.setattr(writer, "finish_entry", failing)
     write_jsonl(tmp_path / "a.jsonl", documents([100] * 400))
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(PackError, match="no space left on the device") as info:
         fastload.pack_tokens(
             tmp_path / "a.jsonl", tmp_path / "ds", shard_size_bytes=4096, row_group_bytes=1000, workers=2
         )
+    # named as fastload.pack names it (one driver): the destination, and --resume to finish it
+    assert f"cannot write to {tmp_path / 'ds'}: " in str(info.value) and "--resume" in str(info.value)
+    assert isinstance(info.value.__cause__, OSError) and "No space left" in str(info.value.__cause__)
     assert len(finished) < 39, "the reader stops soon after a shard fails (40 shards in all)"
     assert not (tmp_path / "ds" / "shard-000002.parquet").exists()
     assert not (tmp_path / "ds" / "_fastload" / "index.json").exists()
