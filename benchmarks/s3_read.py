@@ -90,6 +90,7 @@ from s3_read_core import (
     format_ratios,
     format_small,
     format_targets,
+    markdown_table,  # noqa: F401  (benchmarks/read.py uses it through this module)
     summarize,
 )
 from s3_read_host import cpu_delta, describe, machine_busy_s, machine_info, proc_cpu_s
