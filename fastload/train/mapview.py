@@ -142,7 +142,10 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             filters=filters,
             columns=columns,
             partition_columns=partition_columns,
-            caching=CacheConfig(path=cache_dir, limit_bytes=cache_limit_bytes, verify=cache_verify),
+            # (no table memo: the open shards' LRU keeps their tables)
+            caching=CacheConfig(
+                path=cache_dir, limit_bytes=cache_limit_bytes, verify=cache_verify, tables_bytes=0
+            ),
         )
         self.starts = sample_starts(self.view.counts)
         self.skipped = 0  # samples left out with on_error="skip", by this process
@@ -241,11 +244,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             proc = self._proc
             if proc is None or proc.pid != os.getpid():
                 handles = ShardHandles(
-                    self.root,
-                    self.view.shards(),
-                    shard_format=self.index.shard_format,
-                    config=self.s3_config,
-                    cache=self.view.cache(),
+                    self.view,
                     verify=self.decoding.verify_samples,
                     max_open=self.max_open_shards,
                     skip_damaged=self.decoding.on_error == "skip",

@@ -48,16 +48,11 @@ def read_samples(
     # mean fewer of them
     task_bytes = 16 << 20 if max_bytes == 0 else max(1 << 20, min(16 << 20, max_bytes // 4))
     readers = ShardReaders(
-        view.root,
-        shards,
+        view,
         refs,
-        shard_format=view.shard_format,
         columns=decoding.columns,
-        config=view.s3_config,
-        cache=view.cache(),
         defer=max_bytes == 0,
         verify=decoding.verify_samples,
-        memo=view.table_memo(),
         skip_damaged=decoding.on_error == "skip",
     )
     # with prefetch, the next shard's table is fetched while this one is read
