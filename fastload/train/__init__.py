@@ -1,7 +1,8 @@
 """Training-side reading: the only torch imports besides ``bench``. May import ``core``, ``formats``,
 ``storage``, ``s3`` and the base modules.
 
-Owns: ``ShardDataset`` (``dataset``; its options in ``options``, its source in ``source``, its position and
+Owns: the dataset opened once for reading (``view``: index, filters and counts, cache, full entries), held
+by ``ShardDataset`` (``dataset``; its options in ``options``, its source in ``source``, its position and
 state in ``position``, shard runs in ``reading`` and ``shardread``), ``fastload.DataLoader`` (``loader``,
 with ``chunks``: batches made in workers), shared-memory batch slots (``shmbatch``), ordered prefetch of read
 tasks (``prefetch``), decoders (``decode``), collate functions (``collate``), ``PackedSequences``

@@ -33,9 +33,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from fastload import formats
 from fastload.config import S3Config
-from fastload.core.filters import Filter, and_filters, partition_types
 from fastload.core.index import INDEX_NAME
 from fastload.core.sharding import (
     RankPlan,
@@ -52,13 +50,7 @@ from fastload.storage import access as storage
 from fastload.storage.cache import ShardCache
 from fastload.train.chunks import chunks_of
 from fastload.train.filtering import (
-    FilteredView,
-    check_projection,
     check_selection,
-    partition_filter,
-    partition_parent,
-    partition_values_of,
-    plan_filter,
     selection_state,
 )
 from fastload.train.options import (
@@ -71,9 +63,9 @@ from fastload.train.options import (
 )
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import read_samples
-from fastload.train.source import open_index
 from fastload.train.statecheck import check_shape, order_parts, order_refusal
 from fastload.train.tablememo import TableMemo
+from fastload.train.view import DatasetView, open_dataset
 
 ORDER_WARNING = (
     "fastload.ShardDataset is read by {workers} DataLoader workers without batch_size=, so each worker "
@@ -171,33 +163,68 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
     ) -> None:
         super().__init__()
         accelerate_shuffle()  # the C loop of the sample shuffle, where built
-        flat = locals()
-        self.order = merge(order, OrderConfig, flat, ORDER_KEYWORDS)
-        self.decoding = merge(decoding, DecodeConfig, flat, DECODE_KEYWORDS)
-        wanted = merge(prefetch, PrefetchConfig, flat, PREFETCH_KEYWORDS)
-        self.caching = merge(caching, CacheConfig, flat, CACHE_KEYWORDS)
-        self.s3_config = s3_config
-        parent = partition_parent(source, s3_config=s3_config)  # .../split=train of a dataset: a filter
-        with gc_paused():  # a big index is many small objects
-            self.root, self.index = open_index(
-                parent[0] if parent else source, s3_config=s3_config, key_column=key_column
-            )
-        projects = formats.by_name(self.index.shard_format).projects_columns
-        if self.decoding.columns is not None and not projects:
-            raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
-        check_projection(self.index, self.decoding.columns, where=self.root)
-        self.prefetch = wanted.resolved(remote=storage.is_remote(self.root))
-        self._cache_obj: tuple[int, ShardCache] | None = None
-        self._memo_obj: tuple[int, TableMemo] | None = None
-        if self.caching.path is not None:
-            self.cache()  # a bad folder fails here, not in a worker
-        self.filters = self.order.filters
-        if parent is not None:
-            types = partition_types(s.partition for s in self.index.shards)
-            self.filters = and_filters(self.filters, partition_filter(parent[1], types))
-        self.filtered = None if self.filters is None else self._filter(self.filters)
-        self.partitions = partition_values_of(self.index) if self.decoding.partition_columns else None
+        self.order = merge(
+            order,
+            OrderConfig,
+            {
+                "seed": seed,
+                "shuffle_buffer": shuffle_buffer,
+                "even": even,
+                "rank": rank,
+                "world_size": world_size,
+                "batch_size": batch_size,
+                "filters": filters,
+            },
+            ORDER_KEYWORDS,
+        )
+        self.decoding = merge(
+            decoding,
+            DecodeConfig,
+            {
+                "decode": decode,
+                "images": images,
+                "allow_pickle": allow_pickle,
+                "map": map,
+                "columns": columns,
+                "on_error": on_error,
+                "verify_samples": verify_samples,
+                "partition_columns": partition_columns,
+            },
+            DECODE_KEYWORDS,
+        )
+        wanted = merge(
+            prefetch,
+            PrefetchConfig,
+            {
+                "prefetch_bytes": prefetch_bytes,
+                "prefetch_threads": prefetch_threads,
+                "prefetch_runs": prefetch_runs,
+            },
+            PREFETCH_KEYWORDS,
+        )
+        caching = merge(
+            caching,
+            CacheConfig,
+            {
+                "cache_dir": cache_dir,
+                "cache_limit_bytes": cache_limit_bytes,
+                "cache_verify": cache_verify,
+                "cache_tables_bytes": cache_tables_bytes,
+            },
+            CACHE_KEYWORDS,
+        )
         self._shared = SharedPosition()  # shared with DataLoader workers, persistent ones included
+        self.view: DatasetView = open_dataset(
+            source,
+            s3_config=s3_config,
+            key_column=key_column,
+            filters=self.order.filters,
+            columns=self.decoding.columns,
+            partition_columns=self.decoding.partition_columns,
+            caching=caching,
+            on_bypass=self._shared.cache_bypassed,  # all processes; warned once
+        )
+        self.prefetch = wanted.resolved(remote=storage.is_remote(self.root))
         self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
         self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
         self._chunked = False  # a handle from in_chunks(): yields one Chunk per batch_size samples
@@ -209,37 +236,27 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
     batch_size = property(lambda self: self.order.batch_size)
     map = property(lambda self: self.decoding.map)
 
+    # the dataset opened (fastload.train.view), by the names it always had here
+    root = property(lambda self: self.view.root)
+    index = property(lambda self: self.view.index)
+    s3_config = property(lambda self: self.view.s3_config)
+    caching = property(lambda self: self.view.caching)
+    filters = property(lambda self: self.view.filters, doc="the rows kept (with a partition folder's)")
+    filtered = property(lambda self: self.view.filtered)
+    partitions = property(lambda self: self.view.partitions)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_cache_obj"] = state["_memo_obj"] = None  # locks and per-process checks stay in their process
         state.pop("_plan_cache", None)  # cheaper to recompute in the worker than to pickle
         return state
 
     def cache(self) -> ShardCache | None:
         """This process's view of the shard cache (None without ``cache_dir``)."""
-        folder = self.caching.path
-        if folder is None:
-            return None
-        if self._cache_obj is None or self._cache_obj[0] != os.getpid():
-            c = self.caching
-            cache = ShardCache(
-                folder,
-                limit_bytes=c.limit_bytes,
-                verify=c.verify,
-                config=self.s3_config,
-                on_bypass=lambda message: self._shared.cache_bypassed(message),  # all processes; warned once
-            )
-            self._cache_obj = (os.getpid(), cache)
-        return self._cache_obj[1]
+        return self.view.cache()
 
     def table_memo(self) -> TableMemo | None:
         """This process's sample tables kept between passes (None with ``cache_tables_bytes=0``)."""
-        budget = self.caching.tables_bytes
-        if budget <= 0:
-            return None
-        if self._memo_obj is None or self._memo_obj[0] != os.getpid():
-            self._memo_obj = (os.getpid(), TableMemo(budget))
-        return self._memo_obj[1]
+        return self.view.table_memo()
 
     def __repr__(self) -> str:
         return f"ShardDataset({self.root!r}, {len(self.index.shards)} shards, {self.index.samples} samples)"
@@ -271,23 +288,14 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         world = self.rank_world()[1] if world_size is None else world_size
         return self._fingerprint(world, legacy=False)
 
-    def _filter(self, flt: Filter) -> FilteredView:
-        with gc_paused():
-            return plan_filter(self.root, self.index, flt, s3_config=self.s3_config, cache=self.cache())
-
     def _counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """Each shard's sample count, or its count of rows kept by ``filters`` (computed once: O(shards))."""
-        counts = self.__dict__.get("_counts_array")
-        if counts is None and self.filtered is not None:
-            counts = self._counts_array = self.filtered.counts
-        elif counts is None:
-            counts = self._counts_array = np.fromiter((s.samples for s in self.index.shards), np.int64)
-        return counts
+        """Each shard's sample count, or its count of rows kept by ``filters``."""
+        return self.view.counts
 
     def shard_entries(self) -> Sequence[Any]:
         """The shards' entries to read with: the manifest's, with the sample tables that ``filters``
         fetched to decide in place (:meth:`FilteredView.shards`: they are not fetched again)."""
-        return self.index.shards if self.filtered is None else self.filtered.shards(self.index.shards)
+        return self.view.shards()
 
     def shard_counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Each shard's count of samples this dataset reads (what ``filters`` keep): what orders are
@@ -357,7 +365,6 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         With an index v2 only the sample tables of the shards named are read."""
         epoch = self.epoch if epoch is None else epoch
         plan = self.plan(epoch)
-        shards = self.shard_entries()
         full: dict[int, Any] = {}
 
         def named(refs: Sequence[tuple[int, int]]) -> list[tuple[str, str]]:
@@ -366,14 +373,8 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
                 (np.array([s for s, _ in refs], np.int64), np.array([i for _, i in refs], np.int64))
             ):
                 if s not in full:
-                    full[s] = formats.full_entry(
-                        self.root,
-                        shards[s],
-                        shard_format=self.index.shard_format,
-                        s3_config=self.s3_config,
-                        cache=self.cache(),
-                    )
-                out.append((shards[s].name, full[s].keys[i]))
+                    full[s] = self.view.entry(s)
+                out.append((full[s].name, full[s].keys[i]))
             return out
 
         world = self.rank_world()[1]
@@ -526,19 +527,13 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         in_worker = torch.utils.data.get_worker_info() is not None
         samples = read_samples(
             refs,
-            root=self.root,
-            shards=self.shard_entries(),
-            shard_format=self.index.shard_format,
+            self.view,
             decoding=self.decoding,
             prefetch=self.prefetch,
-            s3_config=self.s3_config,
-            cache=self.cache(),
             progress=live,
             mark_skipped=self._chunked,
             on_skip=lambda: self.count_skipped(1),  # (a worker of a torch DataLoader too, under a lock)
             report=self.note_skipped,
-            partitions=self.partitions,
-            memo=self.table_memo(),
         )
         if self._chunked:  # fastload.DataLoader counts what it delivers and rewinds at the end
             size = live.chunk or len(refs) or 1

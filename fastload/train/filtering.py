@@ -138,7 +138,7 @@ def plan_filter(
         )
 
     def one(i: int) -> tuple[int, list[tuple[int, int]], int, ShardEntry]:
-        from fastload.train.shardread import ShardReader
+        from fastload.train.shardreader import ShardReader
 
         entry = formats.full_entry(
             root, index.shards[i], shard_format=index.shard_format, s3_config=s3_config, cache=cache

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from fastload import formats
-from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.lru import LRU
 from fastload.core.randomaccess import spans
@@ -31,7 +30,7 @@ from fastload.storage.rangedfile import RangedFile
 from fastload.storage.tables import missing_shard
 
 if TYPE_CHECKING:
-    from fastload.storage.cache import ShardCache
+    from fastload.train.view import DatasetView
 
 RawSample = dict[str, Any]
 FOOTER_BYTES = 64 << 10  # what pyarrow reads first from a Parquet file's end (its footer read size)
@@ -173,27 +172,18 @@ def read_spans(
 
 class ShardHandles:
     """This process's open shards, at most ``max_open`` kept (least recently used closed first); each
-    opened on first use: its table fetched (:func:`fastload.formats.full_entry`, through the shard cache
-    when there is one) and its file opened (from the shard cache when ``cache`` is given and the shard is
-    remote). Thread safe; a shard is opened once however many threads ask for it at the same time."""
+    opened on first use: its table fetched (:meth:`~fastload.train.view.DatasetView.entry`, through the
+    shard cache when there is one) and its file opened (from the shard cache when the view has one and the
+    shard is remote). Thread safe; a shard is opened once however many threads ask for it at the same time."""
 
-    def __init__(
-        self,
-        root: str,
-        shards: Sequence[ShardEntry],
-        *,
-        shard_format: str,
-        config: S3Config | None,
-        cache: ShardCache | None,
-        verify: bool,
-        max_open: int,
-        skip_damaged: bool = False,
-    ) -> None:
-        """``skip_damaged``: a remote shard the cache refuses (its bytes fail their CRC32C) is read
-        uncached, so that only its damaged samples are left out (``on_error="skip"``)."""
+    def __init__(self, view: DatasetView, *, verify: bool, max_open: int, skip_damaged: bool = False) -> None:
+        """``view``: the dataset read (its shards' entries and cache:
+        :meth:`~fastload.train.view.DatasetView.entry`). ``skip_damaged``: a remote shard the cache
+        refuses (its bytes fail their CRC32C) is read uncached, so that only its damaged samples are left
+        out (``on_error="skip"``)."""
         self.skip_damaged = skip_damaged
-        self.root, self.shards, self.shard_format = root, shards, shard_format
-        self.config, self.cache, self.verify = config, cache, verify
+        self.view, self.root = view, view.root
+        self.config, self.cache, self.verify = view.s3_config, view.cache(), verify
         self._open: LRU[int, ShardHandle] = LRU(max_items=max_open)
         self._opening: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -256,13 +246,7 @@ class ShardHandles:
             h.close()
 
     def _new(self, shard: int) -> ShardHandle:
-        entry = formats.full_entry(
-            self.root,
-            self.shards[shard],
-            shard_format=self.shard_format,
-            s3_config=self.config,
-            cache=self.cache,
-        )
+        entry = self.view.entry(shard)
         with self._lock:
             self.tables_fetched += 1
         if not self.verify and entry.crcs:

@@ -31,26 +31,14 @@ import numpy as np
 import torch.utils.data
 
 from fastload.config import S3Config
-from fastload.core.filters import and_filters, normalise, partition_types
 from fastload.core.lru import LRU
 from fastload.core.randomaccess import group_starts, locate, resolve, sample_starts
 from fastload.errors import ConfigError, SampleChecksumError, VerifyError
-from fastload.formats import by_name
-from fastload.gcpause import gc_paused
-from fastload.storage.cache import ShardCache
-from fastload.train.filtering import (
-    FilteredView,
-    check_projection,
-    partition_filter,
-    partition_parent,
-    partition_values_of,
-    plan_filter,
-)
 from fastload.train.mapshards import RawSample, ShardHandle, ShardHandles, read_spans
 from fastload.train.options import CacheConfig, DecodeConfig
 from fastload.train.position import SkippedSample, warn_damaged
 from fastload.train.reading import SKIPPED, damaged, finish
-from fastload.train.source import open_index
+from fastload.train.view import DatasetView, open_dataset
 
 DEFAULT_GAP_BYTES = 256 << 10
 
@@ -145,37 +133,34 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             verify_samples=verify_samples,
             partition_columns=partition_columns,
         )
-        self.caching = CacheConfig(path=cache_dir, limit_bytes=cache_limit_bytes, verify=cache_verify)
-        self.s3_config = s3_config
         self.threads, self.max_open_shards = threads, max_open_shards
         self.row_group_cache_bytes, self.max_gap_bytes = row_group_cache_bytes, max_gap_bytes
-        parent = partition_parent(source, s3_config=s3_config)  # .../split=train of a dataset: a filter
-        with gc_paused():
-            self.root, self.index = open_index(
-                parent[0] if parent else source, s3_config=s3_config, key_column=key_column
-            )
-        if columns is not None and not by_name(self.index.shard_format).projects_columns:
-            raise ConfigError(f"columns= projects Parquet shards; this dataset is {self.index.shard_format}")
-        check_projection(self.index, columns, where=self.root)
-        self.filters = normalise(filters)
-        if parent is not None:
-            types = partition_types(s.partition for s in self.index.shards)
-            self.filters = and_filters(self.filters, partition_filter(parent[1], types))
-        self.filtered: FilteredView | None = None
-        if self.filters is not None:
-            with gc_paused():
-                self.filtered = plan_filter(
-                    self.root, self.index, self.filters, s3_config=s3_config, cache=self._cache()
-                )
-        self.partitions = partition_values_of(self.index) if partition_columns else None
-        counts = self.filtered.counts if self.filtered is not None else [s.samples for s in self.index.shards]
-        self.starts = sample_starts(counts)
+        self.view: DatasetView = open_dataset(
+            source,
+            s3_config=s3_config,
+            key_column=key_column,
+            filters=filters,
+            columns=columns,
+            partition_columns=partition_columns,
+            # (no table memo: the open shards' LRU keeps their tables)
+            caching=CacheConfig(
+                path=cache_dir, limit_bytes=cache_limit_bytes, verify=cache_verify, tables_bytes=0
+            ),
+        )
+        self.starts = sample_starts(self.view.counts)
         self.skipped = 0  # samples left out with on_error="skip", by this process
         self.skipped_samples: list[SkippedSample] = []  # ... and their names
         self._proc: _Process | None = None
         self._proc_lock: tuple[int, threading.Lock] | None = None
-        if self.caching.path is not None:
-            self._local()  # a bad cache folder fails here, not in a worker
+
+    # the dataset opened (fastload.train.view), by the names it always had here
+    root = property(lambda self: self.view.root)
+    index = property(lambda self: self.view.index)
+    s3_config = property(lambda self: self.view.s3_config)
+    caching = property(lambda self: self.view.caching)
+    filters = property(lambda self: self.view.filters, doc="the rows kept (with a partition folder's)")
+    filtered = property(lambda self: self.view.filtered)
+    partitions = property(lambda self: self.view.partitions)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -258,25 +243,14 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         with self._guard():
             proc = self._proc
             if proc is None or proc.pid != os.getpid():
-                shards = self.index.shards
                 handles = ShardHandles(
-                    self.root,
-                    shards if self.filtered is None else self.filtered.shards(shards),
-                    shard_format=self.index.shard_format,
-                    config=self.s3_config,
-                    cache=self._cache(),
+                    self.view,
                     verify=self.decoding.verify_samples,
                     max_open=self.max_open_shards,
                     skip_damaged=self.decoding.on_error == "skip",
                 )
                 proc = self._proc = _Process(handles, self.row_group_cache_bytes, self.threads)
         return proc
-
-    def _cache(self) -> ShardCache | None:
-        c = self.caching
-        if c.path is None:
-            return None
-        return ShardCache(c.path, limit_bytes=c.limit_bytes, verify=c.verify, config=self.s3_config)
 
     def _read(self, indices: np.ndarray[Any, np.dtype[np.int64]], *, single: bool) -> list[Any]:
         proc = self._local()

@@ -71,18 +71,12 @@ def source_samples(
         progress = Iteration(plan.epoch, start, None, worker, workers, chunk)
         for out in read_samples(
             d.pairs_of(piece.take(ks[mine] - piece_at)),
-            root=d.root,
-            shards=d.shard_entries(),
-            shard_format=d.index.shard_format,
+            d.view,
             decoding=d.decoding,
             prefetch=d.prefetch,
-            s3_config=d.s3_config,
-            cache=d.cache(),
             progress=progress,
             mark_skipped=True,
             report=report,
-            partitions=d.partitions,
-            memo=d.table_memo(),
         ):
             if type(out) is dict:  # (not SKIPPED; a map= may return other types)
                 out["__source__"] = name

@@ -11,62 +11,48 @@ import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from fastload.config import S3Config
-from fastload.core.index import ShardEntry
 from fastload.errors import FastloadError, SampleChecksumError
-from fastload.storage.cache import ShardCache
 from fastload.train.decode import decode_sample
 from fastload.train.options import DecodeConfig, PrefetchConfig
 from fastload.train.position import Iteration, SkippedSample
 from fastload.train.prefetch import Prefetcher
 from fastload.train.shardread import RawSample, ShardReaders
-from fastload.train.tablememo import TableMemo
+from fastload.train.view import DatasetView
 
 SKIPPED = object()  # in the stream of read_samples(mark_skipped=True): a sample on_error="skip" left out
 
 
 def read_samples(
     refs: Sequence[tuple[int, int]],
+    view: DatasetView,
     *,
-    root: str,
-    shards: Sequence[ShardEntry],
-    shard_format: str,
     decoding: DecodeConfig,
     prefetch: PrefetchConfig,
-    s3_config: S3Config | None,
-    cache: ShardCache | None,
     progress: Iteration,
     mark_skipped: bool = False,
     on_skip: Callable[[], None] | None = None,
     report: Callable[[SkippedSample], None] | None = None,
-    partitions: Sequence[Mapping[str, Any]] | None = None,
-    memo: TableMemo | None = None,
 ) -> Generator[Any, None, None]:
-    """The samples of ``refs`` (``(shard, position)`` pairs of ``shards``, manifest entries of
-    ``shard_format``: attached or v2) in order, decoded and mapped.
+    """The samples of ``refs`` (``(shard, position)`` pairs of ``view``'s shards, read with their entries
+    :meth:`~fastload.train.view.DatasetView.shards`, its cache and its table memo) in order, decoded and
+    mapped, with each shard's partition values where ``view`` has them (``partition_columns=True``).
 
     ``progress.consumed`` counts the references passed so far (delivered or skipped). A skipped sample is
     yielded as :data:`SKIPPED` with ``mark_skipped``, else reported to ``on_skip`` and left out; with
     ``on_error="skip"`` that is a sample that fails to decode or map, or whose bytes fail their CRC32C
     (after the cache had its chance to heal a cached copy). ``report``: told each skipped sample's name.
-    ``partitions``: each shard's partition values, added to its samples (``partition_columns=True``).
-    ``memo``: sample tables kept between passes (:mod:`fastload.train.tablememo`).
     """
+    shards, partitions = view.shards(), view.partitions
     max_bytes = prefetch.max_bytes or 0
     # without prefetch nothing is held ahead, and local shards stream sample by sample: bigger tasks only
     # mean fewer of them
     task_bytes = 16 << 20 if max_bytes == 0 else max(1 << 20, min(16 << 20, max_bytes // 4))
     readers = ShardReaders(
-        root,
-        shards,
+        view,
         refs,
-        shard_format=shard_format,
         columns=decoding.columns,
-        config=s3_config,
-        cache=cache,
         defer=max_bytes == 0,
         verify=decoding.verify_samples,
-        memo=memo,
         skip_damaged=decoding.on_error == "skip",
     )
     # with prefetch, the next shard's table is fetched while this one is read

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import crc32c
 
 from fastload import formats
-from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.core.readplan import ReadTask, iter_reads
 from fastload.errors import SampleChecksumError, VerifyError
@@ -27,7 +26,6 @@ from fastload.storage import access as storage
 from fastload.storage.tables import missing_shard
 from fastload.train.damaged import raising, read_past_damage
 from fastload.train.shardreader import RawSample, ShardReader
-from fastload.train.tablememo import TableMemo
 
 __all__ = ["RANGE_THREADS", "TABLES_AHEAD", "RawSample", "ShardReader", "ShardReaders"]
 
@@ -35,7 +33,7 @@ TABLES_AHEAD = 4  # sample tables of the shards of the next runs fetched at once
 RANGE_THREADS = 16  # the ranges of reads of remote shards (Parquet column chunks) in flight at once
 
 if TYPE_CHECKING:
-    from fastload.storage.cache import ShardCache
+    from fastload.train.view import DatasetView
 
 
 class ShardReaders:
@@ -53,28 +51,24 @@ class ShardReaders:
 
     def __init__(
         self,
-        root: str,
-        shards: Sequence[ShardEntry],
+        view: DatasetView,
         refs: Sequence[tuple[int, int]],
         *,
-        shard_format: str,
         columns: Sequence[str] | None = None,
-        config: S3Config | None = None,
-        cache: ShardCache | None = None,
         defer: bool = False,
         verify: bool = True,
-        memo: TableMemo | None = None,
         skip_damaged: bool = False,
     ) -> None:
-        """``defer``: each fetch's result is used at once in the fetching thread (no prefetch), so local
+        """``view``: the dataset read (its shards' entries, cache, and sample tables kept between passes:
+        :meth:`~fastload.train.view.DatasetView.entry`, so a table kept there is not fetched again).
+        ``defer``: each fetch's result is used at once in the fetching thread (no prefetch), so local
         reads may be done there (see :meth:`ShardReader.load`). ``verify``: check each sample's CRC32C
-        where the index has them (tar, index v2). ``memo``: full entries kept between passes (the
-        dataset's, :mod:`fastload.train.tablememo`): a table found there is not fetched again.
-        ``skip_damaged``: a sample that fails its CRC32C is given as its error, not raised."""
+        where the index has them (tar, index v2). ``skip_damaged``: a sample that fails its CRC32C is given
+        as its error, not raised."""
         self.skip_damaged = skip_damaged
-        self.root, self.shards, self.columns, self.memo = root, shards, columns, memo
-        self.shard_format = shard_format
-        self.config, self.cache, self.defer, self.verify = config, cache, defer, verify
+        self.view, self.root, self.shards, self.columns = view, view.root, view.shards(), columns
+        self.shard_format = shard_format = view.shard_format
+        self.config, self.cache, self.defer, self.verify = view.s3_config, view.cache(), defer, verify
         self._left = Counter(map(itemgetter(0), refs))  # references not yet consumed, per shard
         self._entries: dict[int, ShardEntry] = {}  # full entries of the shards in flight
         self._ahead: dict[int, Future[ShardEntry]] = {}
@@ -86,7 +80,7 @@ class ShardReaders:
         self._opening: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self.tables_fetched = 0
+        self.tables_completed = 0  # full entries made for this pass (fetched, or kept by the view)
         # its shards' reads take any positions (Parquet): those that fit in a task are planned table-less
         fmt = formats.by_name(shard_format)
         self._any_positions = bool(getattr(fmt, "any_positions", False))
@@ -163,18 +157,10 @@ class ShardReaders:
 
     def _full_entry(self, shard: int) -> ShardEntry:
         entry = self.shards[shard]
-        kept = self.memo.get(shard) if self.memo is not None and entry.detached else None
-        if kept is not None:
-            entry = kept
-        elif entry.detached:
-            with gc_paused():
-                entry = formats.full_entry(
-                    self.root, entry, shard_format=self.shard_format, s3_config=self.config, cache=self.cache
-                )
+        if entry.detached:
+            entry = self.view.entry(shard)
             with self._lock:
-                self.tables_fetched += 1
-            if self.memo is not None:
-                self.memo.put(shard, entry)
+                self.tables_completed += 1
         if not self.verify and entry.crcs:
             entry = dataclasses.replace(entry, crcs=[])
         return entry

@@ -55,11 +55,13 @@ def open_index(
     *,
     s3_config: S3Config | None = None,
     key_column: str | None = None,
+    stacklevel: int = 3,
 ) -> tuple[str, DatasetIndex]:
     """``(root, index)`` of a dataset: its ``index.json``; or, for tar or TFRecord shards without one (a
     folder or prefix of them, one file, or a list of URLs), an index built by reading the shards once, with
     a warning that says how to avoid that cost. ``key_column``: the Parquet column that names samples (an
-    index.json must have been written with the same one)."""
+    index.json must have been written with the same one). ``stacklevel``: the warning's, as
+    :func:`warnings.warn` takes it (3: the caller of this function's caller)."""
     folder = None  # the folder given, which shard names are relative to (hive partitions are under it)
     if isinstance(source, (str, os.PathLike)):
         root = storage.normalise(source)
@@ -115,6 +117,6 @@ def open_index(
         "in every process that opens the dataset). Write the index once with `fastload index` (or pack "
         "with `fastload pack`) to skip this.",
         UserWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
     return root, index
