@@ -68,8 +68,6 @@ class Reader:
                     value = value["input_ids"]
                 if hasattr(value, "detach"):
                     value = value.detach().cpu().numpy()
-            elif isinstance(value, list) and any(v is True or v is False for v in value):
-                raise ValueError(f"{self.column!r} holds true/false, not token ids")
             arr = np.asarray(value)
             if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
                 raise ValueError(f"{self.column!r} is not a list of integers")
@@ -132,6 +130,7 @@ class Reader:
             )
 
     def _jsonl(self, f: IO[bytes]) -> Iterator[Chunk]:
+        batched = getattr(self.tokenizer, "batch", None) is not None
         rows: list[int] = []
         record_keys: list[Any] = []
         values: list[Any] = []
@@ -149,23 +148,33 @@ class Reader:
             if self.key_column is not None and self.key_column not in record:
                 self.skipped.append(Skip(self.where(row), f"no {self.key_column!r} field; document left out"))
                 continue
+            value = record[self.column]
+            # (np.asarray takes JSON true as 1: look for booleans only in lines that spell one)
+            if (b"true" in line or b"false" in line) and _holds_bool(value):
+                why = f"{self.column!r} holds true/false, not token ids; document left out"
+                self.skipped.append(Skip(self.where(row), why))
+                continue
             rows.append(row)
             record_keys.append(record.get(self.key_column) if self.key_column else None)
-            values.append(record[self.column])
+            # ids are made an array at once (a chunk of Python ints is ~36 bytes an id); text is kept
+            # for a batch only when the tokenizer has one
+            values.append(value if batched else self._ids(value, row))
             if len(values) >= CHUNK_DOCS:
-                yield from self._made(rows, record_keys, values)
+                yield from self._made(rows, record_keys, values, batched=batched)
                 rows, record_keys, values = [], [], []
-        yield from self._made(rows, record_keys, values)
+        yield from self._made(rows, record_keys, values, batched=batched)
 
-    def _made(self, rows: list[int], record_keys: list[Any], values: list[Any]) -> Iterator[Chunk]:
-        """The chunk of these documents (rows, their key column's values, their ids or text)."""
+    def _made(
+        self, rows: list[int], record_keys: list[Any], values: list[Any], *, batched: bool = True
+    ) -> Iterator[Chunk]:
+        """The chunk of these documents (rows, their key column's values, their ids or text; with
+        ``batched=False`` their arrays made already, or None where left out)."""
         keys: list[str] = []
         kept: list[int] = []
         docs: list[np.ndarray] = []
-        for row, record_key, value, tokenized in zip(
-            rows, record_keys, values, self._batch(values), strict=True
-        ):
-            arr = self._ids(value, row, tokenized)
+        made = self._batch(values) if batched else values
+        for row, record_key, value, tokenized in zip(rows, record_keys, values, made, strict=True):
+            arr = self._ids(value, row, tokenized) if batched else tokenized
             if arr is not None:
                 keys.append(self._key(row, record_key))
                 kept.append(row)
@@ -207,6 +216,10 @@ class Reader:
                 [row + i for i in present], [record_keys[i] for i in present], [values[i] for i in present]
             )
             row += n
+
+
+def _holds_bool(value: Any) -> bool:
+    return isinstance(value, list) and any(v is True or v is False for v in value)
 
 
 def _chunk(keys: list[str], rows: list[int], docs: list[np.ndarray]) -> Chunk:
