@@ -52,12 +52,13 @@ class CopyReport:
         return text
 
 
-def sweep_parts(folder: str, name: str) -> int:
-    """Delete the temporary files of downloads of ``name`` into ``folder`` that no live download holds
-    (left by a killed ``fastload cp``); return how many."""
+def sweep_parts(folder: str, name: str | None = None) -> int:
+    """Delete the temporary files of downloads of ``name`` (None: of any name) into ``folder`` that no live
+    download holds (left by a killed ``fastload cp``); return how many."""
     removed = 0
+    stale: list[str] = []  # (a folder not made yet holds none)
     with contextlib.suppress(OSError), os.scandir(folder) as it:
-        stale = [e.path for e in it if (m := PART.fullmatch(e.name)) and m["name"] == name]
+        stale = [e.path for e in it if (m := PART.fullmatch(e.name)) and name in (None, m["name"])]
     for path in stale:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -74,14 +75,24 @@ def sweep_parts(folder: str, name: str) -> int:
     return removed
 
 
-def download(bucket: str, key: str, path: str, *, config: S3Config, progress: Progress | None = None) -> int:
+def download(
+    bucket: str,
+    key: str,
+    path: str,
+    *,
+    config: S3Config,
+    progress: Progress | None = None,
+    sweep: bool = True,
+) -> int:
     """Download ``s3://bucket/key`` to ``path`` (atomically: a temporary name, renamed when complete);
-    ``progress`` advances by each piece written and by one file when it is renamed into place."""
+    ``progress`` advances by each piece written and by one file when it is renamed into place. ``sweep``:
+    first remove the temporary files killed downloads of it left (a prefix copy sweeps each folder once)."""
     from fastload.s3.reader import RangedReader
 
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    sweep_parts(folder, os.path.basename(path))  # those of killed downloads
+    if sweep:
+        sweep_parts(folder, os.path.basename(path))  # those of killed downloads
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".part")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # held while it is written: a later sweep_parts leaves it alone
@@ -195,10 +206,14 @@ def copy(
             if not os.path.realpath(target).startswith(root + os.sep):
                 raise ConfigError(f"refusing to write {target}: it resolves outside {dst}")
         sizes = {o.key: o.size for o in objects}
+        for folder in {os.path.dirname(os.path.abspath(t)) for _, t in pairs}:
+            sweep_parts(folder)  # killed downloads' files, one scan a folder (not one a file)
+
+        def fetch(p: tuple[str, str]) -> int:
+            return download(bucket, p[0], p[1], config=config, progress=bar, sweep=False)
+
         with _bar(sum(sizes[k] for k, _ in pairs), len(pairs), shown) as bar:
-            fetched = _in_order(
-                pairs, 0, lambda p: download(bucket, p[0], p[1], config=config, progress=bar), jobs
-            )
+            fetched = _in_order(pairs, 0, fetch, jobs)
             for (_, target), size in zip(pairs, fetched, strict=True):
                 report.files += 1
                 report.bytes += size

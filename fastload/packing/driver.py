@@ -263,10 +263,7 @@ def destination_errors(dst: str) -> Iterator[None]:
     except OSError as exc:
         why = _DESTINATION_ERRORS.get(exc.errno or 0)
         where = exc.filename if isinstance(exc.filename, str) else dst
-        if why is None or (
-            exc.errno in (errno.EACCES, errno.EPERM)
-            and not where.startswith(os.path.abspath(dst) if not dst.startswith("s3://") else dst)
-        ):
+        if why is None or (exc.errno in (errno.EACCES, errno.EPERM) and not _inside(where, dst)):
             raise
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             todo = (
@@ -277,3 +274,9 @@ def destination_errors(dst: str) -> Iterator[None]:
             todo = "choose a destination you can write to (or fix its permissions)"
         detail = f" ({where})" if where != dst else ""
         raise PackError(f"cannot write to {dst}: {why}{detail}; {todo}") from exc
+
+
+def _inside(path: str, dst: str) -> bool:
+    """Whether ``path`` is ``dst`` or below it (``/data/out2`` is not below ``/data/out``)."""
+    root = dst.rstrip("/") if dst.startswith("s3://") else os.path.abspath(dst)
+    return path == root or path.startswith(root + ("/" if dst.startswith("s3://") else os.sep))

@@ -55,7 +55,7 @@ class PackPlan:
 
     def shard_totals(self, number: int) -> tuple[int, int]:
         """The payload bytes and files of shard ``number`` written whole, as planned."""
-        shard = next(s for s in self.shards if s.number == number)
+        shard = self.shards[number]  # (numbered 0.. in order)
         members = [it for s in self.samples[shard.start : shard.stop] for _, it in s.members]
         return sum(it.entry.size for it in members), len(members)
 

@@ -259,7 +259,7 @@ class ShardHandles:
                 try:
                     cached = self.cache.try_open(url, entry)  # None: the folder cannot hold it
                 except VerifyError:  # the remote shard's bytes fail their CRC32C: read it uncached
-                    if not self.skip_damaged:
+                    if not (self.skip_damaged and entry.crcs):  # (no per-sample check: wrong bytes unseen)
                         raise
             if cached is not None:
                 with cached as f:

@@ -342,7 +342,7 @@ class ShardReaders:
                 try:
                     cached = self.cache.try_open(url, entry, stop=stop)  # None: the folder cannot hold it
                 except VerifyError:  # the remote shard's bytes fail their CRC32C: the cache refuses it
-                    if not self.skip_damaged:
+                    if not (self.skip_damaged and entry.crcs):  # (no per-sample check: wrong bytes unseen)
                         raise
                     # read it uncached instead: each sample is checked, the damaged ones left out
                     cached = None

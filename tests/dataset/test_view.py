@@ -84,7 +84,8 @@ def test_a_pickled_view_makes_its_cache_and_memo_again(v2: Path, tmp_path: Path,
     assert state["_cache_obj"] is None and state["_memo_obj"] is None
     again = pickle.loads(pickle.dumps(view))
     assert again.cache() is not cache and again.cache() is not None
-    assert again.table_memo() is not memo and len(again.table_memo() or ()) == 0
+    fresh = again.table_memo()
+    assert fresh is not None and fresh is not memo and len(fresh) == 0
     assert again.entry(0).keys == view.entry(0).keys == uneven.keys[: uneven.counts[0]]
 
 
