@@ -27,6 +27,7 @@ from fastload.storage.inputs import (
     open_ahead,
     open_sample,
 )
+from fastload.storage.localfs import write_all
 
 DEFAULT_BUFFER_BYTES = 8 << 20
 
@@ -76,7 +77,7 @@ class ShardOutput:
                 at = max(0, self._sample_at - self.flushed)
                 self._sample_crc = crc32c(self.view[at : self.fill], self._sample_crc)
             try:
-                _write_all(self.fd, data)
+                write_all(self.fd, data)
             except OSError as exc:
                 raise write_error(exc, self.path) from exc
             self.flushed += self.fill
@@ -129,12 +130,6 @@ class ShardOutput:
         except OSError as exc:
             raise write_error(exc, self.path) from exc
         self.flushed, self.fill, self.crc = position, 0, crc
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        n = os.write(fd, data)
-        data = data[n:]
 
 
 def write_shard(

@@ -41,6 +41,7 @@ from crc32c import crc32c
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.errors import ConfigError, VerifyError
+from fastload.storage.localfs import write_all
 
 _BUF = 8 << 20
 T = TypeVar("T")
@@ -71,11 +72,6 @@ def _crc_of(f: BinaryIO) -> tuple[str, int]:
         crc = crc32c(data, crc)
         size += len(data)
     return f"{crc:08x}", size
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
 
 
 def file_crc32c(path: str) -> tuple[str, int]:
@@ -300,7 +296,7 @@ class ShardCache:
                     if stop is not None and stop.is_set():
                         raise FillStopped(f"filling {entry.name} was abandoned (the reader stopped)")
                     crc = crc32c(buf[:n], crc)
-                    _local("writing a fill", tmp, lambda: _write_all(out, buf[:n]))
+                    _local("writing a fill", tmp, lambda: write_all(out, buf[:n]))
                     size += n
                 _local("closing a fill", tmp, lambda: os.close(out))
                 out = -1

@@ -60,3 +60,9 @@ def publish(tmp: str, final: str) -> None:
     folder = os.path.dirname(final)
     os.makedirs(folder, exist_ok=True)
     os.replace(tmp, final)
+
+
+def write_all(fd: int, data: memoryview) -> None:
+    """Write every byte of ``data`` to ``fd`` (``os.write`` may write less than asked)."""
+    while data:
+        data = data[os.write(fd, data) :]

@@ -84,27 +84,13 @@ def read_samples(
                 ready: Iterable[RawSample | SampleChecksumError] = _due(held, handed)
             else:  # the next references' samples, then any read ahead that follow them
                 ready = itertools.chain(_named(parse(), name), _due(held, handed + len(task.positions)))
-            if decoding.plain:  # nothing to decode or map: only damaged samples are skipped
-                for raw in ready:
-                    progress.consumed += 1
-                    handed += 1
-                    if isinstance(raw, SampleChecksumError):
-                        if report is not None:
-                            report(damaged(raw))
-                        if mark_skipped:
-                            yield SKIPPED
-                        elif on_skip is not None:
-                            on_skip()
-                        continue
-                    yield raw
-                continue
             for raw in ready:
                 if isinstance(raw, SampleChecksumError):
                     if report is not None:
                         report(damaged(raw))
                     out = SKIPPED
-                else:
-                    out = finish(raw, decoding, report)
+                else:  # (nothing to decode or map when plain: only damaged samples are skipped)
+                    out = raw if decoding.plain else finish(raw, decoding, report)
                 progress.consumed += 1
                 handed += 1
                 if out is not SKIPPED or mark_skipped:
