@@ -41,7 +41,7 @@ from crc32c import crc32c
 from fastload.config import S3Config
 from fastload.core.index import ShardEntry
 from fastload.errors import ConfigError, VerifyError
-from fastload.storage.localfs import write_all
+from fastload.storage.localfs import write_all as _write_all  # (tests inject a full disk here)
 
 _BUF = 8 << 20
 T = TypeVar("T")
@@ -296,7 +296,7 @@ class ShardCache:
                     if stop is not None and stop.is_set():
                         raise FillStopped(f"filling {entry.name} was abandoned (the reader stopped)")
                     crc = crc32c(buf[:n], crc)
-                    _local("writing a fill", tmp, lambda: write_all(out, buf[:n]))
+                    _local("writing a fill", tmp, lambda: _write_all(out, buf[:n]))
                     size += n
                 _local("closing a fill", tmp, lambda: os.close(out))
                 out = -1
