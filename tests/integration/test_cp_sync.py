@@ -252,3 +252,23 @@ def test_dry_run_lists_what_would_move_and_moves_nothing(dataset, proxy, tmp_pat
     out = capsys.readouterr().out
     assert code == 0 and f"copy  s3://{BUCKET}/a/{new[0]}  (new)" in out and "would copy 3 file(s)" in out
     assert mark.writes() == []
+
+
+def test_a_parquet_dataset_s_shards_and_tables_are_checked_by_its_index_in_fastload_dir(
+    sparse_tree, proxy, tmp_path
+):
+    """A Parquet dataset keeps index.json and the tables in _fastload/; its shards' names are relative to
+    the folder above: the CRC32C checks find them there."""
+    config = _config(proxy)
+    ds = tmp_path / "pq"
+    fastload.pack(
+        str(sparse_tree.root), ds, shard_format="parquet", shard_size_bytes=16 << 10, progress=False
+    )
+    shards = json.loads((ds / "_fastload" / "index.json").read_text())["shards"]
+    copy(str(ds), f"s3://{BUCKET}/pq/", recursive=True, config=config, progress=False)
+    down = tmp_path / "down"
+    copy(f"s3://{BUCKET}/pq/", str(down), recursive=True, config=config, progress=False)
+    mark = Requests(proxy)
+    again = copy(f"s3://{BUCKET}/pq/", str(down), recursive=True, config=config, progress=False)
+    assert again.files == 0 and again.reasons["same CRC32C as index.json"] == 2 * len(shards), again.summary()
+    assert mark.reads() == [] and mark.writes() == []

@@ -220,6 +220,16 @@ def test_a_killed_cp_r_run_again_sends_only_what_had_not_arrived(
     assert sent == {"extra/big.bin", "index.json"}, sent
     assert f"skipped {len(arrived)} already at the destination" in out.stdout, out.stdout
     assert open_uploads(rgw_client, name, "up/") == [], "the killed multipart upload was aborted"
+    mark = len(counting.requests())
+    out = run_cli(
+        "cp",
+        "-r",
+        f"{ds}/",
+        f"s3://{name}/up/",
+        "--quiet",
+        env=s3_env(rgw, endpoint_url=counting.endpoint_url),
+    )
+    assert _writes(counting, mark) == [] and "same multipart ETag: 1" in out.stdout, out.stdout  # RGW's ETag
 
     # S3 -> local, killed while the big file's last bytes stall (every shard and table had landed)
     down = tmp_path / "down"
