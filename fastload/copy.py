@@ -1,4 +1,6 @@
-"""``fastload cp``: copy an object or a prefix between S3 and local disk with the parallel reader/uploader.
+"""``fastload cp``: copy an object or a prefix between S3 and local disk with the parallel reader/uploader,
+or between two S3 places server-side; objects already at the destination with the same bytes are skipped
+(the decision: :mod:`fastload.core.syncplan`; the listings and checksums: :mod:`fastload.storage.syncscan`).
 
 Downloads land under their final name only when complete (temporary name, then rename); a prefix copy
 never writes outside DST: keys with ``..`` or ``.`` segments, absolute paths or NUL are refused. A prefix
@@ -215,8 +217,8 @@ def copy(
     ends = list_ends(src, dst, recursive=recursive, config=config)
     report.skipped = ends.unfinished
     items, src_bucket, dst_bucket = ends.items, ends.src_bucket, ends.dst_bucket
-    if ends.unlisted:  # one object to a local path where there is nothing yet: no request to decide
-        steps = [Step(items[0].name, True, "new")]
+    if ends.unlisted:  # one object to a local path, copied without a request to decide
+        steps = [Step(items[0].name, True, ends.unlisted)]
     else:
         steps = scan(
             items,

@@ -34,11 +34,12 @@ from fastload.core.syncplan import (
     plain_md5,
     verdict,
 )
-from fastload.errors import ConfigError, NotFoundError
+from fastload.errors import AccessDeniedError, ConfigError, NotFoundError
 from fastload.storage import access as storage
 
 PART = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.part")  # a download's temporary name (mkstemp's letters)
 CHUNK_BYTES = 8 << 20
+NOT_LISTED = "not listed (ListObjectsV2 denied): copied without a comparison"
 AWS_CLI_PART_BYTES = 8 << 20  # the AWS CLI's (and boto3's) default multipart chunk size
 
 
@@ -63,7 +64,7 @@ class Ends:
     src_bucket: str | None
     dst_bucket: str | None
     dst_prefix: str  # the destination prefix listed for a sync (S3)
-    unlisted: bool = False  # one object to a local path that does not exist: nothing to compare
+    unlisted: str = ""  # one object to a local path copied without a request to decide: why
     unfinished: list[str] = field(default_factory=list)  # downloads' .part files left out of an upload
 
 
@@ -81,14 +82,16 @@ def list_ends(src: str, dst: str, *, recursive: bool, config: S3Config) -> Ends:
         if dst_bucket is None:
             target = os.path.join(dst, base) if dst.endswith("/") or os.path.isdir(dst) else dst
             if not os.path.lexists(target):
-                return Ends([Item(base, key, target, -1)], src_bucket, None, "", unlisted=True)
+                return Ends([Item(base, key, target, -1)], src_bucket, None, "", unlisted="new")
         else:
             target = dst_key + base if not dst_key or dst_key.endswith("/") else dst_key
-        found = [
-            o
-            for o in list_objects(src_bucket, key, config=config)
-            if isinstance(o, ObjectInfo) and o.key == key
-        ]
+        try:
+            listed = list(list_objects(src_bucket, key, config=config))
+        except AccessDeniedError:
+            if dst_bucket is not None:
+                raise
+            return Ends([Item(base, key, target, -1)], src_bucket, None, "", unlisted=NOT_LISTED)
+        found = [o for o in listed if isinstance(o, ObjectInfo) and o.key == key]
         if not found:
             raise NotFoundError(
                 f"{src}: no such object (check the key; use --recursive for a prefix)", path=src
@@ -161,6 +164,8 @@ def scan(
     from fastload.s3.upload import part_size_for
 
     there = _destination(items, dst_bucket, dst_prefix, config)
+    if there is None:  # credentials that may write but not list (s3:ListBucket): copy, as cp did before
+        return [Step(item.name, True, NOT_LISTED) for item in items]
     known = _index_checksums(items, there, src_bucket, config) if src_bucket and not dst_bucket else {}
     steps = [
         decide(
@@ -190,8 +195,8 @@ def scan(
 
 def _destination(
     items: Sequence[Item], dst_bucket: str | None, dst_prefix: str, config: S3Config
-) -> dict[str, Found]:
-    """What is at the destination of each item (absent: nothing there)."""
+) -> dict[str, Found] | None:
+    """What is at the destination of each item (absent: nothing there); None when it may not be listed."""
     out: dict[str, Found] = {}
     if dst_bucket is None:
         for item in items:
@@ -203,9 +208,12 @@ def _destination(
     from fastload.s3.listing import ObjectInfo, list_objects
 
     wanted = {item.dst for item in items}
-    for obj in list_objects(dst_bucket, dst_prefix, config=config):
-        if isinstance(obj, ObjectInfo) and obj.key in wanted:
-            out[obj.key] = Found(obj.size, obj.etag.strip('"'))
+    try:
+        for obj in list_objects(dst_bucket, dst_prefix, config=config):
+            if isinstance(obj, ObjectInfo) and obj.key in wanted:
+                out[obj.key] = Found(obj.size, obj.etag.strip('"'))
+    except AccessDeniedError:
+        return None
     return out
 
 

@@ -272,3 +272,28 @@ def test_a_parquet_dataset_s_shards_and_tables_are_checked_by_its_index_in_fastl
     again = copy(f"s3://{BUCKET}/pq/", str(down), recursive=True, config=config, progress=False)
     assert again.files == 0 and again.reasons["same CRC32C as index.json"] == 2 * len(shards), again.summary()
     assert mark.reads() == [] and mark.writes() == []
+
+
+def test_credentials_that_may_write_but_not_list_copy_everything_as_before(
+    dataset, proxy, tmp_path, monkeypatch
+):
+    """Without s3:ListBucket on the destination nothing can be compared: every object is copied (as cp did
+    before it synced), and the summary says why. (The listing's 403 is raised by a patched listing.)"""
+    import fastload.s3.listing as listing
+    from fastload.errors import AccessDeniedError
+
+    config = _config(proxy)
+    copy(str(dataset), f"s3://{BUCKET}/a/", recursive=True, config=config, progress=False)
+    real = listing.list_objects
+
+    def denied(bucket, prefix, **kw):
+        if prefix.startswith("a/"):
+            raise AccessDeniedError(f"s3://{bucket}/{prefix}: access denied", bucket=bucket, key=prefix)
+        return real(bucket, prefix, **kw)
+
+    monkeypatch.setattr(listing, "list_objects", denied)
+    report = copy(str(dataset), f"s3://{BUCKET}/a/", recursive=True, config=config, progress=False)
+    assert report.files == len(_tree(dataset)) and not report.same
+    assert "not listed (ListObjectsV2 denied)" in report.summary()
+    one = copy(f"s3://{BUCKET}/a/index.json", str(dataset / "index.json"), config=config, progress=False)
+    assert one.files == 1 and "not listed" in one.summary()
