@@ -269,3 +269,36 @@ def test_a_killed_cp_r_run_again_sends_only_what_had_not_arrived(
     assert fetched == {"extra/big.bin", "index.json"}, fetched
     assert snapshot(down) == everything, "every byte right, no .part file left"
     assert not [n for n in os.listdir(down) if n.endswith(".part")]
+
+
+def test_one_503_on_each_server_side_copy_request_costs_a_retry_not_the_copy(
+    store: tuple[Any, Any, FaultProxy], bucket: Callable[..., str]
+) -> None:
+    server, client, proxy = store
+    name = bucket(server)
+    rng = random.Random(8)
+    small, big = rng.randbytes(1000), rng.randbytes(11 * MIB)
+    client.put_object(Bucket=name, Key="src/small.bin", Body=small)
+    client.put_object(Bucket=name, Key="src/big.bin", Body=big)
+    seen: set[str] = set()
+
+    def first_copy_request_of_each_kind(r: Any) -> bool:
+        kind = (
+            ("UploadPartCopy" if "partNumber=" in r.target else "CopyObject")
+            if r.header("x-amz-copy-source")
+            else ("HEAD" if r.method == "HEAD" else "")
+        )
+        if not kind or kind in seen:
+            return False
+        seen.add(kind)
+        return True
+
+    rule = proxy.add(Rule(Fault.slowdown(), where=first_copy_request_of_each_kind))
+    config = s3_config(server, endpoint_url=proxy.endpoint_url, base_backoff_s=0.01, max_backoff_s=0.05)
+    report = fastload.copy(
+        f"s3://{name}/src/", f"s3://{name}/dst/", recursive=True, config=config, max_single_copy_bytes=8 * MIB
+    )
+    assert report.files == 2 and seen == {"CopyObject", "UploadPartCopy", "HEAD"} and rule.fired == 3
+    assert client.get_object(Bucket=name, Key="dst/small.bin")["Body"].read() == small
+    assert client.get_object(Bucket=name, Key="dst/big.bin")["Body"].read() == big
+    assert fastload.s3_stats()["retries_total"] >= 3
