@@ -113,8 +113,16 @@ def _cp(args: argparse.Namespace) -> int:
     from fastload.copy import copy
 
     report = copy(
-        args.src, args.dst, recursive=args.recursive, jobs=args.jobs, progress=False if args.quiet else None
+        args.src,
+        args.dst,
+        recursive=args.recursive,
+        jobs=args.jobs,
+        progress=False if args.quiet else None,
+        dry_run=args.dry_run,
     )
+    if args.dry_run:
+        for line in report.plan_lines():
+            print(line)
     print(report.summary())
     return 0
 

@@ -247,7 +247,8 @@ def _cp(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     c = sub.add_parser(
         "cp",
         parents=[s3_options],
-        help="copy an object or prefix between S3 and local disk (parallel ranged I/O)",
+        help="copy an object or prefix between S3 and local disk, or S3 to S3 (server-side); objects already "
+        "at DST with the same bytes are skipped",
     )
     c.add_argument("src", metavar="SRC", help="s3://bucket/key (or prefix/ with -r), or a local file/folder")
     c.add_argument("dst", metavar="DST", help="a local path, or s3://bucket/key (or prefix/ with -r)")
@@ -255,6 +256,11 @@ def _cp(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     c.add_argument("--jobs", type=int, default=8, help="objects copied at once with --recursive")
     c.add_argument(
         "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
+    )
+    c.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list what would be copied and what skipped (already at DST with the same bytes), and why",
     )
 
 

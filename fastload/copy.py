@@ -1,4 +1,6 @@
-"""``fastload cp``: copy an object or a prefix between S3 and local disk with the parallel reader/uploader.
+"""``fastload cp``: copy an object or a prefix between S3 and local disk with the parallel reader/uploader,
+or between two S3 places server-side; objects already at the destination with the same bytes are skipped
+(the decision: :mod:`fastload.core.syncplan`; the listings and checksums: :mod:`fastload.storage.syncscan`).
 
 Downloads land under their final name only when complete (temporary name, then rename); a prefix copy
 never writes outside DST: keys with ``..`` or ``.`` segments, absolute paths or NUL are refused. A prefix
@@ -17,39 +19,68 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
-from fastload.errors import AccessDeniedError, ConfigError, FastloadError, NotFoundError, write_error
+from fastload.core.syncplan import Step
+from fastload.errors import AccessDeniedError, ConfigError, FastloadError, write_error
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
 from fastload.storage.localfs import file_mode
+from fastload.storage.syncscan import PART, Item, list_ends, scan
 from fastload.storage.urls import check_url
-
-PART = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.part")  # a download's temporary name (mkstemp's letters)
 
 
 @dataclass
 class CopyReport:
+    """What a copy did (or, with ``dry_run``, would do): the objects copied (``files``, ``bytes``,
+    ``copied``: their destinations), those already at the destination with the same bytes (``same``,
+    ``same_bytes``), why (``reasons``: reason -> count, for both), every object's fate in order (``plan``:
+    destination, copied?, reason), and the unfinished downloads an upload left out (``skipped``)."""
+
     files: int = 0
     bytes: int = 0
     copied: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # unfinished downloads left out of an upload
+    same: list[str] = field(default_factory=list)
+    same_bytes: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    plan: list[tuple[str, bool, str]] = field(default_factory=list)
+    dry_run: bool = False
+    server_side: bool = False
 
     def summary(self) -> str:
-        text = f"copied {self.files} file(s), {self.bytes:,} bytes"
+        copied = [(r, n) for r, n in self.reasons.items() if r in self._copy_reasons()]
+        text = f"{'would copy' if self.dry_run else 'copied'} {self.files} file(s), {self.bytes:,} bytes"
+        if self.server_side and self.files:
+            text += " server-side"
+        if copied:
+            text += " (" + ", ".join(f"{r}: {n}" for r, n in copied) + ")"
+        if self.same:
+            kept = ", ".join(f"{r}: {n}" for r, n in self.reasons.items() if r not in self._copy_reasons())
+            text += (
+                f"; {'would skip' if self.dry_run else 'skipped'} {len(self.same)} already at the "
+                f"destination, {self.same_bytes:,} bytes ({kept})"
+            )
         if self.skipped:
             text += (
                 f"; skipped {len(self.skipped)} unfinished download(s) of fastload cp (.NAME.XXXXXXXX.part, "
                 f"e.g. {self.skipped[0]}): delete them, or download again to have them removed"
             )
         return text
+
+    def plan_lines(self) -> list[str]:
+        """``copy  DESTINATION  (reason)`` / ``skip  DESTINATION  (reason)``, one line per object."""
+        return [f"{'copy' if c else 'skip'}  {where}  ({why})" for where, c, why in self.plan]
+
+    def _copy_reasons(self) -> set[str]:
+        return {why for _, c, why in self.plan if c}
 
 
 def sweep_parts(folder: str, name: str | None = None) -> int:
@@ -157,114 +188,115 @@ def copy(
     config: S3Config | None = None,
     jobs: int = 8,
     progress: bool | None = None,
+    dry_run: bool = False,
+    max_single_copy_bytes: int | None = None,
 ) -> CopyReport:
-    """Copy between S3 and local paths; ``recursive`` (or SRC ending in ``/``) copies a prefix/folder.
-    ``progress``: a bar of bytes copied on stderr (None: only when stderr is a terminal)."""
-    from fastload.s3.client import parse_s3_url
-    from fastload.s3.listing import ObjectInfo, list_objects
+    """Copy between S3 and local paths, or between two S3 places (server-side); ``recursive`` (or SRC
+    ending in ``/``) copies a prefix/folder. An object already at the destination with the same bytes is
+    left as it is (:mod:`fastload.core.syncplan` says how that is told), so a copy run again sends only what
+    changed; ``dry_run`` only says what would be copied (:meth:`CopyReport.plan_lines`). ``progress``: a
+    bar of bytes copied on stderr (None: only when stderr is a terminal). ``max_single_copy_bytes``: S3 to
+    S3, the largest object copied with one CopyObject (None: 5 GiB, S3's limit; larger: UploadPartCopy
+    parts)."""
+    from fastload.s3.servercopy import MAX_COPY_OBJECT_BYTES, copy_object
     from fastload.s3.upload import upload_file
-    from fastload.storage.s3source import unsafe_key_part
 
     check_url(src)  # a mistyped s3:// or an https:// URL is not a local path
     check_url(dst)
     src_remote, dst_remote = storage.is_remote(src), storage.is_remote(dst)
-    if src_remote == dst_remote:
+    if not src_remote and not dst_remote:
         raise ConfigError(
-            "fastload cp copies between S3 and local disk: exactly one of SRC and DST must be s3://"
+            "fastload cp copies to or from S3: at least one of SRC and DST must be s3:// (copy local folders "
+            "with cp or rsync)"
         )
     config = config or S3Config.from_env()
+    single_max = MAX_COPY_OBJECT_BYTES if max_single_copy_bytes is None else max_single_copy_bytes
     shown = sys.stderr.isatty() if progress is None else progress
-    report = CopyReport()
     recursive = recursive or src.endswith("/")
-    if src_remote:
-        bucket, key = parse_s3_url(src)
-        if not recursive:
-            target = (
-                os.path.join(dst, key.rsplit("/", 1)[-1]) if dst.endswith("/") or os.path.isdir(dst) else dst
-            )
-            total = storage.size_of(src, config=config) if shown else 0  # one HEAD, for the bar only
-            with _bar(total, 1, shown) as bar:
-                report.bytes += download(bucket, key, target, config=config, progress=bar)
-            report.files, report.copied = 1, [target]
-            return report
-        prefix = key if not key or key.endswith("/") else key + "/"
-        objects = [o for o in list_objects(bucket, prefix, config=config) if isinstance(o, ObjectInfo)]
-        pairs: list[tuple[str, str]] = []
-        for obj in objects:
-            rel = obj.key[len(prefix) :]
-            if obj.key.endswith("/") and obj.size == 0:
-                continue
-            problem = unsafe_key_part(rel)
-            if problem:
-                raise ConfigError(
-                    f"refusing to copy s3://{bucket}/{obj.key}: its key {problem}, so it could land outside "
-                    f"{dst}; copy the other objects by narrower prefixes or rename it"
-                )
-            pairs.append((obj.key, os.path.join(dst, *rel.split("/"))))
-        root = os.path.realpath(dst)
-        for _, target in pairs:
-            if not os.path.realpath(target).startswith(root + os.sep):
-                raise ConfigError(f"refusing to write {target}: it resolves outside {dst}")
-        sizes = {o.key: o.size for o in objects}
-        for folder in {os.path.dirname(os.path.abspath(t)) for _, t in pairs}:
+    report = CopyReport(dry_run=dry_run, server_side=src_remote and dst_remote)
+    ends = list_ends(src, dst, recursive=recursive, config=config)
+    report.skipped = ends.unfinished
+    items, src_bucket, dst_bucket = ends.items, ends.src_bucket, ends.dst_bucket
+    if ends.unlisted:  # one object to a local path, copied without a request to decide
+        steps = [Step(items[0].name, True, ends.unlisted)]
+    else:
+        steps = scan(
+            items,
+            src_bucket=src_bucket,
+            dst_bucket=dst_bucket,
+            dst_prefix=ends.dst_prefix,
+            config=config,
+            jobs=jobs,
+        )
+    todo: list[Item] = []
+    for item, step in zip(items, steps, strict=True):
+        where = f"s3://{dst_bucket}/{item.dst}" if dst_bucket else item.dst
+        report.plan.append((where, bool(step.copy), step.reason))
+        report.reasons[step.reason] += 1
+        if step.copy:
+            todo.append(item)
+        else:
+            report.same.append(where)
+            report.same_bytes += item.size
+    if dry_run:
+        report.files, report.bytes = len(todo), sum(max(0, i.size) for i in todo)
+        report.copied = [w for w, c, _ in report.plan if c]
+        return report
+    if dst_bucket is not None:
+        big = single_max if src_bucket else None
+        _abort_stale_uploads(dst_bucket, ends.dst_prefix, todo, big, config)
+    elif recursive:
+        for folder in {os.path.dirname(os.path.abspath(i.dst)) for i in todo}:
             sweep_parts(folder)  # killed downloads' files, one scan a folder (not one a file)
 
-        def fetch(p: tuple[str, str]) -> int:
-            return download(bucket, p[0], p[1], config=config, progress=bar, sweep=False)
-
-        with _bar(sum(sizes[k] for k, _ in pairs), len(pairs), shown) as bar:
-            fetched = _in_order(pairs, 0, fetch, jobs)
-            for (_, target), size in zip(pairs, fetched, strict=True):
-                report.files += 1
-                report.bytes += size
-                report.copied.append(target)
-        if not pairs:
-            raise NotFoundError(f"no objects under {src}", path=src)
-        return report
-    bucket, key = parse_s3_url(dst)
-    if not recursive:
-        if not os.path.isfile(src):
-            raise NotFoundError(f"{src} is not a file (use --recursive for a folder)", path=src)
-        target_key = key + os.path.basename(src) if not key or key.endswith("/") else key
-        _abort_stale_uploads(bucket, target_key, [(src, target_key)], config)
-        with _bar(os.path.getsize(src), 1, shown) as bar:
-            upload_file(src, bucket, target_key, config=config, on_bytes=lambda n: bar.advance(n, 0))
-            bar.advance(0, 1)
-        report.files, report.bytes, report.copied = 1, os.path.getsize(src), [f"s3://{bucket}/{target_key}"]
-        return report
-    if not os.path.isdir(src):
-        what = "a file: drop --recursive (-r) to copy one file" if os.path.isfile(src) else "not found"
-        raise NotFoundError(f"{src} is {what}", path=src)
-    files = storage.list_files(storage.normalise(src), "")
-    report.skipped = [f for f in files if PART.fullmatch(os.path.basename(f))]
-    files = [f for f in files if not PART.fullmatch(os.path.basename(f))]
-    if not files:
-        raise NotFoundError(f"no files under {src}: nothing to copy", path=src)
-    prefix = key if not key or key.endswith("/") else key + "/"
-    base = storage.normalise(src)
-    jobs_list = [(f, prefix + os.path.relpath(f, base).replace(os.sep, "/")) for f in files]
-    report.bytes = sum(os.path.getsize(f) for f, _ in jobs_list)
-    _abort_stale_uploads(bucket, prefix, jobs_list, config)
-
-    def send(pair: tuple[str, str], bar: Progress) -> int:
-        upload_file(pair[0], bucket, pair[1], config=config, on_bytes=lambda n: bar.advance(n, 0))
+    def copy_one(item: Item) -> int:
+        on_bytes = lambda n: bar.advance(n, 0)  # noqa: E731
+        if dst_bucket is None:
+            assert src_bucket is not None  # (local to local is refused above)
+            return download(src_bucket, item.src, item.dst, config=config, progress=bar, sweep=not recursive)
+        if src_bucket is None:
+            upload_file(item.src, dst_bucket, item.dst, config=config, on_bytes=on_bytes)
+        else:
+            copy_object(
+                src_bucket,
+                item.src,
+                dst_bucket,
+                item.dst,
+                size=item.size,
+                etag=item.etag,
+                config=config,
+                max_single_bytes=single_max,
+                on_bytes=on_bytes,
+            )
         bar.advance(0, 1)
-        return 0
+        return item.size
 
-    with _bar(report.bytes, len(jobs_list), shown) as bar:
-        _in_order(jobs_list, 1, lambda p: send(p, bar), jobs)
-    report.files = len(jobs_list)
-    report.copied = [f"s3://{bucket}/{k}" for _, k in jobs_list]
+    total = sum(i.size for i in todo)
+    if ends.unlisted and shown:
+        total = storage.size_of(src, config=config)  # one HEAD, for the bar only
+    by_pair = {(i.src, i.dst): i for i in todo}
+    with _bar(max(0, total), len(todo), shown) as bar:
+        sizes = _in_order(list(by_pair), 1, lambda p: copy_one(by_pair[p]), jobs)
+    report.files, report.bytes = len(todo), sum(sizes)
+    report.copied = [f"s3://{dst_bucket}/{i.dst}" if dst_bucket else i.dst for i in todo]
     return report
 
 
-def _abort_stale_uploads(bucket: str, prefix: str, pairs: list[tuple[str, str]], config: S3Config) -> None:
-    """Abort the multipart uploads left open (by a killed ``fastload cp``) on the keys of ``pairs`` that go
-    up in parts; without the permission to list them (s3:ListBucketMultipartUploads), leave them."""
+def _abort_stale_uploads(
+    bucket: str, prefix: str, items: list[Item], single_max: int | None, config: S3Config
+) -> None:
+    """Abort the multipart uploads left open (by a killed ``fastload cp``) on the keys of ``items`` that go
+    up in parts (``single_max``: the largest a server-side copy sends whole; None: an upload's part size
+    decides); without the permission to list them (s3:ListBucketMultipartUploads), leave them."""
     from fastload.s3.client import get_client
     from fastload.s3.upload import abort_stale_uploads, part_size_for
 
-    keys = {k for f, k in pairs if (size := os.path.getsize(f)) > part_size_for(size, config.part_size_bytes)}
+    def in_parts(item: Item) -> bool:
+        if single_max is not None:
+            return item.size > single_max
+        return item.size > part_size_for(item.size, config.part_size_bytes)
+
+    keys = {i.dst for i in items if in_parts(i)}
     if keys:
         with contextlib.suppress(AccessDeniedError):
             abort_stale_uploads(get_client(config), bucket, prefix, config=config, keys=keys)
