@@ -23,14 +23,16 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from io import RawIOBase
 
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
+from fastload.core.weburls import is_web
 from fastload.errors import AccessDeniedError, ConfigError, FastloadError, NotFoundError, write_error
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
 from fastload.storage.localfs import file_mode
-from fastload.storage.urls import check_url
+from fastload.storage.urls import check_url, check_writable
 
 PART = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.part")  # a download's temporary name (mkstemp's letters)
 
@@ -83,10 +85,12 @@ def download(
     config: S3Config,
     progress: Progress | None = None,
     sweep: bool = True,
+    opener: Callable[[], RawIOBase] | None = None,
 ) -> int:
     """Download ``s3://bucket/key`` to ``path`` (atomically: a temporary name, renamed when complete);
     ``progress`` advances by each piece written and by one file when it is renamed into place. ``sweep``:
-    first remove the temporary files killed downloads of it left (a prefix copy sweeps each folder once)."""
+    first remove the temporary files killed downloads of it left (a prefix copy sweeps each folder once).
+    ``opener``: the reader of another store's object (``bucket`` and ``key`` then unused)."""
     from fastload.s3.reader import RangedReader
 
     folder = os.path.dirname(os.path.abspath(path))
@@ -98,7 +102,8 @@ def download(
         fcntl.flock(fd, fcntl.LOCK_EX)  # held while it is written: a later sweep_parts leaves it alone
         os.fchmod(fd, file_mode())  # as cp and open() make it, not mkstemp's 0600
         total = 0
-        with os.fdopen(fd, "wb") as out, RangedReader(bucket, key, config=config) as reader:
+        reader = opener() if opener is not None else RangedReader(bucket, key, config=config)
+        with os.fdopen(fd, "wb") as out, reader:
             buf = memoryview(bytearray(config.part_size_bytes))
             while n := reader.readinto(buf):
                 out.write(buf[:n])
@@ -165,8 +170,12 @@ def copy(
     from fastload.s3.upload import upload_file
     from fastload.storage.s3source import unsafe_key_part
 
-    check_url(src)  # a mistyped s3:// or an https:// URL is not a local path
-    check_url(dst)
+    check_url(src)  # a mistyped s3:// or a gs:// URL is not a local path
+    check_writable(dst)
+    if is_web(src):
+        return _copy_web(
+            src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs, progress=progress
+        )
     src_remote, dst_remote = storage.is_remote(src), storage.is_remote(dst)
     if src_remote == dst_remote:
         raise ConfigError(
@@ -280,6 +289,9 @@ def listing(url: str, *, recursive: bool = False, config: S3Config | None = None
             f"{found.size:>12}  {found.relpath}" if isinstance(found, FileEntry) else f"{'SKIP':>12}  {found}"
             for found in source.list()
         ]
+    if is_web(url):  # the Hub lists (recursively); a web server cannot (list_files says so)
+        root = url.rstrip("/")
+        return [u[len(root) + 1 :] for u in storage.list_files(root, "", config=config or S3Config.from_env())]
     from fastload.s3.client import parse_s3_url
     from fastload.s3.listing import list_objects
 
@@ -293,3 +305,73 @@ def listing(url: str, *, recursive: bool = False, config: S3Config | None = None
         else:
             lines.append(f"{item.size:>12}  {item.key}")
     return lines
+
+
+def _web_names(root: str, config: S3Config) -> list[str]:
+    """The files of the web folder ``root``, relative to it: listed (the Hub), else a dataset's own
+    (``index.json``, its shards and their sample tables: a web server cannot be listed)."""
+    from fastload.core.index import parse_index
+    from fastload.storage.manifest import read_manifest
+
+    if root.startswith("hf://"):
+        return [u[len(root) + 1 :] for u in storage.list_files(root, "", config=config)]
+    found = read_manifest(root, s3_config=config)
+    if found is None:
+        raise NotFoundError(
+            f"{root} has no index.json; a web server's folders cannot be listed, so fastload cp copies a "
+            "dataset folder (its index.json names the files) or one file by its URL",
+            path=root,
+        )
+    url, data = found
+    index = parse_index(data, where=url)
+    names = [url[len(root) + 1 :]]
+    for shard in index.shards:
+        names.append(shard.name)
+        if shard.table is not None:
+            names.append(shard.table.name)
+    return names
+
+
+def _copy_web(
+    src: str, dst: str, *, recursive: bool, config: S3Config, jobs: int, progress: bool | None
+) -> CopyReport:
+    """``fastload cp`` from ``http(s)://`` or ``hf://`` to a local path (see :func:`_web_names`)."""
+    from fastload.storage.s3source import unsafe_key_part
+    from fastload.storage.web import open_web
+
+    shown = sys.stderr.isatty() if progress is None else progress
+    report = CopyReport()
+    if not (recursive or src.endswith("/")):
+        name = src.rsplit("/", 1)[-1]
+        target = os.path.join(dst, name) if dst.endswith("/") or os.path.isdir(dst) else dst
+        with _bar(0, 1, shown) as bar:
+            report.bytes = download(
+                "", src, target, config=config, progress=bar, opener=lambda: open_web(src, config)
+            )
+        report.files, report.copied = 1, [target]
+        return report
+    root = src.rstrip("/")
+    names = _web_names(root, config)
+    for name in names:
+        problem = unsafe_key_part(name)
+        if problem:
+            raise ConfigError(
+                f"refusing to copy {root}/{name}: its name {problem}, so it could land outside {dst}"
+            )
+    pairs = [(n, os.path.join(dst, *n.split("/"))) for n in names]
+    for folder in {os.path.dirname(os.path.abspath(t)) for _, t in pairs}:
+        sweep_parts(folder)
+
+    def fetch(p: tuple[str, str]) -> int:
+        url = f"{root}/{p[0]}"
+        return download(
+            "", url, p[1], config=config, progress=bar, sweep=False, opener=lambda: open_web(url, config)
+        )
+
+    with _bar(0, len(pairs), shown) as bar:
+        fetched = _in_order(pairs, 0, fetch, jobs)
+    for (_, target), size in zip(pairs, fetched, strict=True):
+        report.files += 1
+        report.bytes += size
+        report.copied.append(target)
+    return report

@@ -30,6 +30,7 @@ from fastload.s3.partbuffers import Buffer, new_buffer
 from fastload.s3.races import Race, RaceGroup, Runner, run_hedge
 from fastload.s3.retrying import BadResponse, Retrier
 from fastload.s3.runtime import S3Runtime
+from fastload.s3.urlerrors import fail_fast_url_error
 
 T = TypeVar("T")
 
@@ -135,8 +136,11 @@ class Fetcher:
                     f"{state.etag}); open it again to read the new version",
                     bucket=state.bucket,
                     key=state.key,
+                    url=state.object_url,
                 )
             if failure.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
+                if state.object_url is not None:
+                    return fail_fast_url_error(failure, state.object_url)
                 return fail_fast_error(failure, state.bucket, state.key)
             end = asked.end if state.size is None else min(asked.end, state.size)
             return RangeReadError(
@@ -148,6 +152,7 @@ class Fetcher:
                 elapsed_s=elapsed_s,
                 last_error=f"{verb}: {failure.message}",
                 cause=failure.fault.value,
+                url=state.object_url,
             )
 
         return self.retrier.call(attempt, give_up, stop=stop or self.closing)
