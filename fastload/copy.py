@@ -291,7 +291,9 @@ def listing(url: str, *, recursive: bool = False, config: S3Config | None = None
         ]
     if is_web(url):  # the Hub lists (recursively); a web server cannot (list_files says so)
         root = url.rstrip("/")
-        return [u[len(root) + 1 :] for u in storage.list_files(root, "", config=config or S3Config.from_env())]
+        return [
+            u[len(root) + 1 :] for u in storage.list_files(root, "", config=config or S3Config.from_env())
+        ]
     from fastload.s3.client import parse_s3_url
     from fastload.s3.listing import list_objects
 
