@@ -201,7 +201,7 @@ class S3Config:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> S3Config:
         """Settings from the standard AWS variables (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``,
         ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_PROFILE``), ``FASTLOAD_S3_ADDRESSING_STYLE`` and
-        ``FASTLOAD_S3_TRANSPORT``, ``AWS_NO_SIGN_REQUEST``,
+        ``FASTLOAD_S3_TRANSPORT``, ``FASTLOAD_S3_UNSIGNED`` (``--no-sign-request``),
         ``HF_TOKEN`` (or ``HUGGING_FACE_HUB_TOKEN``) and ``HF_ENDPOINT``; explicit ``overrides`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -217,7 +217,7 @@ class S3Config:
             values["addressing_style"] = env["FASTLOAD_S3_ADDRESSING_STYLE"]
         if env.get("FASTLOAD_S3_TRANSPORT"):
             values["transport"] = env["FASTLOAD_S3_TRANSPORT"]
-        if env.get("AWS_NO_SIGN_REQUEST", "").lower() in ("1", "true", "yes"):
+        if env.get("FASTLOAD_S3_UNSIGNED", "").lower() in ("1", "true", "yes"):
             values["unsigned"] = True
         token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN")
         if token:
