@@ -163,7 +163,9 @@ def copy(
     jobs: int = 8,
     progress: bool | None = None,
 ) -> CopyReport:
-    """Copy between S3 and local paths; ``recursive`` (or SRC ending in ``/``) copies a prefix/folder.
+    """Copy between S3 and local paths, or from ``http(s)://``/``hf://`` to a local path (a web folder: a
+    dataset's files, named by its index.json; the Hub's: listed); ``recursive`` (or SRC ending in ``/``)
+    copies a prefix/folder.
     ``progress``: a bar of bytes copied on stderr (None: only when stderr is a terminal)."""
     from fastload.s3.client import parse_s3_url
     from fastload.s3.listing import ObjectInfo, list_objects
