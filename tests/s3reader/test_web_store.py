@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 
 import fastload
-from fastload.errors import AccessDeniedError, NotFoundError, ObjectChangedError
+from fastload.errors import AccessDeniedError, NotFoundError, ObjectChangedError, S3Error
+from fastload.s3 import partfetch
 from fastload.testing.faultproxy import Fault, FaultProxy, Rule
 from fastload.testing.httpserve import WebServer
 
 from .helpers import PART, sha, timed
 from .test_faults import CASES
+from .test_fork import in_child
 
 KEY = "obj-2m"
 SIZE = 2_000_000 + 77
@@ -133,3 +135,37 @@ def test_missing_objects_and_refusals_name_the_url_and_never_the_token(folder: P
             read_all(web.url("nope.bin"), config)
         assert web.url("nope.bin") in str(missing.value) and "secret-token" not in str(missing.value)
     assert fastload.s3_stats()["retries_total"] == 0
+
+
+def test_a_whole_object_answer_too_big_to_hold_is_a_clear_error(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(partfetch, "WHOLE_OBJECT_MAX_BYTES", SIZE - 1)
+    with WebServer(folder, ignore_range=True) as web:
+        with pytest.raises(S3Error, match="does not serve byte ranges") as caught:
+            read_all(web.url(KEY), web_config())
+        assert caught.value.url == web.url(KEY)
+        assert len([r for r in web.requests if r[0] == "GET"]) == 1  # not retried
+    monkeypatch.setattr(partfetch, "WHOLE_OBJECT_MAX_BYTES", SIZE)
+    with WebServer(folder, ignore_range=True) as web:
+        assert read_all(web.url(KEY), web_config()) == (folder / KEY).read_bytes()
+
+
+def test_stalled_gets_are_hedged_over_http(web: WebServer, folder: Path) -> None:
+    with FaultProxy(web.endpoint_url, io_timeout_s=10.0) as proxy:
+        proxy.add(Rule(Fault.hang(duration_s=20), method="GET", key=KEY, has_range=True, nth={3}))
+        config = web_config(hedge=0.5, hedge_floor_s=0.3, read_timeout_s=8.0)
+        got, elapsed = timed(lambda: read_all(f"{proxy.endpoint_url}/{KEY}", config))
+    assert sha(got) == sha((folder / KEY).read_bytes())
+    hedges = fastload.s3_stats()["hedges"]
+    assert hedges["sent"] >= 1 and hedges["won"] >= 1, hedges
+    assert elapsed < 8.0  # the hung GET was not waited out (read_timeout_s)
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_reader_opened_before_fork_reads_in_the_child(web: WebServer, folder: Path) -> None:
+    data = (folder / KEY).read_bytes()
+    with fastload.open(web.url(KEY), config=web_config()) as f:
+        assert f.read(1000) == data[:1000]
+        result = in_child(lambda: {"sha": sha(f.read())})
+    assert result == {"sha": sha(data[1000:])}
