@@ -214,6 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         import os
 
         os.environ["AWS_ENDPOINT_URL"] = endpoint
+    if getattr(args, "no_sign_request", False):  # read by S3Config.from_env, as the endpoint is
+        import os
+
+        os.environ["FASTLOAD_S3_UNSIGNED"] = "1"
     try:
         for name, value in vars(args).items():  # a mistyped or unknown URL would be taken as a local path
             if name in _NOT_PATHS:

@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="S3 endpoint for s3:// URLs (default: AWS_ENDPOINT_URL or the AWS settings), e.g. "
         "http://127.0.0.1:9000 for MinIO or Ceph",
     )
+    s3_options.add_argument(
+        "--no-sign-request",
+        action="store_true",
+        help="send S3 requests unsigned, as the aws CLI's flag does: public buckets, no credentials "
+        "needed (FASTLOAD_S3_UNSIGNED=1; S3Config(unsigned=True) in Python)",
+    )
 
     _pack(sub, s3_options)
     _verify(sub, s3_options)

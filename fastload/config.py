@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastload.errors import ConfigError
@@ -120,6 +120,12 @@ class S3Config:
     is kept. Time this process did not run (a loaded machine) is not counted as lag. ``hedge`` caps hedges
     at that fraction of GETs (0 turns them off); none are sent while the store throttles.
     ``read_timeout_s`` stays the hard limit of a silent connection (``fastload.core.hedge``).
+
+    Other stores (``docs/stores.md``) read through the same reader and settings: ``unsigned`` sends S3
+    requests without signing (public buckets; ``--no-sign-request``); ``headers`` are added to every
+    ``http(s)://`` and ``hf://`` request (e.g. ``{"Authorization": "Bearer ..."}``; never logged or shown
+    in ``repr``); ``hf_token`` (``HF_TOKEN``) authorises ``hf://`` requests to the Hub at ``hf_endpoint``
+    (``HF_ENDPOINT``, default ``https://huggingface.co``).
     """
 
     endpoint_url: str | None = None
@@ -139,8 +145,21 @@ class S3Config:
     transport: str = "direct"
     hedge: float = 0.05
     hedge_floor_s: float = 0.05
+    unsigned: bool = False
+    headers: Mapping[str, str] | tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    hf_token: str | None = field(default=None, repr=False)
+    hf_endpoint: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.headers, Mapping):  # kept as sorted pairs: the config stays hashable
+            object.__setattr__(
+                self, "headers", tuple(sorted((str(k), str(v)) for k, v in self.headers.items()))
+            )
+        for name, value in self.header_pairs:
+            if not name or any(c in name + value for c in "\r\n") or ":" in name:
+                raise ConfigError(
+                    f"headers: {name!r} is not a valid HTTP header name (or its value has a newline)"
+                )
         if not 0 <= self.hedge <= 1:
             raise ConfigError(f"hedge={self.hedge} must be within [0, 1] (0.05 is typical; 0: no hedging)")
         if self.hedge_floor_s <= 0:
@@ -165,6 +184,12 @@ class S3Config:
             )
 
     @property
+    def header_pairs(self) -> tuple[tuple[str, str], ...]:
+        """``headers`` as ``(name, value)`` pairs."""
+        headers = self.headers
+        return headers if isinstance(headers, tuple) else tuple(sorted(headers.items()))
+
+    @property
     def readahead_parts(self) -> int:
         """Parts kept in flight or buffered ahead of the read position (at least 1)."""
         window = self.readahead_bytes
@@ -176,8 +201,8 @@ class S3Config:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> S3Config:
         """Settings from the standard AWS variables (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``,
         ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_PROFILE``), ``FASTLOAD_S3_ADDRESSING_STYLE`` and
-        ``FASTLOAD_S3_TRANSPORT``; explicit
-        ``overrides`` win."""
+        ``FASTLOAD_S3_TRANSPORT``, ``FASTLOAD_S3_UNSIGNED`` (``--no-sign-request``),
+        ``HF_TOKEN`` (or ``HUGGING_FACE_HUB_TOKEN``) and ``HF_ENDPOINT``; explicit ``overrides`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
@@ -192,5 +217,12 @@ class S3Config:
             values["addressing_style"] = env["FASTLOAD_S3_ADDRESSING_STYLE"]
         if env.get("FASTLOAD_S3_TRANSPORT"):
             values["transport"] = env["FASTLOAD_S3_TRANSPORT"]
+        if env.get("FASTLOAD_S3_UNSIGNED", "").lower() in ("1", "true", "yes"):
+            values["unsigned"] = True
+        token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN")
+        if token:
+            values["hf_token"] = token
+        if env.get("HF_ENDPOINT"):
+            values["hf_endpoint"] = env["HF_ENDPOINT"].rstrip("/")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

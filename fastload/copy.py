@@ -25,16 +25,18 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from io import RawIOBase
 
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
 from fastload.core.syncplan import Step
-from fastload.errors import AccessDeniedError, ConfigError, FastloadError, write_error
+from fastload.core.weburls import is_web
+from fastload.errors import AccessDeniedError, ConfigError, FastloadError, NotFoundError, write_error
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
 from fastload.storage.localfs import file_mode
 from fastload.storage.syncscan import PART, Item, list_ends, scan
-from fastload.storage.urls import check_url
+from fastload.storage.urls import check_url, check_writable
 
 
 @dataclass
@@ -114,10 +116,12 @@ def download(
     config: S3Config,
     progress: Progress | None = None,
     sweep: bool = True,
+    opener: Callable[[], RawIOBase] | None = None,
 ) -> int:
     """Download ``s3://bucket/key`` to ``path`` (atomically: a temporary name, renamed when complete);
     ``progress`` advances by each piece written and by one file when it is renamed into place. ``sweep``:
-    first remove the temporary files killed downloads of it left (a prefix copy sweeps each folder once)."""
+    first remove the temporary files killed downloads of it left (a prefix copy sweeps each folder once).
+    ``opener``: the reader of another store's object (``bucket`` and ``key`` then unused)."""
     from fastload.s3.reader import RangedReader
 
     folder = os.path.dirname(os.path.abspath(path))
@@ -129,7 +133,8 @@ def download(
         fcntl.flock(fd, fcntl.LOCK_EX)  # held while it is written: a later sweep_parts leaves it alone
         os.fchmod(fd, file_mode())  # as cp and open() make it, not mkstemp's 0600
         total = 0
-        with os.fdopen(fd, "wb") as out, RangedReader(bucket, key, config=config) as reader:
+        reader = opener() if opener is not None else RangedReader(bucket, key, config=config)
+        with os.fdopen(fd, "wb") as out, reader:
             buf = memoryview(bytearray(config.part_size_bytes))
             while n := reader.readinto(buf):
                 out.write(buf[:n])
@@ -191,18 +196,23 @@ def copy(
     dry_run: bool = False,
     max_single_copy_bytes: int | None = None,
 ) -> CopyReport:
-    """Copy between S3 and local paths, or between two S3 places (server-side); ``recursive`` (or SRC
-    ending in ``/``) copies a prefix/folder. An object already at the destination with the same bytes is
-    left as it is (:mod:`fastload.core.syncplan` says how that is told), so a copy run again sends only what
-    changed; ``dry_run`` only says what would be copied (:meth:`CopyReport.plan_lines`). ``progress``: a
-    bar of bytes copied on stderr (None: only when stderr is a terminal). ``max_single_copy_bytes``: S3 to
-    S3, the largest object copied with one CopyObject (None: 5 GiB, S3's limit; larger: UploadPartCopy
-    parts)."""
+    """Copy between S3 and local paths, between two S3 places (server-side), or from ``http(s)://``/
+    ``hf://`` to a local path (a web folder: a dataset's files, named by its index.json; the Hub's:
+    listed); ``recursive`` (or SRC ending in ``/``) copies a prefix/folder. An object already at the
+    destination with the same bytes is left as it is (:mod:`fastload.core.syncplan` says how that is
+    told), so a copy run again sends only what changed; ``dry_run`` only says what would be copied
+    (:meth:`CopyReport.plan_lines`). ``progress``: a bar of bytes copied on stderr (None: only when stderr
+    is a terminal). ``max_single_copy_bytes``: S3 to S3, the largest object copied with one CopyObject
+    (None: 5 GiB, S3's limit; larger: UploadPartCopy parts)."""
     from fastload.s3.servercopy import MAX_COPY_OBJECT_BYTES, copy_object
     from fastload.s3.upload import upload_file
 
-    check_url(src)  # a mistyped s3:// or an https:// URL is not a local path
-    check_url(dst)
+    check_url(src)  # a mistyped s3:// or a gs:// URL is not a local path
+    check_writable(dst)
+    if is_web(src):
+        return _copy_web(
+            src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs, progress=progress
+        )
     src_remote, dst_remote = storage.is_remote(src), storage.is_remote(dst)
     if not src_remote and not dst_remote:
         raise ConfigError(
@@ -312,6 +322,11 @@ def listing(url: str, *, recursive: bool = False, config: S3Config | None = None
             f"{found.size:>12}  {found.relpath}" if isinstance(found, FileEntry) else f"{'SKIP':>12}  {found}"
             for found in source.list()
         ]
+    if is_web(url):  # the Hub lists (recursively); a web server cannot (list_files says so)
+        root = url.rstrip("/")
+        return [
+            u[len(root) + 1 :] for u in storage.list_files(root, "", config=config or S3Config.from_env())
+        ]
     from fastload.s3.client import parse_s3_url
     from fastload.s3.listing import list_objects
 
@@ -325,3 +340,73 @@ def listing(url: str, *, recursive: bool = False, config: S3Config | None = None
         else:
             lines.append(f"{item.size:>12}  {item.key}")
     return lines
+
+
+def _web_names(root: str, config: S3Config) -> list[str]:
+    """The files of the web folder ``root``, relative to it: listed (the Hub), else a dataset's own
+    (``index.json``, its shards and their sample tables: a web server cannot be listed)."""
+    from fastload.core.index import parse_index
+    from fastload.storage.manifest import read_manifest
+
+    if root.startswith("hf://"):
+        return [u[len(root) + 1 :] for u in storage.list_files(root, "", config=config)]
+    found = read_manifest(root, s3_config=config)
+    if found is None:
+        raise NotFoundError(
+            f"{root} has no index.json; a web server's folders cannot be listed, so fastload cp copies a "
+            "dataset folder (its index.json names the files) or one file by its URL",
+            path=root,
+        )
+    url, data = found
+    index = parse_index(data, where=url)
+    names = [url[len(root) + 1 :]]
+    for shard in index.shards:
+        names.append(shard.name)
+        if shard.table is not None:
+            names.append(shard.table.name)
+    return names
+
+
+def _copy_web(
+    src: str, dst: str, *, recursive: bool, config: S3Config, jobs: int, progress: bool | None
+) -> CopyReport:
+    """``fastload cp`` from ``http(s)://`` or ``hf://`` to a local path (see :func:`_web_names`)."""
+    from fastload.storage.s3source import unsafe_key_part
+    from fastload.storage.web import open_web
+
+    shown = sys.stderr.isatty() if progress is None else progress
+    report = CopyReport()
+    if not (recursive or src.endswith("/")):
+        name = src.rsplit("/", 1)[-1]
+        target = os.path.join(dst, name) if dst.endswith("/") or os.path.isdir(dst) else dst
+        with _bar(0, 1, shown) as bar:
+            report.bytes = download(
+                "", src, target, config=config, progress=bar, opener=lambda: open_web(src, config)
+            )
+        report.files, report.copied = 1, [target]
+        return report
+    root = src.rstrip("/")
+    names = _web_names(root, config)
+    for name in names:
+        problem = unsafe_key_part(name)
+        if problem:
+            raise ConfigError(
+                f"refusing to copy {root}/{name}: its name {problem}, so it could land outside {dst}"
+            )
+    pairs = [(n, os.path.join(dst, *n.split("/"))) for n in names]
+    for folder in {os.path.dirname(os.path.abspath(t)) for _, t in pairs}:
+        sweep_parts(folder)
+
+    def fetch(p: tuple[str, str]) -> int:
+        url = f"{root}/{p[0]}"
+        return download(
+            "", url, p[1], config=config, progress=bar, sweep=False, opener=lambda: open_web(url, config)
+        )
+
+    with _bar(0, len(pairs), shown) as bar:
+        fetched = _in_order(pairs, 0, fetch, jobs)
+    for (_, target), size in zip(pairs, fetched, strict=True):
+        report.files += 1
+        report.bytes += size
+        report.copied.append(target)
+    return report

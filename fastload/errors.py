@@ -13,7 +13,7 @@
     ├── IndexFormatError                 an ``index.json`` that is missing, malformed or of another version
     ├── VerifyError                      a shard does not match its index (names shard, sample, offset)
     │   └── SampleChecksumError          one sample's bytes fail their CRC32C (on_error="skip" skips it)
-    └── S3Error                          an S3 request failed for good (names bucket and key)
+    └── S3Error                          a store request failed for good (names bucket and key, or URL)
         ├── RangeReadError(OSError)      retries spent on one byte range (range, attempts, last error)
         ├── ObjectChangedError           the object was overwritten while being read (ETag changed)
         ├── AccessDeniedError(PermissionError)  401/403
@@ -242,16 +242,18 @@ class VerifyError(FastloadError):
 
 
 class S3Error(FastloadError):
-    """An S3 request failed for good. Never carries credentials."""
+    """A store request failed for good (S3, or another store read through the same reader: ``url`` then
+    names the object, ``bucket`` is empty). Never carries credentials."""
 
-    def __init__(self, message: str, *, bucket: str, key: str) -> None:
+    def __init__(self, message: str, *, bucket: str, key: str, url: str | None = None) -> None:
         super().__init__(message)
         self.bucket = bucket
         self.key = key
+        self.object_url = url
 
     @property
     def url(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
+        return self.object_url or f"s3://{self.bucket}/{self.key}"
 
 
 class RangeReadError(S3Error, OSError):
@@ -268,6 +270,7 @@ class RangeReadError(S3Error, OSError):
         elapsed_s: float,
         last_error: str,
         cause: str,
+        url: str | None = None,
     ) -> None:
         self.start, self.end = start, end
         self.attempts = attempts
@@ -284,11 +287,13 @@ class RangeReadError(S3Error, OSError):
         }.get(
             cause, "the store kept failing: retry later or raise the retry budget (max_attempts, deadline_s)"
         )
+        where = url or f"s3://{bucket}/{key}"
         super().__init__(
-            f"s3://{bucket}/{key} bytes {start}-{end - 1}: gave up after {attempts} attempt(s) in "
+            f"{where} bytes {start}-{end - 1}: gave up after {attempts} attempt(s) in "
             f"{elapsed_s:.1f}s; last error: {last_error}. {advice}",
             bucket=bucket,
             key=key,
+            url=url,
         )
 
 
@@ -303,9 +308,9 @@ class AccessDeniedError(S3Error, PermissionError):
 class S3NotFoundError(S3Error, NotFoundError):
     """No such bucket or key (404)."""
 
-    def __init__(self, message: str, *, bucket: str, key: str) -> None:
-        S3Error.__init__(self, message, bucket=bucket, key=key)
-        self.path = f"s3://{bucket}/{key}"
+    def __init__(self, message: str, *, bucket: str, key: str, url: str | None = None) -> None:
+        S3Error.__init__(self, message, bucket=bucket, key=key, url=url)
+        self.path = self.url
 
 
 class WorkerDiedError(FastloadError, RuntimeError):

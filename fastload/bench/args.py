@@ -52,6 +52,9 @@ def add_parser(sub: Any) -> None:
         metavar="URL",
         help="S3 endpoint for an s3:// SOURCE (default: AWS settings)",
     )
+    b.add_argument(
+        "--no-sign-request", action="store_true", help="read an s3:// SOURCE unsigned (a public bucket)"
+    )
     b.add_argument("--latency-ms", type=float, default=20.0, help="embedded endpoint first-byte latency (20)")
     b.add_argument(
         "--conn-mbps", type=float, default=50.0, help="embedded endpoint MB/s per connection (50; 0 = none)"

@@ -11,5 +11,6 @@ with units (``units``), random access arithmetic (``randomaccess``) and a bounde
 Also: row filters in pyarrow's DNF (``filters``), kept rows as runs (``selection``), the byte ranges of a
 projected read (``projection``), a tar shard's member layout (``layout``), sample tables (``table``), a
 mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which listed paths a pack leaves
-out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``) and what a
-``fastload cp`` copies or skips (``syncplan``)."""
+out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``), what a
+``fastload cp`` copies or skips (``syncplan``) and web store URLs (``weburls``: brace patterns, ``hf://``
+to the Hub's routes)."""

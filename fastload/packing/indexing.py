@@ -30,6 +30,7 @@ from fastload.errors import ConfigError, FastloadError, NotFoundError, VerifyErr
 from fastload.packing.upgrade import remove_stale_tables, write_v2
 from fastload.storage import access as storage
 from fastload.storage.manifest import has_index, load_index, refuse_unfinished
+from fastload.storage.urls import check_writable
 
 STATE_DIR = ".fastload-index"
 
@@ -93,6 +94,7 @@ def build_index(
     no index is written.
     """
     began = time.monotonic()
+    check_writable(os.fspath(target))  # the index is written there
     root = storage.normalise(target)
     if storage.is_remote(root):
         s3_config = s3_config or S3Config.from_env()

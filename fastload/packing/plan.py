@@ -16,12 +16,13 @@ from fastload.config import PackConfig, S3Config
 from fastload.core.keys import KeyRuleError, Sample, group_samples, partition_value, split_key
 from fastload.core.pathrules import EXCLUDED, HIDDEN, PathRules
 from fastload.core.plan import ShardPlan, plan_shards, sample_order
+from fastload.core.weburls import is_web
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.packing.options import output_options
 from fastload.packing.report import ListingNotes, field_hints
 from fastload.storage.inputs import Input
 from fastload.storage.listing import SYMLINK, FileEntry, LocalSource, Note
-from fastload.storage.urls import check_url
+from fastload.storage.urls import check_url, check_writable
 
 if TYPE_CHECKING:
     from fastload.storage.s3source import S3Source
@@ -261,8 +262,14 @@ def source_and_target(
     if not srcs:
         raise ConfigError(f"no source given; {missing}")
     target = os.fspath(dst)
-    for url in [*srcs, target]:  # a mistyped s3:// or an https:// URL is not a local path
+    for url in srcs:  # a mistyped s3:// or a gs:// URL is not a local path
         check_url(url)
+        if is_web(url):
+            raise ConfigError(
+                f"{url}: pack reads its sources from local folders or s3://; copy web files first "
+                f"(`fastload cp -r {url} local/`)"
+            )
+    check_writable(target)
     for src in srcs:
         if not src.startswith("s3://") and not target.startswith("s3://"):
             a, b = os.path.realpath(src), os.path.realpath(target)

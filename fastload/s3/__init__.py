@@ -10,4 +10,5 @@ Also: the seam between the reader and a store's transport (``objectio``: respons
 loop, what is known of the object), one part's fetch (``partfetch``), the races between a GET and its hedges
 and the hedges themselves (``races``), the hedging watchdog (``hedging``), the direct transport's HTTP/1.1
 (``http1``), deletes (``delete``), bucket creation (``buckets``, ``fastload mb``) and server-side copies
-(``servercopy``: CopyObject, UploadPartCopy)."""
+(``servercopy``: CopyObject, UploadPartCopy); plain HTTP(S) as a store (``httpstore``: the web store's
+transport behind the same seam, no signing) and its errors (``urlerrors``)."""

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import boto3
+import botocore
 import botocore.auth
 import botocore.awsrequest
 import botocore.config
@@ -91,7 +92,7 @@ def new_client(config: S3Config) -> Any:
             s3={"addressing_style": config.addressing_style},
             # what botocore signs requests with anyway; said explicitly so that presigned URLs (used by
             # resolve_target to learn URL and region) are SigV4 too
-            signature_version="s3v4",
+            signature_version=botocore.UNSIGNED if config.unsigned else "s3v4",
             connect_timeout=config.connect_timeout_s,
             read_timeout=config.read_timeout_s,
             retries={"total_max_attempts": 1, "mode": "standard"},
@@ -233,6 +234,8 @@ def resolve_target(client: Any, bucket: str, key: str, version_id: str | None = 
     parts = urlsplit(presigned)
     query = parse_qsl(parts.query, keep_blank_values=True)
     scope = dict(query).get("X-Amz-Credential", "").split("/")
+    if client.meta.config.signature_version is botocore.UNSIGNED:  # no signature: no region to learn
+        scope = ["", "", client.meta.region_name or "", "s3", ""]
     if len(scope) != 5 or scope[3] != "s3":
         raise ConfigError(
             f"s3://{bucket}/{key}: the S3 client does not sign with SigV4 (s3v4); use "

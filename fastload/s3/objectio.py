@@ -127,12 +127,14 @@ def overlong(body: Body) -> bool:
 
 
 class ObjectState:
-    """What the reader has learned of ``s3://bucket/key``: its size and ETag (from the first answer; every
-    later answer must agree) and, after a 200 with the whole object, its bytes. Shared by the reader, its
-    part fetches and their hedges (any thread)."""
+    """What the reader has learned of ``s3://bucket/key`` (or of the object at ``url``, another store's:
+    ``bucket`` empty): its size and ETag (from the first answer; every later answer must agree) and, after a
+    200 with the whole object, its bytes. Shared by the reader, its part fetches and their hedges (any
+    thread)."""
 
-    def __init__(self, bucket: str, key: str, version_id: str | None) -> None:
+    def __init__(self, bucket: str, key: str, version_id: str | None, *, url: str | None = None) -> None:
         self.bucket, self.key, self.version_id = bucket, key, version_id
+        self._url = url
         self.size: int | None = None
         self.etag: str | None = None
         self.whole: memoryview | None = None
@@ -140,12 +142,18 @@ class ObjectState:
 
     @property
     def url(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
+        return self._url or f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def object_url(self) -> str | None:
+        """The URL errors name for a store other than S3 (None for S3: they name bucket and key)."""
+        return self._url
 
     def headers(self, byte_range: ByteRange | None = None) -> dict[str, str]:
-        """Range and If-Match (once the ETag is known; a pinned version needs none)."""
+        """Range and If-Match (once the ETag is known; a pinned version needs none; a weak ETag, ``W/...``,
+        never matches If-Match: answers are compared with it instead)."""
         headers = {"Range": byte_range.header()} if byte_range is not None else {}
-        if self.etag and not self.version_id:
+        if self.etag and not self.version_id and not self.etag.startswith("W/"):
             headers["If-Match"] = self.etag
         return headers
 
@@ -158,12 +166,14 @@ class ObjectState:
                     "to read the new version",
                     bucket=self.bucket,
                     key=self.key,
+                    url=self._url,
                 )
             if self.size is not None and size != self.size:
                 raise ObjectChangedError(
                     f"{self.url} changed size while being read ({self.size} -> {size}); open it again",
                     bucket=self.bucket,
                     key=self.key,
+                    url=self._url,
                 )
             self.size = size
             self.etag = self.etag or etag

@@ -9,7 +9,8 @@ checked against the range contract (``core.ranges``) and its body read (:func:`~
 straight into the part's buffer (a pooled one: ``s3.partbuffers``); failures are retried by ``core.retry``
 (``s3.retrying``). An attempt runs as a race (``s3.races``, policy in ``core.hedge``): if it lags, a hedge
 fetches its remaining bytes and may win; the part is then completed with the hedge's bytes. A 200 with the
-whole object is kept on the object's state (the reader serves every later read from it).
+whole object is kept on the object's state (the reader serves every later read from it); one over
+:data:`WHOLE_OBJECT_MAX_BYTES` is an error instead.
 """
 
 from __future__ import annotations
@@ -23,15 +24,19 @@ from fastload.config import S3Config
 from fastload.core.hedge import HedgePolicy
 from fastload.core.ranges import ByteRange, Verdict, check_response
 from fastload.core.retry import Fault
-from fastload.errors import ObjectChangedError, RangeReadError
+from fastload.errors import ObjectChangedError, RangeReadError, S3Error
 from fastload.s3.client import Failure, classify_exception, fail_fast_error
 from fastload.s3.objectio import Body, ObjectIO, ObjectState, fill, overlong
 from fastload.s3.partbuffers import Buffer, new_buffer
 from fastload.s3.races import Race, RaceGroup, Runner, run_hedge
 from fastload.s3.retrying import BadResponse, Retrier
 from fastload.s3.runtime import S3Runtime
+from fastload.s3.urlerrors import fail_fast_url_error
 
 T = TypeVar("T")
+
+WHOLE_OBJECT_MAX_BYTES = 1 << 30
+"""The largest whole-object 200 (a server that ignores Range) taken into memory; a larger one is an error."""
 
 
 def hedge_policy(config: S3Config) -> HedgePolicy | None:
@@ -135,8 +140,11 @@ class Fetcher:
                     f"{state.etag}); open it again to read the new version",
                     bucket=state.bucket,
                     key=state.key,
+                    url=state.object_url,
                 )
             if failure.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
+                if state.object_url is not None:
+                    return fail_fast_url_error(failure, state.object_url)
                 return fail_fast_error(failure, state.bucket, state.key)
             end = asked.end if state.size is None else min(asked.end, state.size)
             return RangeReadError(
@@ -148,6 +156,7 @@ class Fetcher:
                 elapsed_s=elapsed_s,
                 last_error=f"{verb}: {failure.message}",
                 cause=failure.fault.value,
+                url=state.object_url,
             )
 
         return self.retrier.call(attempt, give_up, stop=stop or self.closing)
@@ -238,6 +247,16 @@ class PartFetch:
             state.learn(check.total, body.etag)
             end = min(asked.end, check.total)
             if check.verdict is Verdict.WHOLE:
+                if check.total > WHOLE_OBJECT_MAX_BYTES:
+                    raise S3Error(
+                        f"{state.url}: the server answered a ranged GET with the whole object "
+                        f"({check.total:,} bytes, over the {WHOLE_OBJECT_MAX_BYTES:,} fastload holds in "
+                        "memory): it does not serve byte ranges; serve the file from a server that does "
+                        "(any S3 store, nginx, a CDN), or download it whole with another tool",
+                        bucket=state.bucket,
+                        key=state.key,
+                        url=state.object_url,
+                    )
                 whole = _read_whole(body, check.total)
                 stats.request_done(latency, len(whole))
                 state.whole = whole

@@ -35,8 +35,9 @@ FIRST_PART_BYTES = 1 << 20
 
 
 class RangedReader(io.RawIOBase):
-    """Read-only, seekable view of ``s3://bucket/key``; see :class:`~fastload.config.S3Config` for the
-    memory bound. Use :func:`fastload.open` rather than constructing it directly."""
+    """Read-only, seekable view of ``s3://bucket/key`` (or of ``url``, whose transport ``store`` makes:
+    another store's object); see :class:`~fastload.config.S3Config` for the memory bound. Use
+    :func:`fastload.open` rather than constructing it directly."""
 
     def __init__(
         self,
@@ -49,17 +50,20 @@ class RangedReader(io.RawIOBase):
         rng: random.Random | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        store: Callable[[], ObjectIO] | None = None,
+        url: str | None = None,
     ) -> None:
         super().__init__()
         self.bucket, self.key = bucket, key
         self._config = config or S3Config()
         self._runtime = runtime.current()  # this process's gate, part buffers and counters
         self._own_client = client
-        self._client = client if client is not None else get_client(self._config)
+        self._store, self._url = store, url  # another store's transport (made again after fork), its URL
+        self._client = client if client is not None or store is not None else get_client(self._config)
         self._version_id = version_id
         self._object = self._open_object()
         self._rng, self._sleep, self._clock = rng or random.Random(), sleep, clock
-        self._state = ObjectState(bucket, key, version_id)  # size, ETag, a whole-object answer
+        self._state = ObjectState(bucket, key, version_id, url=url)  # size, ETag, a whole-object answer
         self._race_group = RaceGroup()  # this reader's GETs, for the hedging watchdog
         self._pid = os.getpid()
         self._part = self._config.part_size_bytes
@@ -83,7 +87,8 @@ class RangedReader(io.RawIOBase):
             return
         self._pid = pid
         self._runtime = runtime.current()
-        self._client = self._own_client if self._own_client is not None else get_client(self._config)
+        if self._store is None:
+            self._client = self._own_client if self._own_client is not None else get_client(self._config)
         self._object = self._open_object()
         self._fetcher = self._new_fetcher()
         self._parts = {i: f for i, f in self._parts.items() if f.done() and f.exception() is None}
@@ -91,17 +96,19 @@ class RangedReader(io.RawIOBase):
         self._pool = None
 
     def _open_object(self) -> ObjectIO:
-        """The transport for this object: ``config.transport``'s, or botocore for a client passed in."""
+        """The transport for this object: ``store``'s, ``config.transport``'s, or a client's passed in."""
+        if self._store is not None:
+            return self._store()
         if self._own_client is not None:
             return BotocoreObject(self._own_client, self.bucket, self.key, self._version_id)
         return open_object(self._config, self.bucket, self.key, self._version_id)
 
     def __repr__(self) -> str:
-        return f"RangedReader('s3://{self.bucket}/{self.key}')"
+        return f"RangedReader({self.url!r})"
 
     @property
     def url(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
+        return self._url or f"s3://{self.bucket}/{self.key}"
 
     # -- io.RawIOBase ---------------------------------------------------------------------------------
 

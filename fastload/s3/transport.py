@@ -18,6 +18,10 @@ Two implementations behind one interface, chosen by ``S3Config.transport``:
 Both raise :class:`~fastload.s3.retrying.BadResponse` for an HTTP error status (S3 error code parsed from
 the XML body) and let timeouts, resets and cut bodies through as exceptions that
 :func:`~fastload.s3.client.classify_exception` knows. No credential material reaches a message.
+
+The connection pools and the plain request (:class:`HttpPools`) are what the direct transport shares with
+the web store's (``s3.httpstore``: no signing). (Over 400 lines on purpose: the two S3 transports and the
+pools under both are one interface's implementations, read together.)
 """
 
 from __future__ import annotations
@@ -170,6 +174,8 @@ class _DirectBody:
         length = headers.get("content-length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
         self.etag = headers.get("etag")
+        self.last_modified = headers.get("last-modified")
+        self.headers = headers  # (lowercase names) what a store's transport may read beyond the above
 
     def readinto(self, view: memoryview) -> int:
         return self._resp.readinto(view[:PIECE_BYTES])  # 0 at the end of the body, or when it was cut
@@ -182,31 +188,26 @@ class _DirectBody:
             self._conn.close()
 
 
-class DirectTransport:
-    """Signed requests over pooled keep-alive connections (see the module docstring)."""
+class Redirected(Exception):
+    """A 3xx answer with a ``Location`` (raised by :meth:`HttpPools.send` only when asked to follow)."""
 
-    def __init__(self, config: S3Config, client: Any, creds: Any, verify: str | None) -> None:
-        self._config, self._client = config, client
-        self._signer = Signer(creds)
+    def __init__(self, status: int, location: str) -> None:
+        super().__init__(f"HTTP {status} to {location}")
+        self.status, self.location = status, location
+
+
+_REDIRECTS = (301, 302, 303, 307, 308)
+
+
+class HttpPools:
+    """Requests over pooled keep-alive connections, one pool per ``scheme://host:port`` (what every store's
+    direct transport shares; signing, if any, is the caller's)."""
+
+    def __init__(self, config: S3Config, verify: str | None) -> None:
+        self._config = config
         self._context = ssl.create_default_context(cafile=verify)
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._lock = threading.Lock()
-        self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY, as botocore reads them
-        self._targets = Targets(client)
-
-    def proxied(self, url: str) -> bool:
-        """Whether botocore would send requests for ``url`` through an HTTP proxy (not spoken here)."""
-        parts = urlsplit(url)
-        return parts.scheme in self._proxies and not urllib.request.proxy_bypass(parts.hostname or "")
-
-    @property
-    def client(self) -> Any:
-        return self._client
-
-    def target(self, bucket: str, key: str, version_id: str | None) -> ObjectTarget:
-        if not self._signer.has_credentials:
-            raise no_credentials_error(bucket, key)
-        return self._targets.target(bucket, key, version_id)
 
     def pool(self, url: str) -> _Pool:
         ident = _route(url)[0]
@@ -225,21 +226,23 @@ class DirectTransport:
         for pool in pools:
             pool.close()
 
-    def request(
+    def send(
         self,
         method: str,
-        target: ObjectTarget,
+        url: str,
         headers: dict[str, str],
         abort: Abort | None = None,
         fresh: bool = False,
+        follow: bool = False,
     ) -> _DirectBody:
-        signed = self._signer.headers(method, target, headers)
-        path = _route(target.url)[1]
-        pool = self.pool(target.url)
+        """``method url`` with ``headers`` as given; :class:`BadResponse` for an error status (and a 3xx,
+        unless ``follow``: then :class:`Redirected`)."""
+        path = _route(url)[1]
+        pool = self.pool(url)
         conn, abort = pool.connect() if fresh else pool.take(), abort or Abort()
         abort.attach(connection_socket(conn))  # a pooled connection is connected
         try:
-            resp = conn.request(method, path, signed)
+            resp = conn.request(method, path, headers)
         except BaseException:
             abort.detach()
             conn.close()
@@ -251,8 +254,48 @@ class DirectTransport:
                 data = b""
             abort.detach()
             pool.give_back(conn) if resp.reusable else conn.close()
+            location = resp.headers.get("location")
+            if follow and resp.status in _REDIRECTS and location:
+                raise Redirected(resp.status, location)
             raise BadResponse(error_failure(resp.status, data))
         return _DirectBody(pool, conn, resp, abort)
+
+
+class DirectTransport(HttpPools):
+    """Signed requests over pooled keep-alive connections (see the module docstring); unsigned ones for
+    ``S3Config(unsigned=True)`` (public buckets)."""
+
+    def __init__(self, config: S3Config, client: Any, creds: Any, verify: str | None) -> None:
+        super().__init__(config, verify)
+        self._client = client
+        self._signer = Signer(creds)
+        self._proxies = urllib.request.getproxies()  # HTTP(S)_PROXY, as botocore reads them
+        self._targets = Targets(client)
+
+    def proxied(self, url: str) -> bool:
+        """Whether botocore would send requests for ``url`` through an HTTP proxy (not spoken here)."""
+        parts = urlsplit(url)
+        return parts.scheme in self._proxies and not urllib.request.proxy_bypass(parts.hostname or "")
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    def target(self, bucket: str, key: str, version_id: str | None) -> ObjectTarget:
+        if not self._signer.has_credentials and not self._config.unsigned:
+            raise no_credentials_error(bucket, key)
+        return self._targets.target(bucket, key, version_id)
+
+    def request(
+        self,
+        method: str,
+        target: ObjectTarget,
+        headers: dict[str, str],
+        abort: Abort | None = None,
+        fresh: bool = False,
+    ) -> _DirectBody:
+        signed = headers if self._config.unsigned else self._signer.headers(method, target, headers)
+        return self.send(method, target.url, signed, abort, fresh)
 
 
 # -- botocore ---------------------------------------------------------------------------------------------
@@ -352,7 +395,10 @@ def direct_transport(config: S3Config) -> DirectTransport:
     """This process's direct transport for ``config`` (a new one, with no connections, after fork), kept by
     :mod:`fastload.s3.runtime` (which closes its idle connections at exit)."""
     transport: DirectTransport = runtime.current().transports.get(
-        config, lambda: DirectTransport(config, get_client(config), credentials(config), tls_verify(config))
+        config,
+        lambda: DirectTransport(
+            config, get_client(config), None if config.unsigned else credentials(config), tls_verify(config)
+        ),
     )
     return transport
 

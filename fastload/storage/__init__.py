@@ -1,4 +1,5 @@
-"""Local paths and ``s3://`` URLs behind one face. May import ``core``, ``s3`` and the base modules.
+"""Local paths, ``s3://`` and web (``http(s)://``, ``hf://``) URLs behind one face. May import ``core``,
+``s3`` and the base modules.
 
 Owns: open/read/size/list of a URL (``access``), ``fastload.open`` (``opener``), the dataset manifest
 (``manifest``: ``index.json`` from a folder or prefix), the local cache of remote shards (``cache``), local
@@ -6,5 +7,5 @@ and S3 listing of pack sources (``listing``, ``s3source``), a sample's input fil
 (``inputs``), atomic local writes (``localfs``).
 
 Also: a file served by byte ranges (``rangedfile``), per-shard sample tables (``tables``), URL
-checks (``urls``), and what ``fastload cp`` finds at both ends and which objects are already the same
-(``syncscan``)."""
+checks (``urls``), what ``fastload cp`` finds at both ends and which objects are already the same
+(``syncscan``); ``http(s)://`` and ``hf://`` objects and the Hub's listing (``web``)."""

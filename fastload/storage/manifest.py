@@ -74,7 +74,7 @@ def is_one_file(url: str, *, s3_config: S3Config | None = None) -> bool:
 def _parent(url: str) -> str:
     if storage.is_remote(url):
         head, _, _ = url.rstrip("/").rpartition("/")
-        return url if head in ("s3:", "s3:/") else head
+        return url if head.endswith((":", ":/")) else head
     return os.path.dirname(url)
 
 

@@ -1,4 +1,4 @@
-"""URLs as users type them: a mistyped ``s3://`` or a scheme fastload does not read (``https://``, ``gs://``)
+"""URLs as users type them: a mistyped ``s3://`` or a scheme fastload does not read (``gs://``, ``az://``)
 is caught before it is taken for a local path."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from fastload.errors import ConfigError
 _S3_TYPO = re.compile(r"^s3(?::/*|//+)", re.IGNORECASE)
 # any RFC 3986 scheme followed by "://" (https://, gs://, az://, hf://, s3a://...)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-SUPPORTED = ("local paths", "file://", "s3://")
+SUPPORTED = ("local paths", "file://", "s3://", "http(s)://", "hf://")
+READ = ("s3", "file", "http", "https", "hf")
 # Hadoop's names for S3 and the object-store URLs fsspec users type: what to write instead
 _HINTS = {
     "s3a": "write s3:// for the same bucket",
@@ -20,8 +21,9 @@ _HINTS = {
     "--endpoint-url https://storage.googleapis.com (AWS_ENDPOINT_URL) and HMAC keys",
     "gcs": "for Google Cloud Storage, use its S3-compatible endpoint: s3://bucket/... with "
     "--endpoint-url https://storage.googleapis.com (AWS_ENDPOINT_URL) and HMAC keys",
-    "http": "download the files first (or copy them to S3), then give the local folder",
-    "https": "download the files first (or copy them to S3), then give the local folder",
+    "az": "Azure Blob Storage is not supported yet; copy the data to S3 or a local folder",
+    "abfs": "Azure Blob Storage is not supported yet; copy the data to S3 or a local folder",
+    "azure": "Azure Blob Storage is not supported yet; copy the data to S3 or a local folder",
 }
 
 
@@ -36,7 +38,7 @@ def check_url(text: str) -> None:
             f"write ./{text})"
         )
     m = _SCHEME.match(text)
-    if m is not None and m.group(1) not in ("s3", "file"):
+    if m is not None and m.group(1) not in READ:
         scheme = m.group(1)
         hint = _HINTS.get(scheme.lower())
         raise ConfigError(
@@ -44,4 +46,16 @@ def check_url(text: str) -> None:
             f"(s3://bucket/key, on AWS or any S3-compatible endpoint)"
             + (f"; {hint}" if hint else "")
             + f" (for a local path so named, write ./{text})"
+        )
+
+
+def check_writable(text: str) -> None:
+    """:class:`ConfigError` for a destination fastload reads but cannot write (``http(s)://``, ``hf://``),
+    after :func:`check_url`'s checks."""
+    check_url(text)
+    m = _SCHEME.match(text)
+    if m is not None and m.group(1) in ("http", "https", "hf"):
+        raise ConfigError(
+            f"{text!r}: fastload reads {m.group(1)}:// URLs but cannot write to them; write to a local "
+            "folder or s3:// (then upload with the store's own tools: `huggingface-cli upload` for the Hub)"
         )

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from fastload import formats
 from fastload.config import S3Config
 from fastload.core.index import DatasetIndex
+from fastload.core.weburls import expand_braces, has_braces, is_web
 from fastload.errors import ConfigError, NotFoundError
 from fastload.storage import access as storage
 
@@ -45,6 +46,8 @@ def _is_one_file(url: str, s3_config: S3Config | None) -> bool:
     ``events.parquet/part-*.parquet``): a local folder, or an S3 prefix holding objects, is a folder."""
     if not _is_shard_file(url):
         return False
+    if is_web(url):  # a web server cannot be listed: a URL named like a shard is one
+        return True
     if storage.is_remote(url):
         return not storage.list_files(url, "", config=s3_config)
     return not os.path.isdir(url)
@@ -58,11 +61,14 @@ def open_index(
     stacklevel: int = 3,
 ) -> tuple[str, DatasetIndex]:
     """``(root, index)`` of a dataset: its ``index.json``; or, for tar or TFRecord shards without one (a
-    folder or prefix of them, one file, or a list of URLs), an index built by reading the shards once, with
+    folder or prefix of them, one file, a list of URLs, or a remote brace pattern of them:
+    ``https://host/shard-{000000..000099}.tar``), an index built by reading the shards once, with
     a warning that says how to avoid that cost. ``key_column``: the Parquet column that names samples (an
     index.json must have been written with the same one). ``stacklevel``: the warning's, as
     :func:`warnings.warn` takes it (3: the caller of this function's caller)."""
     folder = None  # the folder given, which shard names are relative to (hive partitions are under it)
+    if isinstance(source, str) and storage.is_remote(source) and has_braces(source):
+        source = expand_braces(source)  # shard-{000000..000099}.tar, as webdataset users give shards
     if isinstance(source, (str, os.PathLike)):
         root = storage.normalise(source)
         if not _is_one_file(root, s3_config):
@@ -112,10 +118,15 @@ def open_index(
         if index.options.get("read") == "footers"
         else f"{len(index.shards)} {index.shard_format} shard(s) ({index.bytes:,} bytes) were read once"
     )
+    fix = (
+        "Write the index once with `fastload index` (or pack with `fastload pack`) to skip this."
+        if not is_web(root)
+        else "A web server holds no index fastload can write: to skip this, copy the shards (`fastload cp`) "
+        "to a folder or s3:// and run `fastload index` there."
+    )
     warnings.warn(
         f"{root}: no index.json, so {read} to index {index.samples:,} samples in memory ({seconds:.1f}s, "
-        "in every process that opens the dataset). Write the index once with `fastload index` (or pack "
-        "with `fastload pack`) to skip this.",
+        f"in every process that opens the dataset). {fix}",
         UserWarning,
         stacklevel=stacklevel,
     )

@@ -92,9 +92,7 @@ def test_mistyped_s3_urls_are_not_taken_for_local_paths(
     assert main(["ls", "src"]) == 0  # a plain relative path is still a path
 
 
-@pytest.mark.parametrize(
-    "url", ["https://example.com/data/", "http://host/x.tar", "gs://b/p", "hf://d/x", "s3a://b/p"]
-)
+@pytest.mark.parametrize("url", ["gs://b/p", "az://c/p", "s3a://b/p", "ftp://host/x.tar"])
 def test_unsupported_url_schemes_are_refused_listing_the_supported_ones(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -237,3 +235,25 @@ def test_full_disk_and_read_only_destination(tmp_path: Path) -> None:
     assert {name.removesuffix(".fltable") for name in tables} <= set(shards), listed
     assert "rc2=0" in out and "rc3=0" in out, out + err
     assert "rc4=1" in out and "read-only file system" in err, out + err
+
+
+@pytest.mark.parametrize("url", ["https://example.com/data/", "http://127.0.0.1:1/x", "hf://datasets/o/n/p"])
+def test_web_urls_are_read_but_never_written(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: https:// and hf:// are read (docs/stores.md); as a destination (pack, cp, index) they
+    are refused with the fix, and nothing local is made under a name like "https:"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    for argv in (["pack", "src", url], ["cp", "-r", "src", url], ["cp", "src/a.txt", url], ["index", url]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "cannot write to them" in err and url in err and "Traceback" not in err, (argv, err)
+    assert main(["pack", url, "out"]) == 2
+    assert "copy web files first" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["src"], "a web URL made a local folder"
+    with pytest.raises(ConfigError, match="cannot write to them"):
+        fastload.pack("src", url)
+    with pytest.raises(ConfigError, match="cannot write to them"):
+        fastload.copy("src/a.txt", url)
