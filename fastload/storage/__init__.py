@@ -5,5 +5,5 @@ Owns: open/read/size/list of a URL (``access``), ``fastload.open`` (``opener``),
 and S3 listing of pack sources (``listing``, ``s3source``), a sample's input files with read-ahead
 (``inputs``), atomic local writes (``localfs``).
 
-Also: a file served by byte ranges (``rangedfile``), per-shard sample tables (``tables``), and URL
-checks (``urls``)."""
+Also: a file served by byte ranges (``rangedfile``), per-shard sample tables (``tables``), URL
+checks (``urls``), and lock files between processes (``locks``)."""
