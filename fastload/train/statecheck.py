@@ -79,3 +79,29 @@ def order_refusal(state: Mapping[str, Any], mine: Mapping[str, Any]) -> ConfigEr
         fix="Resume with the dataset and order settings the checkpoint was taken with, or start the epoch "
         "afresh (set_epoch without load_state_dict)",
     )
+
+
+def version_refusal(
+    state: Mapping[str, Any], versions: Sequence[Any], *, pinned: int | None, root: str
+) -> ConfigError:
+    """The error for a checkpoint ``state`` taken over a number of shards that no version of the dataset
+    (``versions``: :class:`~fastload.core.versions.Version` s) has: a newer version than the one read (a
+    pin, or the dataset went back), or a dataset replaced rather than appended to since."""
+    shards, total = state.get("shards"), versions[-1].shards
+    saved = state.get("version")
+    label = f"version {saved} ({shards} shards)" if saved is not None else f"{shards} shards"
+    pin = f", pinned by version={pinned}" if pinned else ""
+    here = f"version {versions[-1].version} ({total} shards{pin})"
+    if isinstance(shards, int) and shards > total:
+        return ConfigError(
+            f"cannot resume: the checkpoint read {label} of {root}, which this dataset, at {here}, does not "
+            "have yet; open the checkpoint's version or a newer one (leave version= out for the newest), or "
+            "start the epoch afresh (set_epoch without load_state_dict)"
+        )
+    listed = ", ".join(f"{v.version}: {v.shards}" for v in versions)
+    return ConfigError(
+        f"cannot resume: the checkpoint read {label} of {root}, and no version of this dataset is that one "
+        f"(its versions, by shard count: {listed}): the dataset was replaced or re-packed since, not "
+        "appended to. Resume with the dataset the checkpoint was taken over, or start the epoch afresh "
+        "(set_epoch without load_state_dict)"
+    )
