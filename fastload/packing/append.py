@@ -15,6 +15,7 @@ as a version is refused, naming it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -91,6 +92,7 @@ class AppendPlan(Plan[R]):
         self.added: DatasetIndex | None = None
         self.version: Version | None = None
         self._run_lock: FileLock | None = None
+        self._run_lock_path = ""
 
     # -- naming and the journal ---------------------------------------------------------------------------
 
@@ -111,7 +113,8 @@ class AppendPlan(Plan[R]):
             dest.owns = self._is_mine  # abort only this append's stale uploads, never another appender's
         journal = PackJournal(dest, self.folder)
         if not url.startswith("s3://"):
-            self._run_lock = FileLock(os.path.join(url, self.folder + ".lock"))
+            self._run_lock_path = os.path.join(url, self.folder + ".lock")
+            self._run_lock = FileLock(self._run_lock_path)
             try:
                 self._run_lock.acquire(0)
             except LockHeld as held:
@@ -330,7 +333,7 @@ class AppendPlan(Plan[R]):
             merged = self.joined(checked, index)
             dest.write_bytes(name, merged.to_json())
         finally:
-            lock.release()
+            lock.release(remove=True)
         return self._landed(merged)
 
     def _publish_s3(self, dest: Destination, index: DatasetIndex, name: str) -> DatasetIndex:
@@ -367,6 +370,8 @@ class AppendPlan(Plan[R]):
         if self._run_lock is not None:
             self._run_lock.release(remove=True)
             self._run_lock = None
+            with contextlib.suppress(OSError):  # leave no .fastload-pack/ behind once no append uses it
+                os.rmdir(os.path.dirname(self._run_lock_path))
 
     # -- reports ------------------------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ POSIX record locks (``fcntl.lockf``): on Linux they work across hosts on NFSv4, 
 lock manager (``lockd``/``statd``) runs; a mount with ``nolock`` or ``local_lock=all`` keeps them on one
 host only (two hosts can then both hold one: append from one host at a time there). A lock file that was
 removed and made again while waited for is noticed (its inode changed) and locked anew. The file says who
-holds it (host, pid, time), for the message of whoever waits in vain.
+holds it (host, pid, time), for the message of whoever waits in vain. A holder may remove the file as it
+lets go (``release(remove=True)``): a waiter then locks the file made anew.
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ class FileLock:
     def acquire(self, timeout_s: float | None = None) -> None:
         limit = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + limit
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:  # its folder is not there (yet, or any more: a holder tidied it)
+                os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+                continue
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:

@@ -105,3 +105,29 @@ def version_refusal(
         "appended to. Resume with the dataset the checkpoint was taken over, or start the epoch afresh "
         "(set_epoch without load_state_dict)"
     )
+
+
+def source_change(name: str, then: Any, now: int, grown: list[str]) -> str:
+    """What differs in a ``Mix`` source ``name`` whose order is not the checkpoint's: it grew by an append
+    since (the checkpoint read its version ``then``, this run opened ``now``: noted in ``grown``), or its
+    shards or order settings changed."""
+    if isinstance(then, int) and then < now:
+        grown.append(f"{name}: version={then}")
+        return (
+            f"source {name!r}: the checkpoint read its version {then}, this run opened version {now} (it "
+            "grew by an append since)"
+        )
+    return (
+        f"source {name!r}: its sample order (its shards, re-packed or changed?, or its seed, shuffle_buffer "
+        "or even)"
+    )
+
+
+def grown_fix(grown: list[str]) -> str:
+    """The fix for ``Mix`` sources that grew since the checkpoint (:func:`source_change`), or ""."""
+    if not grown:
+        return ""
+    return (
+        f" (a Mix resumes over the versions its checkpoint read: open {', '.join(grown)} to finish this "
+        "epoch, then without version= for the newest)"
+    )

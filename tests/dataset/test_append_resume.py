@@ -184,3 +184,33 @@ def test_sigkill_then_append_then_resume(grown: tuple[Path, Path], tmp_path: Pat
     assert recorded[:d] + resumed == full
     final = json.loads(checkpoint.read_bytes())
     assert final["delivered"] == len(full) and final["version"] == 1
+
+
+def test_a_mix_whose_source_grew_says_which_version_to_open(grown: tuple[Path, Path]) -> None:
+    v1, v2 = grown
+    other = fastload.ShardDataset(v1, seed=1)
+    mix = fastload.Mix({"grows": fastload.ShardDataset(v1, **KW), "other": other}, seed=3)
+    mix.set_epoch(1)
+    stream = iter(mix)
+    [next(stream) for _ in range(10)]
+    state = mix.state_dict()
+    assert "source_versions" not in state  # (all read version 1: what a checkpoint without it means)
+    assert fastload.Mix({"g": fastload.ShardDataset(v2, **KW)}).state_dict()["source_versions"] == {"g": 2}
+    later = fastload.Mix(
+        {"grows": fastload.ShardDataset(v2, **KW), "other": fastload.ShardDataset(v1, seed=1)}, seed=3
+    )
+    with pytest.raises(
+        ConfigError, match=r"'grows': the checkpoint read its version 1.*open grows: version=1"
+    ):
+        later.load_state_dict(state)
+    pinned = fastload.Mix(
+        {"grows": fastload.ShardDataset(v2, version=1, **KW), "other": fastload.ShardDataset(v1, seed=1)},
+        seed=3,
+    )
+    pinned.load_state_dict(state)  # finishes the epoch over version 1
+    rest = [s["__key__"] for s in pinned]
+    whole = fastload.Mix(
+        {"grows": fastload.ShardDataset(v1, **KW), "other": fastload.ShardDataset(v1, seed=1)}, seed=3
+    )
+    whole.set_epoch(1)
+    assert [s["__key__"] for s in whole][10:] == rest
