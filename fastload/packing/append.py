@@ -93,6 +93,9 @@ class AppendPlan(Plan[R]):
         self.version: Version | None = None
         self._run_lock: FileLock | None = None
         self._run_lock_path = ""
+        self.index_at: str | None = (
+            None  # where the dataset's index.json is (None: where its format keeps it)
+        )
 
     # -- naming and the journal ---------------------------------------------------------------------------
 
@@ -126,6 +129,8 @@ class AppendPlan(Plan[R]):
                 ) from None
         found = read_index_bytes(dest)
         self.base = None if found is None else parse_index(found[1], where=found[0])
+        if found is not None:  # (an older Parquet dataset keeps it at the root, not in _fastload/)
+            self.index_at = found[0][len(dest.url) :].lstrip("/")
         if self.base is None:
             self._check_creatable(dest, journal)
         else:
@@ -311,7 +316,7 @@ class AppendPlan(Plan[R]):
         return current
 
     def publish(self, dest: Destination, index: DatasetIndex) -> DatasetIndex:
-        name = index_name(index.shard_format)
+        name = self.index_at or index_name(index.shard_format)
         if dest.url.startswith("s3://"):
             return self._publish_s3(dest, index, name)
         lock = FileLock(os.path.join(dest.url, STATE_DIR, "index.lock"), timeout_s=LOCK_WAIT_S)
@@ -325,8 +330,8 @@ class AppendPlan(Plan[R]):
                 holder=held.holder,
             ) from None
         try:
-            found = read_index_bytes(dest)
-            current = None if found is None else parse_index(found[1], where=found[0])
+            raw = dest.read_bytes(name)
+            current = None if raw is None else parse_index(raw, where=f"{dest.url}/{name}")
             checked = self._checked_current(current, index, dest.url)
             if checked is None and current is not None:
                 return self._landed(current)

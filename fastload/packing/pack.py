@@ -68,6 +68,8 @@ def pack(
     """
     if engine not in ("local", "ray"):
         raise ConfigError(f"engine={engine!r}; choose 'local' or 'ray'")
+    if engine == "ray" and (options.get("append") or (config is not None and config.append)):
+        raise ConfigError("--append runs on the local engine for now; leave out --engine ray")
     if engine == "ray":
         from fastload.packing.ray_engine import require_ray
 

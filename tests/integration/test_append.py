@@ -113,6 +113,8 @@ def test_an_append_of_another_format_or_option_is_refused_naming_it(tmp_path: Pa
         (tmp_path / "b2" / "x" / "k.txt").write_bytes(b"1")
         fastload.pack(tmp_path / "b2", dst, append=True, partition_level=0)
     assert snapshot(dst) == before
+    with pytest.raises(ConfigError, match="local engine"):
+        fastload.pack(b, dst, append=True, engine="ray")
     # what only cuts shards differently may differ
     fastload.pack(b, dst, append=True, max_samples=1, shard_size_bytes=1 << 20)
     assert len(read_manifest(dst)["versions"]) == 2
