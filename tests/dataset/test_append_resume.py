@@ -214,3 +214,34 @@ def test_a_mix_whose_source_grew_says_which_version_to_open(grown: tuple[Path, P
     )
     whole.set_epoch(1)
     assert [s["__key__"] for s in whole][10:] == rest
+
+
+def test_torchrun_two_ranks_resume_across_an_append(grown: tuple[Path, Path], tmp_path: Path) -> None:
+    """A real two-rank gloo job checkpoints mid-epoch, one rank appends, every rank restarts and finishes
+    the epoch over version 1 with other worker counts, then reads version 2."""
+    from .test_torchrun import CANNOT_START, loopback_available
+
+    why = loopback_available()
+    if why:
+        pytest.skip(f"torchrun needs a TCP listener on loopback; {why}")
+    v1, v2 = grown
+    live, out = tmp_path / "ds", tmp_path / "out"
+    shutil.copytree(v1, live)
+    out.mkdir()
+    script = SCRIPTS / "torchrun_append.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += [os.fspath(script), os.fspath(live), os.fspath(v1.parent / "b"), os.fspath(out)]
+    env = child_env(MASTER_ADDR="127.0.0.1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S)
+    output = proc.stdout[-4000:] + proc.stderr[-4000:]
+    if proc.returncode != 0 and any(marker in output for marker in CANNOT_START):
+        pytest.skip(f"torchrun could not start a rendezvous on loopback:\n{output}")
+    assert proc.returncode == 0, output
+    kw = {"seed": 7, "shuffle_buffer": 8}
+    for rank in range(2):
+        got = json.loads((out / f"rank{rank}.json").read_text())
+        assert (got["version"], got["opened"]) == (1, 2)
+        assert got["before"] + got["after"] == epoch_keys(v1, epoch=1, rank=rank, world=2, **kw)
+        assert got["next"] == epoch_keys(v2, epoch=2, rank=rank, world=2, **kw)
