@@ -73,6 +73,37 @@ def at_version(index: IndexT, version: int | None, *, where: str) -> IndexT:
     return dataclasses.replace(index, shards=shards[: v.shards], versions=kept, payload_bytes=0)  # type: ignore[type-var]
 
 
+def joined(current: IndexT | None, added: IndexT, *, created: str, fingerprint: str, layout: str) -> IndexT:
+    """The :class:`~fastload.core.index.DatasetIndex` ``added`` (an append's new shards) as the next version
+    of ``current`` (None: the first version of a new dataset): its shards after ``current``'s, fields and
+    skips joined, payload summed, ``current``'s options kept, and a version recording ``created`` (UTC
+    time), the inputs' ``fingerprint`` digest and ``layout``."""
+    old: Any = current
+    new: Any = added
+    before = versions_of(old) if old is not None else []
+    shards = [*(old.shards if old is not None else []), *new.shards]
+    version = Version(
+        version=len(before) + 1,
+        created=created,
+        shards=len(shards),
+        samples=sum(s.samples for s in shards),
+        bytes=sum(s.bytes for s in shards),
+        added=len(new.shards),
+        fingerprint=fingerprint,
+        layout=layout,
+    )
+    if old is None:
+        return dataclasses.replace(new, versions=[version])  # type: ignore[no-any-return]
+    return dataclasses.replace(  # type: ignore[no-any-return]
+        old,
+        fields=sorted(set(old.fields) | set(new.fields)),
+        shards=shards,
+        skipped=[*old.skipped, *new.skipped],
+        payload_bytes=old.payload_bytes + new.payload_bytes,
+        versions=[*before, version],
+    )
+
+
 def parse_versions(raw: Any, *, shards: int) -> list[Version]:
     """The ``versions`` list of an ``index.json`` holding ``shards`` shards, checked (numbered 1.. in order,
     shard counts growing by what each added, the last covering every shard); raises ``ValueError`` saying
@@ -157,6 +188,7 @@ __all__ = [
     "fingerprint_digest",
     "first_version",
     "input_tag",
+    "joined",
     "parse_versions",
     "pick_version",
     "versions_of",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fastload.core.index import DatasetIndex, parse_index
-from fastload.core.versions import Version, appended_name, fingerprint_digest, input_tag, versions_of
+from fastload.core.versions import Version, appended_name, fingerprint_digest, input_tag, joined, versions_of
 from fastload.errors import AppendConflictError, ConfigError, PackError, PreconditionFailedError, Skip
 from fastload.formats import index_name
 from fastload.formats.shard import ShardResult
@@ -258,32 +258,6 @@ class AppendPlan(Plan[R]):
 
     # -- publishing ---------------------------------------------------------------------------------------
 
-    def joined(self, current: DatasetIndex | None, added: DatasetIndex) -> DatasetIndex:
-        """``added`` as the next version of ``current`` (None: the first version of a new dataset)."""
-        before = versions_of(current) if current is not None else []
-        shards = [*(current.shards if current else []), *added.shards]
-        version = Version(
-            version=len(before) + 1,
-            created=now_utc(),
-            shards=len(shards),
-            samples=sum(s.samples for s in shards),
-            bytes=sum(s.bytes for s in shards),
-            added=len(added.shards),
-            fingerprint=fingerprint_digest(self.target.fingerprint),
-            layout=self.target.layout,
-        )
-        if current is None:
-            return replace(added, versions=[version])
-        return DatasetIndex(
-            shard_format=current.shard_format,
-            fields=sorted(set(current.fields) | set(added.fields)),
-            shards=shards,
-            options=current.options,
-            skipped=[*current.skipped, *added.skipped],
-            payload_bytes=current.payload_bytes + added.payload_bytes,
-            versions=[*before, version],
-        )
-
     def _checked_current(
         self, current: DatasetIndex | None, added: DatasetIndex, url: str
     ) -> DatasetIndex | None:
@@ -335,7 +309,13 @@ class AppendPlan(Plan[R]):
             checked = self._checked_current(current, index, dest.url)
             if checked is None and current is not None:
                 return self._landed(current)
-            merged = self.joined(checked, index)
+            merged = joined(
+                checked,
+                index,
+                created=now_utc(),
+                fingerprint=fingerprint_digest(self.target.fingerprint),
+                layout=self.target.layout,
+            )
             dest.write_bytes(name, merged.to_json())
         finally:
             lock.release(remove=True)
@@ -353,7 +333,13 @@ class AppendPlan(Plan[R]):
             checked = self._checked_current(current, index, dest.url)
             if checked is None and current is not None:
                 return self._landed(current)
-            merged = self.joined(checked, index)
+            merged = joined(
+                checked,
+                index,
+                created=now_utc(),
+                fingerprint=fingerprint_digest(self.target.fingerprint),
+                layout=self.target.layout,
+            )
             try:
                 put_if(bucket, key, merged.to_json(), etag=None if found is None else found[1], config=config)
             except PreconditionFailedError:

@@ -307,7 +307,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         n = self._span(self.epoch) if span is None else span
         return counts if n >= len(counts) else counts[:n]
 
-    def version_of(self, span: int) -> int:
+    def _version_of(self, span: int) -> int:
         """The number of the version whose shards are the first ``span`` (the newest read if none is)."""
         return next((v.version for v in versions_of(self.index) if v.shards == span), self.view.version)
 
@@ -441,7 +441,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             "rank": rank,
             "samples": self._samples(span),
             "order": self._fingerprint(world, legacy=False, span=span),
-            "version": self.version_of(span),
+            "version": self._version_of(span),
             **self._order_parts(span),
             **selection_state(self.filters, self.decoding.columns),
         }

@@ -250,7 +250,8 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             labels = {k: k if k != "weights" else "weights (per schedule step)" for k in mine["mixture"]}
             found = differences(saved, mine["mixture"], labels)
         orders = state.get("source_orders")
-        versions = state.get("source_versions") if isinstance(state.get("source_versions"), dict) else {}
+        saved_versions = state.get("source_versions")
+        versions: dict[str, Any] = saved_versions if isinstance(saved_versions, dict) else {}
         grown: list[str] = []
         if isinstance(orders, dict):
             for name, digest in orders.items():
