@@ -14,8 +14,10 @@ import base64
 import hashlib
 from typing import Any
 
+import botocore
+
 from fastload.config import S3Config
-from fastload.errors import PreconditionFailedError, S3Error, S3NotFoundError
+from fastload.errors import ConfigError, PreconditionFailedError, S3Error, S3NotFoundError
 from fastload.s3.client import Failure, get_client
 from fastload.s3.retrying import GiveUp, Retrier, give_up_on
 
@@ -75,6 +77,12 @@ def put_if(
     refuses the condition. A retried PUT whose first attempt did land is refused too (its ETag moved on):
     callers read the object again and see their own write."""
     client = client if client is not None else get_client(config)
+    wanted = "IfNoneMatch" if etag is None else "IfMatch"
+    if wanted not in client.meta.service_model.operation_model("PutObject").input_shape.members:
+        raise ConfigError(
+            f"publishing s3://{bucket}/{key} needs a conditional PUT ({wanted}), which this botocore "
+            f"({botocore.__version__}) cannot send; upgrade boto3 and botocore (late 2024 or newer)"
+        )
     params: dict[str, Any] = {"Bucket": bucket, "Key": key, "Body": data, "ContentMD5": _md5(data)}
     if etag is None:
         params["IfNoneMatch"] = "*"

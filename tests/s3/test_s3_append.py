@@ -103,3 +103,19 @@ def test_append_to_s3_and_a_racing_appender_both_land(
         o["Key"] for o in client.list_objects_v2(Bucket=name, Prefix="ds/.fastload-pack").get("Contents", [])
     ]
     assert leftovers == []
+
+
+def test_a_botocore_without_conditional_put_is_named() -> None:
+    """boto3>=1.28 is allowed, but PutObject took IfMatch only from late 2024: say so instead of botocore's
+    "Unknown parameter"."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(input_shape=SimpleNamespace(members={"Bucket": 1, "Key": 1, "Body": 1}))
+    old = SimpleNamespace(
+        meta=SimpleNamespace(service_model=SimpleNamespace(operation_model=lambda name: model))
+    )
+    config = fastload.S3Config()
+    with pytest.raises(fastload.errors.ConfigError, match=r"IfMatch.*upgrade boto3 and botocore"):
+        put_if("b", "k", b"x", etag="abc", config=config, client=old)
+    with pytest.raises(fastload.errors.ConfigError, match="IfNoneMatch"):
+        put_if("b", "k", b"x", etag=None, config=config, client=old)
