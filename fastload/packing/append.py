@@ -25,7 +25,7 @@ from typing import Any
 from fastload.core.index import DatasetIndex, parse_index
 from fastload.core.versions import Version, appended_name, fingerprint_digest, input_tag, joined, versions_of
 from fastload.errors import AppendConflictError, ConfigError, PackError, PreconditionFailedError, Skip
-from fastload.formats import index_name
+from fastload.formats import index_name, table_path
 from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination, destination, read_index_bytes
 from fastload.packing.driver import Plan, R, Retry, run
@@ -93,9 +93,8 @@ class AppendPlan(Plan[R]):
         self.version: Version | None = None
         self._run_lock: FileLock | None = None
         self._run_lock_path = ""
-        self.index_at: str | None = (
-            None  # where the dataset's index.json is (None: where its format keeps it)
-        )
+        # where the dataset's index.json is (None: where its format keeps it)
+        self.index_at: str | None = None
 
     # -- naming and the journal ---------------------------------------------------------------------------
 
@@ -259,11 +258,12 @@ class AppendPlan(Plan[R]):
     # -- publishing ---------------------------------------------------------------------------------------
 
     def _checked_current(
-        self, current: DatasetIndex | None, added: DatasetIndex, url: str
+        self, current: DatasetIndex | None, added: DatasetIndex, dest: Destination
     ) -> DatasetIndex | None:
         """``current`` (the index as it is now), once it is still the dataset this append began on, grown
-        only by other appends; None when this append already landed (a retried PUT that had succeeded)."""
-        base = self.base
+        only by other appends; None when this append already landed (a retried PUT that had succeeded). When
+        another run appended the same inputs first, this run's shards are removed from ``dest``."""
+        base, url = self.base, dest.url
         if current is None:
             if base is not None:
                 raise PackError(f"{url}: index.json was removed while appending; nothing was published")
@@ -280,10 +280,15 @@ class AppendPlan(Plan[R]):
             )
         self._check_joins(current, where=url)
         earlier = self._same_inputs(current)
-        if earlier is not None:
+        if earlier is not None:  # (two runs of one append at once, on S3 or hosts without shared locks)
+            for shard in added.shards:
+                if shard.name not in names:
+                    dest.remove(shard.name)
+                    dest.remove(table_path(shard.name, added.shard_format))
+            dest.remove_tree(self.folder)
             raise AppendConflictError(
                 f"another run appended these inputs to {url} first (version {earlier.version}); this run's "
-                "shards were not published",
+                "shards were removed unpublished",
                 url=url,
                 version=earlier.version,
             )
@@ -306,7 +311,7 @@ class AppendPlan(Plan[R]):
         try:
             raw = dest.read_bytes(name)
             current = None if raw is None else parse_index(raw, where=f"{dest.url}/{name}")
-            checked = self._checked_current(current, index, dest.url)
+            checked = self._checked_current(current, index, dest)
             if checked is None and current is not None:
                 return self._landed(current)
             merged = joined(
@@ -330,7 +335,7 @@ class AppendPlan(Plan[R]):
         for _ in range(PUBLISH_ATTEMPTS):
             found = get_with_etag(bucket, key, config=config)
             current = None if found is None else parse_index(found[0], where=f"s3://{bucket}/{key}")
-            checked = self._checked_current(current, index, dest.url)
+            checked = self._checked_current(current, index, dest)
             if checked is None and current is not None:
                 return self._landed(current)
             merged = joined(

@@ -326,3 +326,49 @@ def _tag_of(src: Path, dst: Path, tmp_path: Path) -> str:
     pack(src, probe, append=True)
     name = read_manifest(probe)["shards"][0]["name"]
     return os.path.splitext(name)[0].rsplit("-", 1)[1]
+
+
+def test_the_same_inputs_appended_first_elsewhere_leave_no_orphan_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of one append at once where no lock keeps them apart (S3, or hosts without shared locks):
+    the one that publishes second finds its inputs already a version, removes its own unpublished shards
+    and journal, and says so."""
+    import dataclasses
+
+    from fastload.core.index import parse_index
+    from fastload.core.versions import fingerprint_digest, joined
+
+    a, b = tree(tmp_path / "a", 0, 3), tree(tmp_path / "b", 3, 3)
+    dst = tmp_path / "ds"
+    pack(a, dst)
+    real = append_module.AppendPlan.publish
+
+    def other_first(self, dest, index):  # type: ignore[no-untyped-def]
+        # the other run started when the dataset had 7 shards: same tag, other numbers
+        other = [dataclasses.replace(s, name=s.name.replace("-00000", "-00007", 1)) for s in index.shards]
+        now = parse_index((dst / "index.json").read_bytes())
+        done = joined(
+            now,
+            dataclasses.replace(index, shards=other),
+            created="2026-01-01T00:00:00Z",
+            fingerprint=fingerprint_digest(self.target.fingerprint),
+            layout=self.target.layout,
+        )
+        (dst / "index.json").write_bytes(done.to_json())
+        return real(self, dest, index)
+
+    monkeypatch.setattr(append_module.AppendPlan, "publish", other_first)
+    with pytest.raises(
+        AppendConflictError, match=r"appended these inputs to .* first \(version 2\)"
+    ) as caught:
+        pack(b, dst, append=True)
+    assert caught.value.version == 2
+    listed = {s["name"] for s in read_manifest(dst)["shards"]}
+    on_disk = {p.name for p in dst.glob("shard-*.tar")}
+    assert on_disk <= listed, f"unpublished shards left behind: {sorted(on_disk - listed)}"
+    assert (
+        not list(dst.glob("*.fltable"))
+        or {p.name[: -len(".fltable")] for p in dst.glob("*.fltable")} <= listed
+    )
+    assert not (dst / ".fastload-pack").exists()
