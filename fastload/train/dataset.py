@@ -338,14 +338,14 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
     def _fingerprint(self, world: int, *, legacy: bool, span: int | None = None) -> str:
         """:meth:`order_fingerprint`; ``legacy``: as fastload before the split rotation computed it;
         ``span``: over the first shards only (default: those the current epoch reads)."""
-        counts = self._counts(span).tolist()
+        counts = self._counts(span)
         algorithm = ("split-rotates",) if self._rotates(world, len(counts)) and not legacy else ()
         settings = repr((self.seed, self.shuffle_buffer, self.even, world, *algorithm))
         key = (settings, len(counts))
         cached: dict[tuple[str, int], str] = self.__dict__.setdefault("_fingerprints", {})
         if key not in cached:
             digest = hashlib.sha256(settings.encode())
-            for shard, count in zip(self.index.shards[: len(counts)], counts, strict=True):
+            for shard, count in zip(self.index.shards[: len(counts)], counts.tolist(), strict=True):
                 digest.update(f"{shard.name}\0{count}\0{shard.checksum}\n".encode())
             cached[key] = digest.hexdigest()[:16]
         return cached[key]
@@ -512,12 +512,13 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         """What decides the order besides seed and world size, as a checkpoint records it
         (:func:`~fastload.train.statecheck.order_parts`), over the first ``span`` shards (default: those
         the current epoch reads)."""
-        counts = self._counts(span).tolist()
+        counts = self._counts(span)
         cached: dict[int, dict[str, Any]] = self.__dict__.setdefault("_parts", {})
         if len(counts) not in cached:
             o = self.order
             shards = self.index.shards[: len(counts)]
-            cached[len(counts)] = order_parts(shards, counts, shuffle_buffer=o.shuffle_buffer, even=o.even)
+            parts = order_parts(shards, counts.tolist(), shuffle_buffer=o.shuffle_buffer, even=o.even)
+            cached[len(counts)] = parts
         return dict(cached[len(counts)])
 
     def _legacy_split(self, state: dict[str, Any], world: int, span: int | None = None) -> dict[str, Any]:
