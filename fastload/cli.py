@@ -43,6 +43,7 @@ def _pack(args: argparse.Namespace) -> int:
         resume=args.resume,
         allow_skip=args.allow_skip,
         fsync=args.fsync,
+        append=args.append,
         progress=False if args.quiet else None,
         include_hidden=args.include_hidden,
         exclude=tuple(args.exclude),
@@ -78,7 +79,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from fastload.storage import access as storage
     from fastload.storage.manifest import is_one_file
-    from fastload.summary import describe, describe_file, list_shard
+    from fastload.summary import describe, describe_file, describe_versions, list_shard
 
     url = storage.normalise(args.target)
     named_like_a_shard = formats.for_path(url) is not None or not storage.is_remote(url)
@@ -88,7 +89,11 @@ def _inspect(args: argparse.Namespace) -> int:
         print(describe_file(url, limit=args.limit or None))
         return 0
     index = formats.load_index(args.target)
-    if args.shard is None:
+    if args.versions:
+        if args.shard is not None:
+            raise ConfigError("--versions lists the dataset's versions; drop --shard (or --versions)")
+        print(describe_versions(index))
+    elif args.shard is None:
         print(describe(index))
     else:
         root = formats.dataset_root(args.target)

@@ -167,6 +167,12 @@ def _pack(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted pack into DST")
     p.add_argument(
+        "--append",
+        action="store_true",
+        help="add SRC to the dataset in DST as a new version (same format and options; existing shards are "
+        "kept as they are); with --resume, finish an interrupted append",
+    )
+    p.add_argument(
         "--allow-skip",
         action="store_true",
         help="finish with exit 0 even when some inputs had to be skipped (they are listed)",
@@ -247,6 +253,11 @@ def _index(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     )
     i.add_argument("--shard", default=None, help="list the samples of this shard (name or number)")
     i.add_argument("--limit", type=int, default=20, help="samples to list with --shard (0 = all)")
+    i.add_argument(
+        "--versions",
+        action="store_true",
+        help="list the dataset's versions (one per pack or append: time, shards added, totals)",
+    )
 
 
 def _cp(sub: Any, s3_options: argparse.ArgumentParser) -> None:

@@ -34,6 +34,7 @@ class PackConfig:
     resume: bool = False
     allow_skip: bool = False
     fsync: bool = False
+    append: bool = False  # add the shards to the dataset at the destination as a new version
     progress: bool | None = None
     include_hidden: bool = False  # pack hidden files and folders too (.DS_Store, .git/); default: left out
     exclude: tuple[str, ...] = ()  # globs of paths to leave out (see fastload.core.pathrules)

@@ -9,7 +9,8 @@
     ├── PackError                        a pack run cannot proceed (destination state, changed source)
     │   ├── SkippedInputError            the pack finished but skipped inputs (see ``.skipped``)
     │   ├── DestinationWriteError(OSError)  writing a pack's destination (or staging folder), or cp's, failed
-    │   └── UnfinishedPackError          a folder holds an interrupted pack (its journal): --resume it
+    │   ├── UnfinishedPackError          a folder holds an interrupted pack (its journal): --resume it
+    │   └── AppendConflictError          another run appends the same inputs, or already appended them
     ├── IndexFormatError                 an ``index.json`` that is missing, malformed or of another version
     ├── VerifyError                      a shard does not match its index (names shard, sample, offset)
     │   └── SampleChecksumError          one sample's bytes fail their CRC32C (on_error="skip" skips it)
@@ -17,7 +18,8 @@
         ├── RangeReadError(OSError)      retries spent on one byte range (range, attempts, last error)
         ├── ObjectChangedError           the object was overwritten while being read (ETag changed)
         ├── AccessDeniedError(PermissionError)  401/403
-        └── S3NotFoundError(NotFoundError)      404: no such bucket or key
+        ├── S3NotFoundError(NotFoundError)      404: no such bucket or key
+        └── PreconditionFailedError      412: a conditional PUT lost to another writer (If-Match)
 
 Errors carry the data a user needs (path, shard, key, byte offset) as attributes and say what to do.
 """
@@ -199,6 +201,19 @@ class UnfinishedPackError(PackError):
         )
 
 
+class AppendConflictError(PackError):
+    """An append cannot go on: another run is appending the same inputs to the dataset now (``holder``
+    says which), or they are already its version ``version``."""
+
+    def __init__(
+        self, message: str, *, url: str, holder: str | None = None, version: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.holder = holder
+        self.version = version
+
+
 _WRITE_PROBLEMS = {
     errno_codes.ENOSPC: "no space left on the device",
     errno_codes.EDQUOT: "the disk quota is used up",
@@ -311,6 +326,11 @@ class S3NotFoundError(S3Error, NotFoundError):
     def __init__(self, message: str, *, bucket: str, key: str, url: str | None = None) -> None:
         S3Error.__init__(self, message, bucket=bucket, key=key, url=url)
         self.path = self.url
+
+
+class PreconditionFailedError(S3Error):
+    """A conditional PUT was refused (412): the object is no longer the one read (``If-Match``), or exists
+    already (``If-None-Match: *``); read it again and retry."""
 
 
 class WorkerDiedError(FastloadError, RuntimeError):

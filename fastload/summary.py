@@ -9,6 +9,7 @@ from collections import Counter
 from fastload.config import S3Config
 from fastload.core.index import DatasetIndex
 from fastload.core.units import format_size
+from fastload.core.versions import versions_of
 from fastload.errors import ConfigError
 from fastload.formats import by_name, full_entry, sidecar_prefix
 
@@ -32,6 +33,11 @@ def describe(index: DatasetIndex) -> str:
     fields = Counter(k for s in index.shards for k in ([s.partition] if s.partition else []))
     if fields:
         lines.append("partitions: " + ", ".join(f"{p} ({n} shards)" for p, n in sorted(fields.items())))
+    versions = versions_of(index)
+    if len(versions) > 1:
+        lines.append(
+            f"versions: {len(versions)} (newest {versions[-1].created}; `fastload inspect --versions`)"
+        )
     if index.skipped:
         lines.append(f"skipped:  {len(index.skipped)} input(s) when packing (see index.json)")
     lines += by_name(index.shard_format).describe(index)  # what only this format has to say
@@ -52,6 +58,19 @@ def describe(index: DatasetIndex) -> str:
             lines.append(
                 f"  {format_size(left):>10} .. {format_size(left + width):>10} | {bar} {counts.get(b, 0)}"
             )
+    return "\n".join(lines)
+
+
+def describe_versions(index: DatasetIndex) -> str:
+    """One line per version: number, time, shards added, and the dataset's totals at that version (an index
+    without recorded versions is version 1 of every shard)."""
+    lines = [f"{'version':>7}  {'created (UTC)':<20}  {'added':>7}  {'shards':>7}  {'samples':>12}  bytes"]
+    for v in versions_of(index):
+        created = v.created or "(not recorded)"
+        lines.append(
+            f"{v.version:>7}  {created:<20}  {v.added:>7,}  {v.shards:>7,}  {v.samples:>12,}  "
+            f"{format_size(v.bytes)} ({v.bytes:,})"
+        )
     return "\n".join(lines)
 
 

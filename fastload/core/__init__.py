@@ -12,5 +12,5 @@ Also: row filters in pyarrow's DNF (``filters``), kept rows as runs (``selection
 projected read (``projection``), a tar shard's member layout (``layout``), sample tables (``table``), a
 mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which listed paths a pack leaves
 out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``), what a
-``fastload cp`` copies or skips (``syncplan``) and web store URLs (``weburls``: brace patterns, ``hf://``
-to the Hub's routes)."""
+``fastload cp`` copies or skips (``syncplan``), web store URLs (``weburls``: brace patterns, ``hf://``
+to the Hub's routes) and a growing dataset's versions and appended shard names (``versions``)."""

@@ -6,6 +6,7 @@ Version 2 (written by this fastload) lists shards only, so it grows with shards,
      "shard_format": "tar" | "parquet" | "tfrecord" | another registered format, "checksum": "crc32c",
      "fields": [...], "totals": {"shards", "samples", "bytes", "payload_bytes"},
      "options": {...}, "skipped": [{"path", "reason"}],
+     "versions": [{"version", "created", "shards", "samples", "bytes", "added", "fingerprint", "layout"}],
      "shards": [{"name", "format", "bytes", "samples", "checksum", "partition",
                  "fields": [...],                                    # tar member layout order, if uniform
                  "table": {"name", "bytes", "checksum", "content"}}]} # the shard's sample table (sidecar)
@@ -40,6 +41,7 @@ from typing import Any
 
 from fastload.core.layout import layout_problem, layout_problem_arrays
 from fastload.core.table import SampleTable
+from fastload.core.versions import Version, parse_versions
 from fastload.errors import IndexFormatError
 
 INDEX_NAME = "index.json"
@@ -298,6 +300,7 @@ class DatasetIndex:
     options: dict[str, Any] = field(default_factory=dict)
     skipped: list[dict[str, str]] = field(default_factory=list)
     payload_bytes: int = 0
+    versions: list[Version] = field(default_factory=list)  # empty: version 1 of every shard (core.versions)
 
     @property
     def samples(self) -> int:
@@ -332,6 +335,7 @@ class DatasetIndex:
             },
             "options": self.options,
             "skipped": self.skipped,
+            **({"versions": [v.to_dict() for v in self.versions]} if self.versions else {}),
             "shards": [s.manifest_dict() if v2 else s.to_dict() for s in self.shards],
         }
 
@@ -368,6 +372,8 @@ def parse_index(data: bytes, *, where: str = INDEX_NAME) -> DatasetIndex:
             skipped=list(raw.get("skipped", [])),
             payload_bytes=int(totals.get("payload_bytes", 0)),
         )
+        if "versions" in raw:
+            index.versions = parse_versions(raw["versions"], shards=len(index.shards))
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise IndexFormatError(f"{where} is malformed: {exc!r}; re-run `fastload pack`") from None
     if not index.shard_format:

@@ -9,6 +9,7 @@
   ``pack_table`` -> ``table_shards``: :class:`~fastload.packing.table_shards.TableShard` jobs);
 - all run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
   into a ``dest`` (local folder or ``s3dest``) and keep a ``journal`` for resume;
+- ``append`` (``pack --append``: any plan of files or rows appended as a new version);
 - ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.
 
 Also: ``options`` (what of a PackConfig decides the bytes), ``staging`` (local staging folders of packs to

@@ -99,6 +99,17 @@ class Plan(ABC, Generic[R]):
         """Of a finished pack of this plan (``index``), the shards to write again; None: none."""
         return None
 
+    def output_options(self) -> dict[str, Any] | None:
+        """The options its ``index.json`` records that decide the shards' bytes (what an append must share
+        with the dataset it joins: ``packing.append``); None: this plan cannot append."""
+        return None
+
+    def publish(self, dest: Destination, index: DatasetIndex) -> DatasetIndex:
+        """Write ``index`` as the dataset's ``index.json`` (last, once every shard is published) and return
+        what was written; an append joins it to the index there is now instead."""
+        dest.write_bytes(index_name(index.shard_format), index.to_json())
+        return index
+
     @abstractmethod
     def engine(self, dest: Destination, journal: PackJournal, todo: int | None) -> Engine:
         """The engine for ``todo`` shards still to write (None: not known ahead)."""
@@ -233,7 +244,7 @@ def run(plan: Plan[R]) -> R:
         except PackError:
             journal.remove()
             raise
-        dest.write_bytes(index_name(index.shard_format), index.to_json())
+        index = plan.publish(dest, index)
         journal.remove()
         report = plan.report(dest.url, index, results, kept=len(kept), seconds=time.monotonic() - began)
     late = plan.late_skips(results)

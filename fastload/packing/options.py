@@ -9,10 +9,34 @@ from typing import Any
 from fastload import formats
 from fastload.config import PackConfig
 
-RUNTIME_FIELDS = ("workers", "resume", "allow_skip", "fsync", "progress")  # never change the bytes
+RUNTIME_FIELDS = ("workers", "resume", "allow_skip", "fsync", "progress", "append")  # never change the bytes
 # which files are listed (include_hidden, exclude) and their keys (prefix_sources) are in the layout
 # already, through the names packed
 LISTING_FIELDS = ("include_hidden", "exclude", "prefix_sources")
+
+
+# how an append's shards are cut: they may differ from the dataset's (each shard is a whole shard of its
+# format either way); every other output option must be the dataset's
+APPEND_FREE = ("shard_size_bytes", "max_samples", "shuffle_seed", "row_group_bytes", "prefix")
+
+
+def append_problems(
+    dataset: dict[str, Any], shard_format: str, appended: dict[str, Any], fmt: str
+) -> list[str]:
+    """What keeps shards written with ``appended`` output options in format ``fmt`` from joining a dataset
+    of ``shard_format`` written with ``dataset`` (its ``index.json`` options), in words naming each option;
+    empty when they may. Options one side does not record are not compared (older indexes record fewer)."""
+    if fmt != shard_format:
+        return [
+            f"shard_format: the dataset is {shard_format}, this append writes {fmt} "
+            f"(pass --format {shard_format})"
+        ]
+    out = []
+    for name in sorted(set(dataset) & set(appended)):
+        if name in APPEND_FREE or name == "layout" or dataset[name] == appended[name]:
+            continue
+        out.append(f"{name}: {dataset[name]!r} in the dataset, {appended[name]!r} in this append")
+    return out
 
 
 def checked(config: PackConfig) -> PackConfig:
@@ -36,4 +60,4 @@ def output_options(config: PackConfig) -> dict[str, Any]:
     return out
 
 
-__all__ = ["checked", "output_options"]
+__all__ = ["APPEND_FREE", "append_problems", "checked", "output_options"]

@@ -19,6 +19,7 @@ from fastload.core.index import DatasetIndex
 from fastload.errors import ConfigError, Skip, SkippedInputError
 from fastload.formats.shard import ShardResult
 from fastload.gcpause import gc_paused
+from fastload.packing.append import run_append
 from fastload.packing.dest import Destination
 from fastload.packing.driver import Plan, Retry, Target, destination_errors, pack_report, results_index, run
 from fastload.packing.engine import Engine, LocalEngine, ShardJob
@@ -67,6 +68,8 @@ def pack(
     """
     if engine not in ("local", "ray"):
         raise ConfigError(f"engine={engine!r}; choose 'local' or 'ray'")
+    if engine == "ray" and (options.get("append") or (config is not None and config.append)):
+        raise ConfigError("--append runs on the local engine for now; leave out --engine ray")
     if engine == "ray":
         from fastload.packing.ray_engine import require_ray
 
@@ -87,14 +90,15 @@ def pack(
         if engine != "local":
             raise ConfigError("tabular sources are packed by the local engine; leave out --engine ray")
         table_options = TableOptions(file_columns=tuple(file_columns), sort_by=sort_by, key_column=key_column)
-        return pack_table(srcs, target, config, table_options, s3_config=s3_config)
+        return pack_table(srcs, target, config, table_options, s3_config=s3_config)  # (appends too)
     with destination_errors(target), gc_paused():
         plan = plan_pack(srcs, config, s3_config)  # (planning makes many small objects and no cycles)
     if (plan.skipped or plan.unreadable) and not config.allow_skip:
         raise SkippedInputError(plan.skipped + plan.unreadable, written=False, hint=plan.hint)
-    return run(
-        FilesPlan(plan, config, target, srcs=srcs, s3_config=s3_config, engine=engine, address=ray_address)
+    files = FilesPlan(
+        plan, config, target, srcs=srcs, s3_config=s3_config, engine=engine, address=ray_address
     )
+    return run_append(files) if config.append else run(files)
 
 
 class FilesPlan(Plan[PackReport]):
@@ -157,6 +161,9 @@ class FilesPlan(Plan[PackReport]):
 
     def progress_total(self) -> int | None:
         return self.plan.payload_bytes
+
+    def output_options(self) -> dict[str, Any]:
+        return output_options(self.config)
 
     def index(self, results: Mapping[int, ShardResult]) -> DatasetIndex:
         return results_index(

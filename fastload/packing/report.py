@@ -8,6 +8,7 @@ from typing import Any
 
 from fastload.core.index import DatasetIndex
 from fastload.core.keys import DECODED_EXTENSIONS, Sample
+from fastload.core.versions import versions_of
 from fastload.errors import Skip
 
 
@@ -81,6 +82,7 @@ class PackReport:
     seconds: float = 0.0
     already_complete: bool = False
     notes: ListingNotes = field(default_factory=ListingNotes)
+    appended: tuple[Any, DatasetIndex] | None = None  # an append: (its Version, the dataset's index now)
 
     def summary(self) -> str:
         idx = self.index
@@ -99,6 +101,13 @@ class PackReport:
             f"packed {idx.samples:,} samples ({self.files:,} files, {mb:,.1f} MB) into {len(idx.shards)} "
             f"{idx.shard_format} shard(s) in {self.dst} in {self.seconds:.1f}s{rate}",
         ]
+        if self.appended is not None:
+            version, now = self.appended
+            number = f"version {version.version}" if version is not None else "a new version"
+            lines.append(
+                f"appended as {number}: {self.dst} now holds {now.samples:,} samples in {len(now.shards)} "
+                f"shard(s) ({len(versions_of(now))} versions; `fastload inspect --versions` lists them)"
+            )
         if self.empty_files:
             lines.append(f"{self.empty_files:,} empty file(s) packed as empty values")
         lines += self.notes.lines()

@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 
 from fastload.config import S3Config
 from fastload.errors import S3NotFoundError, write_error
@@ -29,6 +30,9 @@ class S3Destination:
         self.client = get_client(config)
         self.tmp_dir = ""
         self._staging: StagingFolder | None = None
+        # which stale multipart uploads prepare() aborts (by key; None: all under the prefix). An append
+        # aborts only its own: other appenders may be uploading under the same prefix right now.
+        self.owns: Callable[[str], bool] | None = None
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -50,7 +54,7 @@ class S3Destination:
             staging = tempfile.gettempdir()
             raise write_error(exc, staging).at(destination=self.url, staging=staging) from exc
         self.tmp_dir = self._staging.path
-        abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config)
+        abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config, match=self.owns)
 
     def size(self, name: str) -> int | None:
         retrier = Retrier.from_config(self.config)

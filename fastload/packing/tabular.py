@@ -34,6 +34,7 @@ from fastload.core.plan import ShardPlan, plan_shards, sample_order
 from fastload.errors import ConfigError, PackError, Skip, SkippedInputError
 from fastload.formats.parquet.writer import KEY_COLUMN
 from fastload.formats.shard import ShardResult
+from fastload.packing.append import run_append
 from fastload.packing.dest import Destination
 from fastload.packing.driver import Plan, Target, pack_report, results_index, run
 from fastload.packing.engine import Engine, LocalEngine, ShardJob
@@ -311,7 +312,8 @@ def pack_table(
         raise SkippedInputError(plan.skipped, written=False)
     if not plan.rows.num_rows:
         raise PackError(f"no rows to pack in {', '.join(sources)}")
-    return run(RowsPlan(plan, config, options, target, s3_config=s3_config))
+    rows = RowsPlan(plan, config, options, target, s3_config=s3_config)
+    return (run_append if config.append else run)(rows)
 
 
 class RowsPlan(Plan[PackReport]):
@@ -365,18 +367,16 @@ class RowsPlan(Plan[PackReport]):
     def progress_total(self) -> int | None:
         return self.plan.payload_bytes
 
+    def output_options(self) -> dict[str, Any]:
+        return {**output_options(self.config), "kind": "table", **self.options.to_dict()}
+
     def index(self, results: Mapping[int, ShardResult]) -> DatasetIndex:
         return results_index(
             results,
             numbers=[p.number for p in self.plan.shards],
             shard_format="parquet",
             fields=self.plan.fields,
-            options={
-                **output_options(self.config),
-                "kind": "table",
-                **self.options.to_dict(),
-                "layout": self.plan.layout,
-            },
+            options={**self.output_options(), "layout": self.plan.layout},
             planned_skips=self.plan.skipped,
         )
 

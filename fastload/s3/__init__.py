@@ -9,6 +9,7 @@ loop (``retrying``), the AIMD gate (``gate``), the parallel ranged reader (``rea
 Also: the seam between the reader and a store's transport (``objectio``: responses, aborts, the one body
 loop, what is known of the object), one part's fetch (``partfetch``), the races between a GET and its hedges
 and the hedges themselves (``races``), the hedging watchdog (``hedging``), the direct transport's HTTP/1.1
-(``http1``), deletes (``delete``), bucket creation (``buckets``, ``fastload mb``) and server-side copies
-(``servercopy``: CopyObject, UploadPartCopy); plain HTTP(S) as a store (``httpstore``: the web store's
+(``http1``), deletes (``delete``), bucket creation (``buckets``, ``fastload mb``), server-side copies
+(``servercopy``: CopyObject, UploadPartCopy) and conditional PUTs (``conditional``: ``index.json``
+published with If-Match / If-None-Match); plain HTTP(S) as a store (``httpstore``: the web store's
 transport behind the same seam, no signing) and its errors (``urlerrors``)."""

@@ -159,10 +159,16 @@ def abort(client: Any, bucket: str, key: str, upload_id: str, retrier: Retrier) 
 
 
 def abort_stale_uploads(
-    client: Any, bucket: str, prefix: str, *, config: S3Config, keys: Collection[str] | None = None
+    client: Any,
+    bucket: str,
+    prefix: str,
+    *,
+    config: S3Config,
+    keys: Collection[str] | None = None,
+    match: Callable[[str], bool] | None = None,
 ) -> int:
-    """Abort every open multipart upload under ``prefix`` (only those of ``keys``, when given); return how
-    many were aborted."""
+    """Abort every open multipart upload under ``prefix`` (only those of ``keys``, and of keys ``match``
+    accepts, when given); return how many were aborted."""
     retrier = Retrier.from_config(config)
 
     def spent(failure: Failure, tries: int, elapsed_s: float) -> Exception:
@@ -178,7 +184,9 @@ def abort_stale_uploads(
     while True:
         page = retrier.call(lambda p=dict(params): client.list_multipart_uploads(**p), give_up)  # type: ignore[misc]
         for upload in page.get("Uploads", []):
-            if keys is not None and upload["Key"] not in keys:
+            if (keys is not None and upload["Key"] not in keys) or (
+                match is not None and not match(upload["Key"])
+            ):
                 continue
             abort(client, bucket, upload["Key"], upload["UploadId"], retrier)
             aborted += 1

@@ -43,6 +43,7 @@ from fastload.core.sharding import (
     worker_position_array,
     worker_span,
 )
+from fastload.core.versions import versions_of
 from fastload.errors import ConfigError
 from fastload.formats.native import accelerate_shuffle
 from fastload.gcpause import gc_paused
@@ -63,7 +64,7 @@ from fastload.train.options import (
 )
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import read_samples
-from fastload.train.statecheck import check_shape, order_parts, order_refusal
+from fastload.train.statecheck import check_shape, order_parts, order_refusal, version_refusal
 from fastload.train.tablememo import TableMemo
 from fastload.train.view import DatasetView, open_dataset
 
@@ -123,7 +124,10 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
     prefetch ``prefetch_bytes``, ``prefetch_threads``, ``prefetch_runs``; cache ``cache_dir``,
     ``cache_limit_bytes``, ``cache_verify``, ``cache_tables_bytes`` (index v2 sample tables kept in memory
     between epochs). ``key_column``: for Parquet files without an index, the column
-    whose values are ``__key__`` (default ``<file>/<row>``; ``docs/parquet-foreign.md``).
+    whose values are ``__key__`` (default ``<file>/<row>``; ``docs/parquet-foreign.md``). ``version``: read
+    the dataset as it was at that version (an appended dataset's first shards; default: the newest when
+    opened); a checkpoint records the version it read, and an epoch restored after an append finishes over
+    it (``docs/training.md``, "A dataset that grows").
     :meth:`epoch_report` says which samples ``even`` dropped or
     repeated.
     """
@@ -156,6 +160,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         cache_tables_bytes: int = DEFAULT_TABLES_BYTES,
         s3_config: S3Config | None = None,
         key_column: str | None = None,
+        version: int | None = None,
         order: OrderConfig | None = None,
         decoding: DecodeConfig | None = None,
         prefetch: PrefetchConfig | None = None,
@@ -223,7 +228,9 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             partition_columns=self.decoding.partition_columns,
             caching=caching,
             on_bypass=self._shared.cache_bypassed,  # all processes; warned once
+            version=version,
         )
+        self.pinned = version  # the version asked for (None: the newest when opened)
         self.prefetch = wanted.resolved(remote=storage.is_remote(self.root))
         self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
         self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
@@ -288,9 +295,21 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         world = self.rank_world()[1] if world_size is None else world_size
         return self._fingerprint(world, legacy=False)
 
-    def _counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """Each shard's sample count, or its count of rows kept by ``filters``."""
-        return self.view.counts
+    def _span(self, epoch: int) -> int:
+        """How many shards ``epoch`` reads: all, or the first ones of the older version a checkpoint of
+        that epoch was taken over (``load_state_dict`` after an append)."""
+        return self._shared.version_shards(epoch) or len(self.view.counts)
+
+    def _counts(self, span: int | None = None) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Each shard's sample count, or its count of rows kept by ``filters``, of the first ``span``
+        shards (default: those the current epoch reads)."""
+        counts = self.view.counts
+        n = self._span(self.epoch) if span is None else span
+        return counts if n >= len(counts) else counts[:n]
+
+    def _version_of(self, span: int) -> int:
+        """The number of the version whose shards are the first ``span`` (the newest read if none is)."""
+        return next((v.version for v in versions_of(self.index) if v.shards == span), self.view.version)
 
     def shard_entries(self) -> Sequence[Any]:
         """The shards' entries to read with: the manifest's, with the sample tables that ``filters``
@@ -310,23 +329,26 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             positions = self.filtered.rows(shards, positions)
         return list(zip(shards.tolist(), positions.tolist(), strict=True))
 
-    def _samples(self) -> int:
-        return int(self._counts().sum())
+    def _samples(self, span: int | None = None) -> int:
+        return int(self._counts(span).sum())
 
-    def _rotates(self, world: int) -> bool:
-        return self.seed is None and self.even == "split" and self._samples() % world != 0
+    def _rotates(self, world: int, span: int | None = None) -> bool:
+        return self.seed is None and self.even == "split" and self._samples(span) % world != 0
 
-    def _fingerprint(self, world: int, *, legacy: bool) -> str:
-        """:meth:`order_fingerprint`; ``legacy``: as fastload before the split rotation computed it."""
-        algorithm = ("split-rotates",) if self._rotates(world) and not legacy else ()
+    def _fingerprint(self, world: int, *, legacy: bool, span: int | None = None) -> str:
+        """:meth:`order_fingerprint`; ``legacy``: as fastload before the split rotation computed it;
+        ``span``: over the first shards only (default: those the current epoch reads)."""
+        counts = self._counts(span)
+        algorithm = ("split-rotates",) if self._rotates(world, len(counts)) and not legacy else ()
         settings = repr((self.seed, self.shuffle_buffer, self.even, world, *algorithm))
-        cached: dict[str, str] = self.__dict__.setdefault("_fingerprints", {})
-        if settings not in cached:
+        key = (settings, len(counts))
+        cached: dict[tuple[str, int], str] = self.__dict__.setdefault("_fingerprints", {})
+        if key not in cached:
             digest = hashlib.sha256(settings.encode())
-            for shard, count in zip(self.index.shards, self._counts().tolist(), strict=True):
+            for shard, count in zip(self.index.shards[: len(counts)], counts.tolist(), strict=True):
                 digest.update(f"{shard.name}\0{count}\0{shard.checksum}\n".encode())
-            cached[settings] = digest.hexdigest()[:16]
-        return cached[settings]
+            cached[key] = digest.hexdigest()[:16]
+        return cached[key]
 
     def rank_world(self) -> tuple[int, int]:
         return _rank_and_world(self.order.rank, self.order.world_size)
@@ -337,13 +359,14 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         epoch = self.epoch if epoch is None else epoch
         return self._plan(epoch, self.resumed_from() if epoch == self.epoch else None)
 
-    def _plan(self, epoch: int, resumed: tuple[int, int] | None) -> RankPlan:
+    def _plan(self, epoch: int, resumed: tuple[int, int] | None, span: int | None = None) -> RankPlan:
         rank, world = self.rank_world()
-        key = (rank, world, epoch, resumed)
+        span = self._span(epoch) if span is None else span
+        key = (rank, world, epoch, resumed, span)
         cached = self.__dict__.get("_plan_cache")
         if cached is not None and cached[0] == key:
             return cached[1]  # type: ignore[no-any-return]
-        counts = self._counts()
+        counts = self._counts(span)
         o = self.order
         common: dict[str, Any] = {"rank": rank, "world_size": world, "seed": o.seed, "epoch": epoch}
         common.update(even=o.even, shuffle_buffer=o.shuffle_buffer)
@@ -385,7 +408,9 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             "skipped_on_error": self.skipped,
             "cache_bypassed": self.cache_bypassed,
             "skipped_samples": self.skipped_samples,
-            "cut_from": split_rotation(self._samples(), world_size=world, seed=self.seed, epoch=epoch)
+            "cut_from": split_rotation(
+                self._samples(self._span(epoch)), world_size=world, seed=self.seed, epoch=epoch
+            )
             if self.even == "split"
             else 0,
         }
@@ -407,15 +432,17 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         else:
             resumed, epoch, start, consumed = live.resumed, live.epoch, live.start, live.consumed
         rank, world = self.rank_world()
+        span = self._span(epoch)
         state: dict[str, Any] = {
             "epoch": epoch,
             "delivered": start if info is not None else start + consumed,
             "seed": self.seed,
             "world_size": world,
             "rank": rank,
-            "samples": self._samples(),
-            "order": self.order_fingerprint(),
-            **self._order_parts(),
+            "samples": self._samples(span),
+            "order": self._fingerprint(world, legacy=False, span=span),
+            "version": self._version_of(span),
+            **self._order_parts(span),
             **selection_state(self.filters, self.decoding.columns),
         }
         if resumed is not None:
@@ -436,21 +463,23 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             raise ConfigError("this is a fastload.Mix's state; restore it into the Mix that saved it")
         _, world = self.rank_world()
         old_world = state.get("world_size", world)
-        state = self._legacy_split(state, old_world if isinstance(old_world, int) else world)
+        span = self._checkpoint_span(state)
+        state = self._legacy_split(state, old_world if isinstance(old_world, int) else world, span)
         check_selection(state, self.filters, self.decoding.columns)
         if "seed" in state and state["seed"] != self.seed:
             raise ConfigError(
                 f"cannot resume: the checkpoint has seed={state['seed']!r}, this run has seed={self.seed!r}; "
                 "resume with the checkpoint's seed"
             )
-        order = self.order_fingerprint(old_world if isinstance(old_world, int) else None)
-        if state.get("samples", self._samples()) != self._samples() or state.get("order", order) != order:
-            raise order_refusal(state, {"samples": self._samples(), **self._order_parts()})
+        order = self._fingerprint(old_world if isinstance(old_world, int) else world, legacy=False, span=span)
+        samples = self._samples(span)
+        if state.get("samples", samples) != samples or state.get("order", order) != order:
+            raise order_refusal(state, {"samples": samples, **self._order_parts(span)})
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
         resumed = self._resumed_by(state, int(old_world), world)
         if old_world == world:
             start = delivered
-            total = len(self._plan(epoch, resumed).samples)
+            total = len(self._plan(epoch, resumed, span).samples)
             if not 0 <= start <= total:
                 raise ConfigError(
                     f"cannot resume: the checkpoint has delivered={start} samples of epoch {epoch}, but this "
@@ -459,31 +488,50 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         else:
             start = 0
             try:
-                self._plan(epoch, resumed)
+                self._plan(epoch, resumed, span)
             except ValueError as exc:
                 raise ConfigError(f"cannot resume from this checkpoint: {exc}") from None
-        self._restore(state, epoch, start, resumed)
+        older = span if span < len(self.view.counts) else 0
+        self._restore(state, epoch, start, resumed, version_shards=older)
 
-    def _order_parts(self) -> dict[str, Any]:
+    def _checkpoint_span(self, state: dict[str, Any]) -> int:
+        """How many shards the checkpoint ``state``'s epoch read: this dataset's, or (taken before an
+        append) the first ones, as many as an older version of it lists; refused, saying why, otherwise."""
+        total = len(self.view.counts)
+        shards = state.get("shards", total)
+        if shards == total or type(shards) is not int:
+            return total
+        versions = versions_of(self.index)
+        if shards < total and any(v.shards == shards for v in versions):
+            return int(shards)
+        if state.get("version", versions[-1].version) == versions[-1].version:
+            return total  # another dataset, or one re-packed: the order refusal says what differs
+        raise version_refusal(state, versions, pinned=self.pinned, root=self.root)
+
+    def _order_parts(self, span: int | None = None) -> dict[str, Any]:
         """What decides the order besides seed and world size, as a checkpoint records it
-        (:func:`~fastload.train.statecheck.order_parts`)."""
-        parts = self.__dict__.get("_parts")
-        if parts is None:
+        (:func:`~fastload.train.statecheck.order_parts`), over the first ``span`` shards (default: those
+        the current epoch reads)."""
+        counts = self._counts(span)
+        cached: dict[int, dict[str, Any]] = self.__dict__.setdefault("_parts", {})
+        if len(counts) not in cached:
             o = self.order
-            counts = self._counts().tolist()
-            parts = order_parts(self.index.shards, counts, shuffle_buffer=o.shuffle_buffer, even=o.even)
-            self._parts = parts
-        return dict(parts)
+            shards = self.index.shards[: len(counts)]
+            parts = order_parts(shards, counts.tolist(), shuffle_buffer=o.shuffle_buffer, even=o.even)
+            cached[len(counts)] = parts
+        return dict(cached[len(counts)])
 
-    def _legacy_split(self, state: dict[str, Any], world: int) -> dict[str, Any]:
+    def _legacy_split(self, state: dict[str, Any], world: int, span: int | None = None) -> dict[str, Any]:
         """``state`` as this version's if it can be: a checkpoint of an ``even="split"`` epoch without a
         seed taken by a fastload that cut the same samples every epoch means the same samples in epoch 0
         (no rotation yet) and is refused, saying why, in any other."""
-        if not self._rotates(world) or state.get("order") != self._fingerprint(world, legacy=True):
+        if not self._rotates(world, span) or state.get("order") != self._fingerprint(
+            world, legacy=True, span=span
+        ):
             return state
         epoch = int(state.get("epoch", 0))
         if epoch == 0:
-            return {**state, "order": self._fingerprint(world, legacy=False)}
+            return {**state, "order": self._fingerprint(world, legacy=False, span=span)}
         raise ConfigError(
             f"cannot resume: this checkpoint of epoch {epoch} was taken by a fastload whose even='split' "
             "order without a seed cut the same samples from every epoch; this version rotates that cut with "

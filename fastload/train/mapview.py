@@ -93,6 +93,8 @@ class MapDataset(torch.utils.data.Dataset[Any]):
     and open files; ``row_group_cache_bytes`` of Parquet row groups (by stored size; the last one is always
     kept); ``threads`` reads of different shards at once in a batch; ``max_gap_bytes``: samples of a batch
     in one shard whose byte ranges are at most this far apart are read with one ranged read.
+    ``version``: read the dataset as it was at that version (an appended dataset's first shards); None: the
+    newest when opened.
     """
 
     def __init__(
@@ -117,6 +119,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         max_open_shards: int = 64,
         row_group_cache_bytes: int = 64 << 20,
         max_gap_bytes: int = DEFAULT_GAP_BYTES,
+        version: int | None = None,
     ) -> None:
         for name, value, least in (("threads", threads, 1), ("max_open_shards", max_open_shards, 1)):
             if value < least:
@@ -142,6 +145,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             filters=filters,
             columns=columns,
             partition_columns=partition_columns,
+            version=version,
             # (no table memo: the open shards' LRU keeps their tables)
             caching=CacheConfig(
                 path=cache_dir, limit_bytes=cache_limit_bytes, verify=cache_verify, tables_bytes=0

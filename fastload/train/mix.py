@@ -36,7 +36,7 @@ from fastload.train.mixread import interleave, source_samples
 from fastload.train.mixweights import Weights, sample_weights, tokens_per_sample
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import SKIPPED
-from fastload.train.statecheck import check_shape, differences, refusal
+from fastload.train.statecheck import check_shape, differences, grown_fix, refusal, source_change
 
 
 class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
@@ -250,18 +250,20 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             labels = {k: k if k != "weights" else "weights (per schedule step)" for k in mine["mixture"]}
             found = differences(saved, mine["mixture"], labels)
         orders = state.get("source_orders")
+        saved_versions = state.get("source_versions")
+        versions: dict[str, Any] = saved_versions if isinstance(saved_versions, dict) else {}
+        grown: list[str] = []
         if isinstance(orders, dict):
             for name, digest in orders.items():
                 if name in mine["source_orders"] and digest != mine["source_orders"][name]:
-                    found.append(
-                        f"source {name!r}: its sample order (its shards, re-packed or changed?, or its seed, "
-                        "shuffle_buffer or even)"
-                    )
+                    now = self.sources[self.names.index(name)].view.version
+                    found.append(source_change(name, versions.get(name, 1), now, grown))
+        fix = "Resume with the sources and settings the checkpoint was taken with" + grown_fix(grown)
         return refusal(
             "the mixture",
             found,
             unknown="the sources, their order settings, weights, schedule, stop, seed or batch size",
-            fix="Resume with the sources and settings the checkpoint was taken with",
+            fix=fix,
         )
 
     def state_dict(self, *, delivered: int | None = None) -> dict[str, Any]:
@@ -290,6 +292,11 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             **self._mixture_parts(),
             "sources": dict(zip(self.names, (int(c) for c in counts), strict=True)),
         }
+        grown = {
+            n: d.view.version for n, d in zip(self.names, self.sources, strict=True) if d.view.version > 1
+        }
+        if grown:  # the versions read where not 1 (what a checkpoint without them read: kept small)
+            state["source_versions"] = grown
         if resumed is not None:
             state["resumed_from"] = {"world_size": resumed[0], "delivered": resumed[1]}
         if info is not None:

@@ -47,6 +47,8 @@ class _Fields(ctypes.Structure):
         ("pass_generation", ctypes.c_int64),  # the generation and DataLoader iteration (its workers' base
         ("pass_seed", ctypes.c_int64),  # seed) of the last pass workers began: a new one, the same epoch...
         ("warned_repeat", ctypes.c_int64),  # ... was warned about
+        ("version_shards", ctypes.c_int64),  # a restored epoch read over an older version: its shard count
+        ("version_epoch", ctypes.c_int64),  # ... and which epoch that is (0 shards: none)
     ]
 
 
@@ -95,17 +97,30 @@ class SharedPosition:
             f.epoch = epoch
             return
         f.restored_epoch = 0
-        f.epoch, f.start, f.old_world = epoch, 0, 0
+        f.epoch, f.start, f.old_world, f.version_shards = epoch, 0, 0, 0
         with self.lock:
             f.skipped = f.log_used = f.log_full = 0
 
-    def restore(self, epoch: int, start: int, resumed: tuple[int, int] | None) -> None:
-        """Continue ``epoch`` after ``start`` samples (of the order resumed from ``resumed``, if given)."""
+    def restore(
+        self, epoch: int, start: int, resumed: tuple[int, int] | None, *, version_shards: int = 0
+    ) -> None:
+        """Continue ``epoch`` after ``start`` samples (of the order resumed from ``resumed``, if given), over
+        the first ``version_shards`` shards (an older version of the dataset; 0: all of them)."""
         self.set_epoch(epoch)
         f = self.fields
         f.old_world, f.old_delivered, f.resumed_epoch = (resumed or (0, 0)) + (epoch,)
         f.start = start
         f.restored_epoch = epoch + 1
+        self.read_version(epoch, version_shards)
+
+    def read_version(self, epoch: int, shards: int) -> None:
+        """``epoch`` reads the first ``shards`` shards (a checkpoint's version; 0: all)."""
+        self.fields.version_shards, self.fields.version_epoch = shards, epoch
+
+    def version_shards(self, epoch: int) -> int:
+        """How many shards ``epoch`` reads when restored over an older version (0: all of them)."""
+        f = self.fields
+        return int(f.version_shards) if f.version_shards > 0 and f.version_epoch == epoch else 0
 
     def rewind(self) -> None:
         """The next pass starts the current epoch from its beginning (a pass ran to its end)."""
@@ -291,7 +306,13 @@ class PositionMethods:
         return old_world, delivered
 
     def _restore(
-        self, state: dict[str, Any], epoch: int, start: int, resumed: tuple[int, int] | None
+        self,
+        state: dict[str, Any],
+        epoch: int,
+        start: int,
+        resumed: tuple[int, int] | None,
+        *,
+        version_shards: int = 0,
     ) -> None:
         """Continue ``epoch`` after ``start`` positions (of the order resumed from ``resumed``): in the
         training process for every copy (the shared position); in a DataLoader worker (a StatefulDataLoader
@@ -304,7 +325,7 @@ class PositionMethods:
                     f"this state describes DataLoader worker {worker.get('id')} of {worker.get('count')}; "
                     "restore it through the same DataLoader (StatefulDataLoader) with as many workers"
                 )
-            self._shared.restore(epoch, start, resumed)
+            self._shared.restore(epoch, start, resumed, version_shards=version_shards)
             return
         slot = (info.id, info.num_workers, self.batch_size)
         if worker is not None and (worker.get("id"), worker.get("count"), worker.get("chunk")) != slot:
@@ -314,6 +335,7 @@ class PositionMethods:
                 f"batch_size={slot[2]}; resume with the same num_workers and batch_size"
             )
         consumed = int(worker.get("consumed", 0)) if worker is not None else 0
+        self._shared.read_version(epoch, version_shards)  # (every worker restores the same epoch)
         self._pending = Iteration(epoch, start, resumed, *slot, consumed)
 
 

@@ -79,3 +79,55 @@ def order_refusal(state: Mapping[str, Any], mine: Mapping[str, Any]) -> ConfigEr
         fix="Resume with the dataset and order settings the checkpoint was taken with, or start the epoch "
         "afresh (set_epoch without load_state_dict)",
     )
+
+
+def version_refusal(
+    state: Mapping[str, Any], versions: Sequence[Any], *, pinned: int | None, root: str
+) -> ConfigError:
+    """The error for a checkpoint ``state`` taken over a number of shards that no version of the dataset
+    (``versions``: :class:`~fastload.core.versions.Version` s) has: a newer version than the one read (a
+    pin, or the dataset went back), or a dataset replaced rather than appended to since."""
+    shards, total = state.get("shards"), versions[-1].shards
+    saved = state.get("version")
+    label = f"version {saved} ({shards} shards)" if saved is not None else f"{shards} shards"
+    pin = f", pinned by version={pinned}" if pinned else ""
+    here = f"version {versions[-1].version} ({total} shards{pin})"
+    if isinstance(shards, int) and shards > total:
+        return ConfigError(
+            f"cannot resume: the checkpoint read {label} of {root}, which this dataset, at {here}, does not "
+            "have yet; open the checkpoint's version or a newer one (leave version= out for the newest), or "
+            "start the epoch afresh (set_epoch without load_state_dict)"
+        )
+    listed = ", ".join(f"{v.version}: {v.shards}" for v in versions)
+    return ConfigError(
+        f"cannot resume: the checkpoint read {label} of {root}, and no version of this dataset is that one "
+        f"(its versions, by shard count: {listed}): the dataset was replaced or re-packed since, not "
+        "appended to. Resume with the dataset the checkpoint was taken over, or start the epoch afresh "
+        "(set_epoch without load_state_dict)"
+    )
+
+
+def source_change(name: str, then: Any, now: int, grown: list[str]) -> str:
+    """What differs in a ``Mix`` source ``name`` whose order is not the checkpoint's: it grew by an append
+    since (the checkpoint read its version ``then``, this run opened ``now``: noted in ``grown``), or its
+    shards or order settings changed."""
+    if isinstance(then, int) and then < now:
+        grown.append(f"{name}: version={then}")
+        return (
+            f"source {name!r}: the checkpoint read its version {then}, this run opened version {now} (it "
+            "grew by an append since)"
+        )
+    return (
+        f"source {name!r}: its sample order (its shards, re-packed or changed?, or its seed, shuffle_buffer "
+        "or even)"
+    )
+
+
+def grown_fix(grown: list[str]) -> str:
+    """The fix for ``Mix`` sources that grew since the checkpoint (:func:`source_change`), or ""."""
+    if not grown:
+        return ""
+    return (
+        f" (a Mix resumes over the versions its checkpoint read: open {', '.join(grown)} to finish this "
+        "epoch, then without version= for the newest)"
+    )

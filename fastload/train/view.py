@@ -19,6 +19,7 @@ from fastload import formats
 from fastload.config import S3Config
 from fastload.core.filters import Filter, and_filters, normalise, partition_types
 from fastload.core.index import DatasetIndex, ShardEntry
+from fastload.core.versions import at_version, versions_of
 from fastload.errors import ConfigError
 from fastload.gcpause import gc_paused
 from fastload.storage.cache import ShardCache
@@ -79,6 +80,11 @@ class DatasetView:
     @property
     def shard_format(self) -> str:
         return self.index.shard_format
+
+    @property
+    def version(self) -> int:
+        """The version of the dataset read (the newest when it was opened, or the one pinned)."""
+        return versions_of(self.index)[-1].version
 
     def __repr__(self) -> str:
         return (
@@ -149,16 +155,20 @@ def open_dataset(
     partition_columns: bool = False,
     caching: CacheConfig | None = None,
     on_bypass: Callable[[str], None] | None = None,
+    version: int | None = None,
 ) -> DatasetView:
     """Open ``source`` (a dataset's folder or prefix, a partition folder of one, shards or Parquet files
     without an index: :func:`~fastload.train.source.open_index`) for reading: ``columns`` checked against
     the format and the schema, ``filters`` (pyarrow's DNF; a partition folder adds its own) planned,
-    ``caching.path`` checked. ``on_bypass``: told of each shard the cache could not store (picklable)."""
+    ``caching.path`` checked. ``on_bypass``: told of each shard the cache could not store (picklable).
+    ``version``: the dataset as it was at that version (its first shards: :mod:`fastload.core.versions`);
+    None: the newest."""
     parent = partition_parent(source, s3_config=s3_config)  # .../split=train of a dataset: a filter
     with gc_paused():  # a big index is many small objects
         root, index = open_index(
             parent[0] if parent else source, s3_config=s3_config, key_column=key_column, stacklevel=4
         )
+    index = at_version(index, version, where=root)
     if columns is not None and not formats.by_name(index.shard_format).projects_columns:
         raise ConfigError(f"columns= projects Parquet shards; this dataset is {index.shard_format}")
     check_projection(index, columns, where=root)
