@@ -133,7 +133,7 @@ def _cp(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from fastload.copy import listing
+    from fastload.ls import listing
 
     lines = listing(args.url, recursive=args.recursive)
     for line in lines:

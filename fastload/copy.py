@@ -312,36 +312,6 @@ def _abort_stale_uploads(
             abort_stale_uploads(get_client(config), bucket, prefix, config=config, keys=keys)
 
 
-def listing(url: str, *, recursive: bool = False, config: S3Config | None = None) -> list[str]:
-    """Lines for ``fastload ls``: ``size  name`` for objects, ``PRE name/`` for common prefixes."""
-    if not storage.is_remote(url):
-        from fastload.storage.listing import FileEntry, LocalSource
-
-        source = LocalSource(storage.normalise(url))
-        return [
-            f"{found.size:>12}  {found.relpath}" if isinstance(found, FileEntry) else f"{'SKIP':>12}  {found}"
-            for found in source.list()
-        ]
-    if is_web(url):  # the Hub lists (recursively); a web server cannot (list_files says so)
-        root = url.rstrip("/")
-        return [
-            u[len(root) + 1 :] for u in storage.list_files(root, "", config=config or S3Config.from_env())
-        ]
-    from fastload.s3.client import parse_s3_url
-    from fastload.s3.listing import list_objects
-
-    bucket, prefix = parse_s3_url(url)
-    lines = []
-    for item in list_objects(
-        bucket, prefix, config=config or S3Config.from_env(), delimiter=None if recursive else "/"
-    ):
-        if isinstance(item, str):
-            lines.append(f"{'PRE':>12}  {item}")
-        else:
-            lines.append(f"{item.size:>12}  {item.key}")
-    return lines
-
-
 def _web_names(root: str, config: S3Config) -> list[str]:
     """The files of the web folder ``root``, relative to it: listed (the Hub), else a dataset's own
     (``index.json``, its shards and their sample tables: a web server cannot be listed)."""
