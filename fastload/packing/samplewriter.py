@@ -340,6 +340,7 @@ class _SamplesPlan(Plan[WriteResult]):
             dest, journal, kept = open_part(
                 self.target,
                 part=w.part,
+                parts=w.parts or 1,
                 prefix=w.config.prefix,
                 shard_format=w.fmt.name,
                 name_of=self.name_of,

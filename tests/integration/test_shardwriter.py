@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import random
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,7 @@ import fastload
 from fastload.errors import PackError, SampleError
 
 from .helpers import fields_of, shard_paths, webdataset_samples
-
-
-def samples(n: int, seed: int = 0, size: int = 3000) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    return [
-        {
-            "__key__": f"s/{i:05d}",
-            "bin": rng.randbytes(rng.randrange(0, size)),
-            "json": {"label": i % 7, "name": f"n{i}"},
-            "txt": f"a caption {i} é",
-            "cls": i % 10,
-        }
-        for i in range(n)
-    ]
+from .writer_samples import samples
 
 
 def encoded(sample: dict[str, Any]) -> dict[str, bytes]:
