@@ -145,3 +145,15 @@ def test_a_part_on_s3_leaves_the_other_parts_uploads_open(moto_env: str) -> None
     open_ids = {u["UploadId"] for u in s3.list_multipart_uploads(Bucket="writer-uploads").get("Uploads", [])}
     assert other["UploadId"] in open_ids  # part 1 may be uploading it right now
     assert stale["UploadId"] not in open_ids  # part 0's own leftover (a killed attempt) is aborted
+
+
+def test_merge_from_the_command_line(tmp_path: Path) -> None:
+    from .helpers import run_cli
+
+    dst = tmp_path / "ds"
+    write_parts_here(str(dst), "tar", parts=2, n=5, only=[1])
+    proc = run_cli("merge", dst, check=1)
+    assert "part(s) 0 of 2 are not finished" in proc.stderr
+    write_parts_here(str(dst), "tar", parts=2, n=5, only=[0])
+    proc = run_cli("merge", dst, check=True)
+    assert "merged 2 part(s)" in proc.stdout and (dst / "index.json").exists()
