@@ -155,7 +155,7 @@ def merge_parts(url: str, *, check_keys: bool = True, s3_config: S3Config | None
         raise PackError(f"{dest.url}: the parts are of different formats ({', '.join(sorted(kinds))})")
     ordered = [indexes[p] for p in sorted(indexes)]
     columns = {tuple(ix.fields) for ix in ordered if ix.shards}
-    if first.shard_format == "parquet" and len(columns) > 1:
+    if getattr(formats.by_name(first.shard_format), "read_as_folder", False) and len(columns) > 1:
         raise PackError(
             f"{dest.url}: the Parquet parts have different columns "
             f"({' vs '.join(map(str, sorted(columns)))}); pass every part the same fields=[...]"
