@@ -78,7 +78,8 @@ class ShardWriter:
 
     ``part=i, parts=n``: this is writer ``i`` of ``n`` writing one dataset (processes, ranks); its shard
     names cannot collide with the others', and :meth:`merge` publishes the dataset once all have closed.
-    Memory: up to about ``(workers + 3) x shard_size_bytes`` of samples are held.
+    Memory: up to about ``(workers + 3) x shard_size_bytes`` of samples are held. One thread writes to a
+    writer at a time (a process or rank each: ``part=``).
     """
 
     def __init__(
