@@ -11,6 +11,7 @@
     │   ├── DestinationWriteError(OSError)  writing a pack's destination (or staging folder), or cp's, failed
     │   ├── UnfinishedPackError          a folder holds an interrupted pack (its journal): --resume it
     │   └── AppendConflictError          another run appends the same inputs, or already appended them
+    ├── SampleError(ValueError)          a sample given to ShardWriter cannot be written (names key, field)
     ├── IndexFormatError                 an ``index.json`` that is missing, malformed or of another version
     ├── VerifyError                      a shard does not match its index (names shard, sample, offset)
     │   └── SampleChecksumError          one sample's bytes fail their CRC32C (on_error="skip" skips it)
@@ -197,7 +198,9 @@ class UnfinishedPackError(PackError):
             f"{shown(url)} holds an unfinished pack (its journal .fastload-pack/ is there: the pack was "
             f"interrupted, or is still running), so it cannot be {what} as a dataset; finish it by running "
             "the same command (`fastload pack` or `pack-tokens`, same sources and options) again with "
-            "--resume (or delete the folder and pack again)"
+            "--resume (or delete the folder and pack again); a dataset written in parts by "
+            "fastload.ShardWriter(part=i, parts=n) is published by fastload.ShardWriter.merge once all "
+            "are closed"
         )
 
 
@@ -346,3 +349,14 @@ class SampleChecksumError(VerifyError):
     def __init__(self, message: str, *, shard: str, key: str | None, offset: int, index: int) -> None:
         super().__init__(message, shard=shard, key=key, offset=offset)
         self.index = index
+
+
+class SampleError(FastloadError, ValueError):
+    """A sample given to :class:`fastload.ShardWriter` cannot be written: its key is missing, repeated or one
+    WebDataset would split, a field name is not an extension, or a value cannot be encoded. Raised by
+    ``write`` before any of the sample is written; ``key`` and ``field`` name it (None where unknown)."""
+
+    def __init__(self, message: str, *, key: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.field = field

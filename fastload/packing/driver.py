@@ -107,7 +107,7 @@ class Plan(ABC, Generic[R]):
     def publish(self, dest: Destination, index: DatasetIndex) -> DatasetIndex:
         """Write ``index`` as the dataset's ``index.json`` (last, once every shard is published) and return
         what was written; an append joins it to the index there is now instead."""
-        dest.write_bytes(index_name(index.shard_format), index.to_json())
+        dest.write_bytes(self.index_name(index), index.to_json())
         return index
 
     @abstractmethod
@@ -140,6 +140,11 @@ class Plan(ABC, Generic[R]):
     @abstractmethod
     def complete(self, url: str, index: DatasetIndex, *, skipped: list[Skip], seconds: float) -> R:
         """The report when the destination already holds this pack (nothing written)."""
+
+    def index_name(self, index: DatasetIndex) -> str:
+        """Where ``index`` is written, relative to the destination (``index.json``, beside the shards or
+        in ``_fastload/``; one part of a dataset of several writers puts its own elsewhere, to be merged)."""
+        return index_name(index.shard_format)
 
     def late_skips(self, results: Mapping[int, ShardResult]) -> list[Skip]:
         """Inputs skipped while writing (refused after ``index.json`` unless ``allow_skip``)."""

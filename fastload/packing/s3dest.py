@@ -30,8 +30,10 @@ class S3Destination:
         self.client = get_client(config)
         self.tmp_dir = ""
         self._staging: StagingFolder | None = None
-        # which stale multipart uploads prepare() aborts (by key; None: all under the prefix). An append
-        # aborts only its own: other appenders may be uploading under the same prefix right now.
+        # the names whose open multipart uploads prepare() aborts: every key under the prefix, or those of
+        # one of several writers into it (ShardWriter(part=...): the others' uploads are live); and of those,
+        # which (by key; None: all). An append aborts only its own: other appenders may be uploading now.
+        self.uploads_prefix = self.prefix
         self.owns: Callable[[str], bool] | None = None
 
     def _key(self, name: str) -> str:
@@ -46,7 +48,7 @@ class S3Destination:
     def prepare(self) -> None:
         """Make the local staging folder (:mod:`fastload.packing.staging`; those of killed packs are
         removed), and abort multipart uploads left under the prefix by a pack that was killed mid-upload
-        (they would otherwise keep their parts, and their cost, forever)."""
+        (they would otherwise keep their parts, and their cost, forever): those under ``uploads_prefix``."""
         sweep_stale()
         try:
             self._staging = StagingFolder("fastload-pack-")
@@ -54,7 +56,9 @@ class S3Destination:
             staging = tempfile.gettempdir()
             raise write_error(exc, staging).at(destination=self.url, staging=staging) from exc
         self.tmp_dir = self._staging.path
-        abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config, match=self.owns)
+        abort_stale_uploads(
+            self.client, self.bucket, self.uploads_prefix, config=self.config, match=self.owns
+        )
 
     def size(self, name: str) -> int | None:
         retrier = Retrier.from_config(self.config)
