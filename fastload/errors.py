@@ -9,7 +9,9 @@
     ├── PackError                        a pack run cannot proceed (destination state, changed source)
     │   ├── SkippedInputError            the pack finished but skipped inputs (see ``.skipped``)
     │   ├── DestinationWriteError(OSError)  writing a pack's destination (or staging folder), or cp's, failed
-    │   └── UnfinishedPackError          a folder holds an interrupted pack (its journal): --resume it
+    │   ├── UnfinishedPackError          a folder holds an interrupted pack (its journal): --resume it
+    │   ├── InputFailedError             optimize: the function raised on an input (its number, repr)
+    │   └── ResumeMismatchError          optimize: resume refused, the function, inputs or options changed
     ├── IndexFormatError                 an ``index.json`` that is missing, malformed or of another version
     ├── VerifyError                      a shard does not match its index (names shard, sample, offset)
     │   └── SampleChecksumError          one sample's bytes fail their CRC32C (on_error="skip" skips it)
@@ -321,3 +323,33 @@ class SampleChecksumError(VerifyError):
     def __init__(self, message: str, *, shard: str, key: str | None, offset: int, index: int) -> None:
         super().__init__(message, shard=shard, key=key, offset=offset)
         self.index = index
+
+
+class InputFailedError(PackError):
+    """``fastload.optimize``: the user's function raised on one input, so the run stopped (no ``index.json``;
+    shards finished before it are journaled for ``resume=True``). Carries the input's ``number`` (from 0 in
+    input order), ``input`` (a short repr), ``error`` (``"TypeName: message"``) and ``traceback`` (the
+    function's traceback as text: it may have run in another process)."""
+
+    def __init__(self, *, number: int, input: str, error: str, traceback: str = "") -> None:
+        self.number = number
+        self.input = input
+        self.error = error
+        self.traceback = traceback
+        super().__init__(
+            f"the function raised on input #{number} ({input}): {error}; nothing was published as a dataset "
+            "(no index.json). Fix the function or the input and run again with resume=True (--resume) to "
+            "keep the shards finished so far, or pass on_error='skip' (--on-error skip) to leave failing "
+            "inputs out and list them in the report"
+        )
+
+
+class ResumeMismatchError(PackError):
+    """``fastload.optimize(..., resume=True)`` refused: ``what`` (``"function"``, ``"inputs"`` or
+    ``"options"``) differs from the interrupted run's, so its shards cannot be continued to the bytes of
+    one uninterrupted run."""
+
+    def __init__(self, message: str, *, what: str, url: str) -> None:
+        super().__init__(message)
+        self.what = what
+        self.url = url
