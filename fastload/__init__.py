@@ -8,6 +8,7 @@ from fastload.config import PackConfig, S3Config
 from fastload.copy import copy
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.packing.pack import PackReport, pack
+from fastload.packing.shardwriter import ShardWriter, WriteReport
 from fastload.packing.tokens import pack_tokens
 from fastload.packing.verify import VerifyReport, verify
 from fastload.raydata import from_ray, to_ray
@@ -30,7 +31,9 @@ __all__ = [
     "S3Config",
     "ShardDataset",
     "ShardEntry",
+    "ShardWriter",
     "VerifyReport",
+    "WriteReport",
     "__version__",
     "collate",
     "copy",

@@ -12,6 +12,7 @@
     │   ├── UnfinishedPackError          a folder holds an interrupted pack (its journal): --resume it
     │   ├── InputFailedError             optimize: the function raised on an input (its number, repr)
     │   └── ResumeMismatchError          optimize: resume refused, the function, inputs or options changed
+    ├── SampleError(ValueError)          a sample given to ShardWriter cannot be written (names key, field)
     ├── IndexFormatError                 an ``index.json`` that is missing, malformed or of another version
     ├── VerifyError                      a shard does not match its index (names shard, sample, offset)
     │   └── SampleChecksumError          one sample's bytes fail their CRC32C (on_error="skip" skips it)
@@ -353,3 +354,14 @@ class ResumeMismatchError(PackError):
         super().__init__(message)
         self.what = what
         self.url = url
+
+
+class SampleError(FastloadError, ValueError):
+    """A sample given to :class:`fastload.ShardWriter` cannot be written: its key is missing, repeated or one
+    WebDataset would split, a field name is not an extension, or a value cannot be encoded. Raised by
+    ``write`` before any of the sample is written; ``key`` and ``field`` name it (None where unknown)."""
+
+    def __init__(self, message: str, *, key: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.field = field

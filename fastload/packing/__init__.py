@@ -6,7 +6,10 @@
   ``write``: :class:`~fastload.packing.write.FileShard` jobs -> ``pack``: ``fastload.pack``, ``FilesPlan``)
   -> ``report``; token documents (``token_inputs`` -> ``token_docs`` -> ``token_shards`` -> ``tokens``:
   ``pack_tokens``, ``TokensPlan``); rows of tables (Parquet/CSV/JSONL: ``tabular``: plan, ``RowsPlan``,
-  ``pack_table`` -> ``table_shards``: :class:`~fastload.packing.table_shards.TableShard` jobs);
+  ``pack_table`` -> ``table_shards``: :class:`~fastload.packing.table_shards.TableShard` jobs); samples from
+  Python (``encode``: values to bytes, checked -> ``samplewriter``: :class:`SampleWriter`, cut on the fly
+  into ``memshard`` jobs -> ``shardwriter``: ``fastload.ShardWriter``; ``parts``: several writers, one
+  dataset, and their merge);
 - all run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
   into a ``dest`` (local folder or ``s3dest``) and keep a ``journal`` for resume;
 - ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.

@@ -130,6 +130,11 @@ class Plan(ABC, Generic[R]):
     def complete(self, url: str, index: DatasetIndex, *, skipped: list[Skip], seconds: float) -> R:
         """The report when the destination already holds this pack (nothing written)."""
 
+    def index_name(self, index: DatasetIndex) -> str:
+        """Where ``index`` is written, relative to the destination (``index.json``, beside the shards or
+        in ``_fastload/``; one part of a dataset of several writers puts its own elsewhere, to be merged)."""
+        return index_name(index.shard_format)
+
     def late_skips(self, results: Mapping[int, ShardResult]) -> list[Skip]:
         """Inputs skipped while writing (refused after ``index.json`` unless ``allow_skip``)."""
         return written_skips(results)
@@ -233,7 +238,7 @@ def run(plan: Plan[R]) -> R:
         except PackError:
             journal.remove()
             raise
-        dest.write_bytes(index_name(index.shard_format), index.to_json())
+        dest.write_bytes(plan.index_name(index), index.to_json())
         journal.remove()
         report = plan.report(dest.url, index, results, kept=len(kept), seconds=time.monotonic() - began)
     late = plan.late_skips(results)

@@ -23,37 +23,42 @@ from fastload.storage.manifest import JOURNAL_DIR
 from fastload.storage.tables import table_problem
 
 STATE_DIR = JOURNAL_DIR  # (readers refuse a folder holding it: storage.manifest.refuse_unfinished)
-_STATE = f"{STATE_DIR}/state.json"
-_DONE = f"{STATE_DIR}/done"
 
 
 class PackJournal:
-    """State kept while a pack runs; removed once the index is written."""
+    """State kept while a pack runs; removed once the index is written. ``state_dir``: the folder it lives
+    in (one writer of several into one destination, ``ShardWriter(part=...)``, keeps its own below
+    ``STATE_DIR``)."""
 
-    def __init__(self, dest: Destination) -> None:
+    def __init__(self, dest: Destination, state_dir: str = STATE_DIR) -> None:
         self.dest = dest
+        self.state_dir = state_dir
+        self._state = f"{state_dir}/state.json"
+        self._done = f"{state_dir}/done"
 
     def exists(self) -> bool:
-        return self.dest.read_bytes(_STATE) is not None
+        return self.dest.read_bytes(self._state) is not None
 
     def start(self, fingerprint: str, shards: int | None) -> None:
         """Begin a fresh run."""
-        self.dest.write_bytes(_STATE, json.dumps({"fingerprint": fingerprint, "shards": shards}).encode())
+        self.dest.write_bytes(
+            self._state, json.dumps({"fingerprint": fingerprint, "shards": shards}).encode()
+        )
 
     def fingerprint(self) -> str:
-        raw = self.dest.read_bytes(_STATE)
+        raw = self.dest.read_bytes(self._state)
         try:
             return str(json.loads(raw or b"")["fingerprint"])
         except (ValueError, KeyError, TypeError) as exc:
             raise PackError(
-                f"the resume state in {self.dest.url}/{STATE_DIR} is unreadable ({exc}); delete the "
+                f"the resume state in {self.dest.url}/{self.state_dir} is unreadable ({exc}); delete the "
                 "destination and pack again"
             ) from None
 
     def finished(self) -> dict[int, dict[str, Any]]:
         """Shard number -> recorded result, for every complete record (records are written atomically)."""
         out: dict[int, dict[str, Any]] = {}
-        for name in self.dest.list(_DONE):
+        for name in self.dest.list(self._done):
             raw = self.dest.read_bytes(name)
             try:
                 record = json.loads(raw or b"")
@@ -65,11 +70,11 @@ class PackJournal:
     def record(self, record: dict[str, Any]) -> None:
         """Store one finished shard's record (after the shard itself is published)."""
         self.dest.write_bytes(
-            f"{_DONE}/{int(record['number']):06d}.json", json.dumps(record, ensure_ascii=False).encode()
+            f"{self._done}/{int(record['number']):06d}.json", json.dumps(record, ensure_ascii=False).encode()
         )
 
     def remove(self) -> None:
-        self.dest.remove_tree(STATE_DIR)
+        self.dest.remove_tree(self.state_dir)
         self.dest.cleanup()
 
 

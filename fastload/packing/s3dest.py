@@ -29,6 +29,9 @@ class S3Destination:
         self.client = get_client(config)
         self.tmp_dir = ""
         self._staging: StagingFolder | None = None
+        # the names whose open multipart uploads prepare() aborts: every key under the prefix, or those of
+        # one of several writers into it (ShardWriter(part=...): the others' uploads are live)
+        self.uploads_prefix = self.prefix
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -42,7 +45,7 @@ class S3Destination:
     def prepare(self) -> None:
         """Make the local staging folder (:mod:`fastload.packing.staging`; those of killed packs are
         removed), and abort multipart uploads left under the prefix by a pack that was killed mid-upload
-        (they would otherwise keep their parts, and their cost, forever)."""
+        (they would otherwise keep their parts, and their cost, forever): those under ``uploads_prefix``."""
         sweep_stale()
         try:
             self._staging = StagingFolder("fastload-pack-")
@@ -50,7 +53,7 @@ class S3Destination:
             staging = tempfile.gettempdir()
             raise write_error(exc, staging).at(destination=self.url, staging=staging) from exc
         self.tmp_dir = self._staging.path
-        abort_stale_uploads(self.client, self.bucket, self.prefix, config=self.config)
+        abort_stale_uploads(self.client, self.bucket, self.uploads_prefix, config=self.config)
 
     def size(self, name: str) -> int | None:
         retrier = Retrier.from_config(self.config)
