@@ -11,5 +11,5 @@ with units (``units``), random access arithmetic (``randomaccess``) and a bounde
 Also: row filters in pyarrow's DNF (``filters``), kept rows as runs (``selection``), the byte ranges of a
 projected read (``projection``), a tar shard's member layout (``layout``), sample tables (``table``), a
 mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which listed paths a pack leaves
-out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``) and stable digests of functions and
-input values (``fingerprint``, for ``optimize``'s resume check)."""
+out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``) and stable
+digests of functions and input values (``fingerprint``, for ``optimize``'s resume check)."""

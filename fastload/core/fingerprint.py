@@ -5,8 +5,9 @@ Best effort, by design: a digest must be the same in every process and every run
 value (so no ``id``, no memory address, no ``hash()`` of a ``str``, which is salted per process), and should
 change when the function's code or an input changes. What it cannot see:
 
-- a function's code covers its bytecode, constants (nested functions and lambdas included), names, defaults
-  and closure values, not the code of the functions it calls nor the globals it reads;
+- a function's digest covers its qualified name (not its module's name), bytecode, constants (nested
+  functions and lambdas included), names, defaults and closure values, not the code of the functions it
+  calls nor the globals it reads;
 - a value of a type it does not know (not a plain Python value, path, NumPy array or buffer) counts by its
   type name, and its ``repr`` when that names no memory address (``<Foo object at 0x7f...>``).
 """
@@ -32,7 +33,7 @@ def value_digest(value: Any) -> bytes:
 
 
 def fn_fingerprint(fn: Any) -> str:
-    """A hex digest of a callable's identity and code: module and qualified name, and for a Python function
+    """A hex digest of a callable's identity and code: its qualified name, and for a Python function
     its bytecode, constants, names, defaults and closure values (for a ``functools.partial``, its function
     and arguments; for an object with ``__call__``, its type and that method's code, and its attributes)."""
     h = hashlib.blake2b(digest_size=16)
@@ -102,7 +103,9 @@ def _feed(h: Any, value: Any, depth: int) -> None:
 
 
 def _feed_callable(h: Any, fn: Any, depth: int) -> None:
-    _tag(h, b"F", f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', _type_name(fn))}".encode())
+    # (the qualified name, not the module's: one file is ``__main__`` when run, ``mod`` when imported, and
+    # ``pkg.mod`` or ``mod`` depending on sys.path; its code says whether it is the same function)
+    _tag(h, b"F", str(getattr(fn, "__qualname__", type(fn).__qualname__)).encode())
     if depth >= _MAX_DEPTH:
         return
     func = getattr(fn, "func", None)
