@@ -15,7 +15,7 @@ import fastload
 from fastload.errors import ConfigError, InputFailedError, PackError, ResumeMismatchError
 
 from . import optimize_fns
-from .helpers import snapshot
+from .helpers import run_cli, snapshot
 from .optimize_fns import INPUTS, make
 
 SHARD = 16 << 10
@@ -196,3 +196,27 @@ def test_a_fresh_run_into_an_interrupted_one_says_to_resume(tmp_path: Path, monk
     interrupted(tmp_path / "ds", monkeypatch)
     with pytest.raises(PackError, match="--resume"):
         run(tmp_path / "ds", fn=optimize_fns.fail_on_env)
+
+
+def test_the_command_gives_the_bytes_of_the_function(tmp_path: Path) -> None:
+    lines = tmp_path / "inputs.txt"
+    lines.write_text("".join(f"{n}\n" for n in range(INPUTS)) + "\n")  # (an empty line: left out)
+    run(tmp_path / "api", fn=optimize_fns.make_from_text, inputs=[str(n) for n in range(INPUTS)], workers=2)
+    spec = "tests.integration.optimize_fns:make_from_text"
+    proc = run_cli("optimize", spec, "--inputs", lines, tmp_path / "cli", "--shard-size", "16KiB", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert f"from {INPUTS} inputs" in proc.stdout
+    assert snapshot(tmp_path / "cli") == snapshot(tmp_path / "api")
+
+
+def test_the_command_names_a_failing_input_with_its_traceback(tmp_path: Path) -> None:
+    script = tmp_path / "fns.py"
+    script.write_text("def make(line):\n    raise OSError(f'cannot fetch {line}')\n")
+    lines = tmp_path / "inputs.txt"
+    lines.write_text("http://127.0.0.1:9/a.jpg\n")
+    proc = run_cli("optimize", f"{script}:make", "--inputs", lines, tmp_path / "ds", "--workers", "2")
+    assert proc.returncode == 1
+    assert 'fns.py", line 2, in make' in proc.stderr
+    assert "input #0 ('http://127.0.0.1:9/a.jpg'): OSError: cannot fetch" in proc.stderr
+    proc = run_cli("optimize", "nosuchmodule:make", "--inputs", lines, tmp_path / "ds2")
+    assert proc.returncode == 2 and "cannot import 'nosuchmodule'" in proc.stderr
