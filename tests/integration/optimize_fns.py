@@ -59,3 +59,11 @@ def burn(n: int) -> Any:
     for i in range(200_000):
         acc = (acc * 31 + i) % 1_000_003
     return {"__key__": f"{n:06d}", "txt": str(acc)}
+
+
+def fives_or_interrupt(n: int) -> Any:
+    """``fail_on_fives``, and a Ctrl-C (KeyboardInterrupt, which is not a failure of the input) on input
+    ``$OPTIMIZE_FAIL_AT``."""
+    if os.environ.get("OPTIMIZE_FAIL_AT") == str(n):
+        raise KeyboardInterrupt
+    return fail_on_fives(n)

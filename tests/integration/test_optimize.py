@@ -220,3 +220,11 @@ def test_the_command_names_a_failing_input_with_its_traceback(tmp_path: Path) ->
     assert "input #0 ('http://127.0.0.1:9/a.jpg'): OSError: cannot fetch" in proc.stderr
     proc = run_cli("optimize", "nosuchmodule:make", "--inputs", lines, tmp_path / "ds2")
     assert proc.returncode == 2 and "cannot import 'nosuchmodule'" in proc.stderr
+
+
+def test_the_progress_bar_counts_inputs_toward_their_number(tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]
+    run(tmp_path / "bar", workers=2, progress=True)
+    err = capfd.readouterr().err
+    assert f"{INPUTS}/{INPUTS}" in err and "input/s" in err
+    run(tmp_path / "quiet", workers=2, progress=None)  # not a terminal here, so no bar
+    assert "input/s" not in capfd.readouterr().err

@@ -90,3 +90,22 @@ def test_resume_inside_an_input_fan_out_and_past_kept_shards(tmp_path: Path, mon
     report = fastload.optimize(optimize_fns.fail_on_env, range(60), dst, resume=True, **options)
     assert report.shards_kept == len(ends)
     assert snapshot(dst) == snapshot(tmp_path / "whole")
+
+
+def test_inputs_skipped_before_an_interruption_stay_listed(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """on_error="skip", interrupted (Ctrl-C), resumed: the failures of the kept shards' inputs are in the
+    report and index.json as in one run."""
+    options = {"shard_size_bytes": 8 << 10, "progress": False, "on_error": "skip"}
+    whole = fastload.optimize(optimize_fns.fives_or_interrupt, range(60), tmp_path / "whole", **options)
+    dst = tmp_path / "ds"
+    monkeypatch.setenv("OPTIMIZE_FAIL_AT", "47")
+    with contextlib.suppress(KeyboardInterrupt):
+        fastload.optimize(optimize_fns.fives_or_interrupt, range(60), dst, workers=1, **options)
+    monkeypatch.delenv("OPTIMIZE_FAIL_AT")
+    assert len(records(dst)) > 3
+    report = fastload.optimize(
+        optimize_fns.fives_or_interrupt, range(60), dst, workers=2, resume=True, **options
+    )
+    assert report.shards_kept > 3
+    assert [f.number for f in report.failures] == [f.number for f in whole.failures] == list(range(0, 60, 5))
+    assert snapshot(dst) == snapshot(tmp_path / "whole")
