@@ -20,9 +20,11 @@ into a fresh folder, timed from the call to its return (worker start-up included
     python benchmarks/optimize.py                          # 300 JPEGs, workers 1 and 2, 3 repetitions
     python benchmarks/optimize.py --fn loop --inputs 200 --reps 5 --tools fastload-w1,fastload-w2
 
-Prints each tool's median samples/s and range, and the ratios fastload-w2 / fastload-w1 and fastload /
-litdata at equal workers. The machine's load average is printed before and after (quote it: on a shared
-machine the ratios move).
+Prints each tool's median samples/s and range, the CPU time per sample of this process (for fastload: the
+writer; with workers=1 the function too) and of the worker processes, and the ratios fastload-w2 /
+fastload-w1 and fastload / litdata at equal workers. The CPU split says what workers=N can reach on N idle
+cores whatever the load here: the function's CPU divides among the workers, the writer's does not. The
+machine's load average is printed before and after (quote it: on a shared machine the ratios move).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def jpeg_sample(path: str) -> dict[str, Any]:
         small = image.convert("RGB").resize((SIDE, SIDE), Image.BILINEAR)
     out = io.BytesIO()
     small.save(out, format="JPEG", quality=90)
-    name = os.path.basename(path)[:-4]
+    name = os.path.splitext(os.path.basename(path))[0]
     return {"__key__": name, "jpg": out.getvalue(), "cls": int(name) % 10}
 
 
@@ -76,7 +78,7 @@ def loop_sample(path: str) -> dict[str, Any]:
     acc = 0
     for i in range(LOOP):
         acc = (acc * 31 + i) % 1_000_003
-    return {"__key__": os.path.basename(path)[:-4], "txt": str(acc)}
+    return {"__key__": os.path.splitext(os.path.basename(path))[0], "txt": str(acc)}
 
 
 def litdata_jpeg(path: str) -> dict[str, Any]:
@@ -110,6 +112,14 @@ def run_litdata(fn: Callable[[str], Any], paths: list[str], dst: str, workers: i
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         optimize(fn=fn, inputs=paths, output_dir=dst, num_workers=workers, chunk_bytes="256MB")
     return len(paths)
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's ended child processes (the pools' workers, once shut down)."""
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
 
 
 def load() -> str:
@@ -146,17 +156,19 @@ def main() -> None:
             f"fn={args.fn} inputs={args.inputs} reps={args.reps} cpus={os.cpu_count()} load average {load()}"
         )
         times: dict[str, list[float]] = {t: [] for t in tools}
+        cpus: dict[str, list[tuple[float, float]]] = {t: [] for t in tools}  # (this process, workers)
         for rep in range(args.reps):
             order = tools[rep % len(tools) :] + tools[: rep % len(tools)]
             for tool in order:
                 name, _, w = tool.partition("-w")
                 dst = os.path.join(root, f"out-{tool}-{rep}")
-                began = time.perf_counter()
+                began, cpu, kids = time.perf_counter(), time.process_time(), children_cpu()
                 if name == "fastload":
                     n = run_fastload(ours, paths, dst, int(w))
                 else:
                     n = run_litdata(theirs, paths, dst, int(w))
                 times[tool].append(time.perf_counter() - began)
+                cpus[tool].append((time.process_time() - cpu, children_cpu() - kids))
                 assert n == args.inputs, (tool, n)
                 shutil.rmtree(dst, ignore_errors=True)
                 print(f"  rep {rep} {tool}: {args.inputs / times[tool][-1]:,.1f} samples/s", flush=True)
@@ -164,7 +176,12 @@ def main() -> None:
         rate = {t: [args.inputs / s for s in times[t]] for t in tools}  # in repetition order
         for t in tools:
             r = sorted(rate[t])
-            print(f"{t:14s} median {statistics.median(r):8,.1f} samples/s  range {r[0]:,.1f}-{r[-1]:,.1f}")
+            parent = statistics.median(c[0] for c in cpus[t]) / args.inputs * 1e3
+            workers = statistics.median(c[1] for c in cpus[t]) / args.inputs * 1e3
+            print(
+                f"{t:14s} median {statistics.median(r):8,.1f} samples/s  range {r[0]:,.1f}-{r[-1]:,.1f}; "
+                f"CPU ms per sample: this process {parent:.2f}, worker processes {workers:.2f}"
+            )
 
         def ratio(a: str, b: str) -> None:
             """Per repetition (the two ran back to back), then the median and range of those."""
