@@ -240,7 +240,9 @@ class _Run:
         )
 
     def open(self, resume: bool) -> None:
-        if resume and PackJournal(self.dest).exists():
+        writer_journal = PackJournal(self.dest)
+        # (killed between the writer's journal and ours, before any shard: nothing to check, nothing kept)
+        if resume and (self.journal.exists() or (writer_journal.exists() and writer_journal.finished())):
             self.journal.check(self.state)
             ends = self.journal.ends()
             self.kept = resume_point(ends, set(ends))

@@ -72,6 +72,9 @@ class OptimizeJournal:
     def __init__(self, dest: Destination) -> None:
         self.dest = dest
 
+    def exists(self) -> bool:
+        return self.dest.read_bytes(_STATE) is not None
+
     def start(self, state: Mapping[str, Any]) -> None:
         self.dest.write_bytes(_STATE, json.dumps(dict(state), sort_keys=True).encode())
 

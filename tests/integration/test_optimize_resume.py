@@ -109,3 +109,19 @@ def test_inputs_skipped_before_an_interruption_stay_listed(tmp_path: Path, monke
     assert report.shards_kept > 3
     assert [f.number for f in report.failures] == [f.number for f in whole.failures] == list(range(0, 60, 5))
     assert snapshot(dst) == snapshot(tmp_path / "whole")
+
+
+def test_killed_before_its_own_state_was_written_resumes_from_the_start(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The writer's journal is made first, optimize's state just after: a kill between the two leaves no
+    shard, and a resume starts over instead of refusing the folder."""
+    whole = tmp_path / "whole"
+    options = {"shard_size_bytes": SHARD, "progress": False}
+    fastload.optimize(optimize_fns.fail_on_env, range(30), whole, **options)
+    dst = tmp_path / "ds"
+    monkeypatch.setenv("OPTIMIZE_FAIL_AT", "0")
+    with contextlib.suppress(fastload.errors.InputFailedError):
+        fastload.optimize(optimize_fns.fail_on_env, range(30), dst, workers=1, **options)
+    monkeypatch.delenv("OPTIMIZE_FAIL_AT")
+    (dst / FOLDER / "state.json").unlink()
+    fastload.optimize(optimize_fns.fail_on_env, range(30), dst, resume=True, **options)
+    assert snapshot(dst) == snapshot(whole)
