@@ -96,7 +96,9 @@ def test_inputs_skipped_before_an_interruption_stay_listed(tmp_path: Path, monke
     """on_error="skip", interrupted (Ctrl-C), resumed: the failures of the kept shards' inputs are in the
     report and index.json as in one run."""
     options = {"shard_size_bytes": 8 << 10, "progress": False, "on_error": "skip"}
-    whole = fastload.optimize(optimize_fns.fives_or_interrupt, range(60), tmp_path / "whole", **options)
+    whole = fastload.optimize(
+        optimize_fns.fives_or_interrupt, range(60), tmp_path / "whole", workers=1, **options
+    )
     dst = tmp_path / "ds"
     monkeypatch.setenv("OPTIMIZE_FAIL_AT", "47")
     with contextlib.suppress(KeyboardInterrupt):
@@ -116,12 +118,12 @@ def test_killed_before_its_own_state_was_written_resumes_from_the_start(tmp_path
     shard, and a resume starts over instead of refusing the folder."""
     whole = tmp_path / "whole"
     options = {"shard_size_bytes": SHARD, "progress": False}
-    fastload.optimize(optimize_fns.fail_on_env, range(30), whole, **options)
+    fastload.optimize(optimize_fns.fail_on_env, range(30), whole, workers=1, **options)
     dst = tmp_path / "ds"
     monkeypatch.setenv("OPTIMIZE_FAIL_AT", "0")
     with contextlib.suppress(fastload.errors.InputFailedError):
         fastload.optimize(optimize_fns.fail_on_env, range(30), dst, workers=1, **options)
     monkeypatch.delenv("OPTIMIZE_FAIL_AT")
     (dst / FOLDER / "state.json").unlink()
-    fastload.optimize(optimize_fns.fail_on_env, range(30), dst, resume=True, **options)
+    fastload.optimize(optimize_fns.fail_on_env, range(30), dst, workers=1, resume=True, **options)
     assert snapshot(dst) == snapshot(whole)
