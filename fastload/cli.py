@@ -76,6 +76,13 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from fastload.packing.shardwriter import ShardWriter
+
+    print(ShardWriter.merge(args.target, check_keys=args.check_keys).summary())
+    return 0
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from fastload.storage import access as storage
     from fastload.storage.manifest import is_one_file
@@ -230,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {
         "pack": _pack,
         "verify": _verify,
+        "merge": _merge,
         "inspect": _inspect,
         "demo-data": _demo,
         "pack-tokens": _pack_tokens,

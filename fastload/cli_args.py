@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _pack(sub, s3_options)
     _verify(sub, s3_options)
+    _merge(sub, s3_options)
     _inspect(sub, s3_options)
     _index(sub, s3_options)
     _cp(sub, s3_options)
@@ -197,6 +198,21 @@ def _verify(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     v.add_argument("--workers", type=int, default=None, help="shards checked at once (default: all cores)")
     v.add_argument(
         "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
+    )
+
+
+def _merge(sub: Any, s3_options: argparse.ArgumentParser) -> None:
+    m = sub.add_parser(
+        "merge",
+        parents=[s3_options],
+        help="publish a dataset written in parts by fastload.ShardWriter(part=i, parts=n): one index.json",
+    )
+    m.add_argument("target", metavar="DST", help="the folder or s3:// prefix the parts were written into")
+    m.add_argument(
+        "--no-key-check",
+        dest="check_keys",
+        action="store_false",
+        help="do not read the parts' sample tables to refuse a key written by two parts",
     )
 
 

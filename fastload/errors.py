@@ -198,7 +198,9 @@ class UnfinishedPackError(PackError):
             f"{shown(url)} holds an unfinished pack (its journal .fastload-pack/ is there: the pack was "
             f"interrupted, or is still running), so it cannot be {what} as a dataset; finish it by running "
             "the same command (`fastload pack` or `pack-tokens`, same sources and options) again with "
-            "--resume (or delete the folder and pack again)"
+            "--resume (or delete the folder and pack again); a dataset written in parts by "
+            "fastload.ShardWriter(part=i, parts=n) is published by fastload.ShardWriter.merge once all "
+            "are closed"
         )
 
 

@@ -2,7 +2,8 @@
 and the merge that publishes it.
 
 Writer ``part`` names its shards ``{prefix}-p{part:05d}-{n:06d}{suffix}`` (no two parts' names collide),
-keeps its journal in ``.fastload-pack/part-{part:05d}/``, aborts only its own stale S3 uploads, and writes
+keeps its journal in ``.fastload-pack/part-{part:05d}/`` (and marks the folder unfinished with
+``.fastload-pack/state.json``), aborts only its own stale S3 uploads, and writes
 its index, once closed, to ``.fastload-pack/parts/part-{part:05d}.json`` instead of ``index.json``. While
 ``.fastload-pack/`` is there without ``index.json`` readers refuse the folder (an unfinished pack).
 :func:`merge_parts` checks every part finished, joins their indexes in part order into ``index.json``,
@@ -12,6 +13,7 @@ written last, and removes ``.fastload-pack/``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +63,7 @@ def open_part(
     t: Target,
     *,
     part: int,
+    parts: int,
     prefix: str,
     shard_format: str,
     name_of: Callable[[int], str | None],
@@ -102,13 +105,16 @@ def open_part(
         dest.remove_tree(state)
     dest.prepare()
     journal.start(t.fingerprint, None)
+    # readers refuse the folder until the merge (storage.manifest.refuse_unfinished looks for this)
+    dest.write_bytes(f"{STATE_DIR}/state.json", json.dumps({"parts": parts}).encode())
     return dest, journal, {}
 
 
-def merge_parts(url: str, *, s3_config: S3Config | None = None) -> DatasetIndex:
+def merge_parts(url: str, *, check_keys: bool = True, s3_config: S3Config | None = None) -> DatasetIndex:
     """Join the parts written into ``url`` (each ``SampleWriter(part=i, parts=n)``, all finished) into one
     dataset: their indexes in part order become ``index.json``, written last; the parts' state is removed.
-    Raises :class:`PackError` naming the parts missing or unfinished."""
+    ``check_keys``: every shard's sample table is read and a key in two parts refused (each writer checked
+    its own). Raises :class:`PackError` naming the parts missing or unfinished, or the repeated key."""
     url = url if url.startswith("s3://") else os.path.abspath(url)
     if url.startswith("s3://"):
         s3_config = s3_config or S3Config.from_env()
@@ -137,10 +143,23 @@ def merge_parts(url: str, *, s3_config: S3Config | None = None) -> DatasetIndex:
             f"{dest.url}: part(s) {', '.join(map(str, missing[:20]))} of {len(want)} are not finished{more}; "
             "merge once every part's writer has closed"
         )
+    extra = [p for p in indexes if p not in want]
+    counts = {ix.options.get("parts") for ix in indexes.values()}
+    if extra or len(counts) > 1:
+        raise PackError(
+            f"{dest.url}: the parts were written as parts of datasets of different sizes (parts= "
+            f"{', '.join(map(str, sorted(counts, key=str)))}); write every part with the same parts=n"
+        )
     kinds = {ix.shard_format for ix in indexes.values()}
     if len(kinds) > 1:
         raise PackError(f"{dest.url}: the parts are of different formats ({', '.join(sorted(kinds))})")
     ordered = [indexes[p] for p in sorted(indexes)]
+    columns = {tuple(ix.fields) for ix in ordered if ix.shards}
+    if getattr(formats.by_name(first.shard_format), "read_as_folder", False) and len(columns) > 1:
+        raise PackError(
+            f"{dest.url}: the Parquet parts have different columns "
+            f"({' vs '.join(map(str, sorted(columns)))}); pass every part the same fields=[...]"
+        )
     fields = sorted({f for ix in ordered for f in ix.fields})
     options = {k: v for k, v in first.options.items() if k != "part"}
     index = DatasetIndex(
@@ -152,9 +171,25 @@ def merge_parts(url: str, *, s3_config: S3Config | None = None) -> DatasetIndex:
     )
     if not index.shards:
         raise PackError(f"{dest.url}: the parts hold no samples; nothing to publish")
+    if check_keys:
+        _check_keys(dest.url, index, s3_config)
     dest.prepare()
     dest.write_bytes(formats.index_name(index.shard_format), index.to_json())
     dest.remove_tree(STATE_DIR)
     with contextlib.suppress(OSError):
         dest.cleanup()
     return index
+
+
+def _check_keys(root: str, index: DatasetIndex, s3_config: S3Config | None) -> None:
+    """Refuse a key held by two shards of ``index`` (their sample tables read, a set of every key)."""
+    full = formats.attach_tables(root, index, s3_config=s3_config)
+    where: dict[str, str] = {}
+    for shard in full.shards:
+        for key in shard.keys:
+            other = where.setdefault(key, shard.name)
+            if other != shard.name:
+                raise PackError(
+                    f"{root}: key {key!r} is in {other} and in {shard.name}: two parts wrote it; keys must "
+                    "be unique in a dataset (nothing was published: fix the writers, write the parts again)"
+                )

@@ -183,8 +183,10 @@ class SampleWriter:
                         field=f,
                     )
                 self._fields[f] = None
-        if self._fixed is None and self.fmt.name == "parquet":
-            self._fixed = tuple(sorted(self._fields))  # (Parquet: the first sample's fields are the columns)
+        if self._fixed is None and getattr(self.fmt, "read_as_folder", False):
+            # (Parquet: other tools read the folder as one table, so every shard has the same columns: the
+            # first sample's fields)
+            self._fixed = tuple(sorted(self._fields))
         sample = memory_sample(key, members)
         size = self._size_of(sample)[0]
         n = len(self._samples)
@@ -341,6 +343,7 @@ class _SamplesPlan(Plan[WriteResult]):
             dest, journal, kept = open_part(
                 self.target,
                 part=w.part,
+                parts=w.parts or 1,
                 prefix=w.config.prefix,
                 shard_format=w.fmt.name,
                 name_of=self.name_of,

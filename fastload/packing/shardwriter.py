@@ -192,13 +192,16 @@ class ShardWriter:
             add_note(note)
 
     @staticmethod
-    def merge(dst: str | os.PathLike[str], *, s3_config: S3Config | None = None) -> WriteReport:
+    def merge(
+        dst: str | os.PathLike[str], *, check_keys: bool = True, s3_config: S3Config | None = None
+    ) -> WriteReport:
         """Publish the dataset written in parts (``ShardWriter(dst, part=i, parts=n)``, all closed): one
-        ``index.json`` listing every part's shards in part order. Raises
-        :class:`~fastload.errors.PackError` naming parts not finished."""
+        ``index.json`` listing every part's shards in part order. ``check_keys`` reads the parts' sample
+        tables and refuses a key written by two parts. Raises :class:`~fastload.errors.PackError` naming
+        parts not finished (nothing is published)."""
         began = time.monotonic()
         url = os.fspath(dst)
-        index = merge_parts(url, s3_config=s3_config)
+        index = merge_parts(url, check_keys=check_keys, s3_config=s3_config)
         parts = index.options.get("parts")
         return WriteReport(url, index, time.monotonic() - began, parts=parts, merged=True)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import random
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,7 @@ import fastload
 from fastload.errors import PackError, SampleError
 
 from .helpers import fields_of, shard_paths, webdataset_samples
-
-
-def samples(n: int, seed: int = 0, size: int = 3000) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    return [
-        {
-            "__key__": f"s/{i:05d}",
-            "bin": rng.randbytes(rng.randrange(0, size)),
-            "json": {"label": i % 7, "name": f"n{i}"},
-            "txt": f"a caption {i} é",
-            "cls": i % 10,
-        }
-        for i in range(n)
-    ]
+from .writer_samples import samples
 
 
 def encoded(sample: dict[str, Any]) -> dict[str, bytes]:
@@ -242,3 +228,31 @@ def test_non_empty_destination_refused_before_writing(tmp_path: Path) -> None:
     with pytest.raises(PackError, match="not empty"):
         fastload.ShardWriter(dst)
     assert sorted(os.listdir(dst)) == ["other.txt"]
+
+
+def test_a_failed_write_to_the_destination_is_raised_and_cleaned_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import fastload.formats.shard as shard_kit
+
+    writes = {"n": 0}
+    real = shard_kit.write_all
+
+    def full_disk(fd: int, data: memoryview) -> None:
+        writes["n"] += 1
+        if writes["n"] > 2:  # (two shards written, then the disk is full)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+
+    monkeypatch.setattr(shard_kit, "write_all", full_disk)
+    dst = tmp_path / "ds"
+    with (
+        pytest.raises(PackError, match="no space left") as info,
+        fastload.ShardWriter(dst, shard_size_bytes=8192) as w,
+    ):
+        for s in samples(200):
+            w.write(s)
+    assert "no index.json" in "\n".join(getattr(info.value, "__notes__", []))
+    assert not dst.exists() or sorted(os.listdir(dst)) == []

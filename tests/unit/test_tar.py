@@ -470,3 +470,18 @@ def test_what_is_header_of_accepts_the_parser_reads_the_same(
             )
     if not flips:
         assert is_header_of(data, 0, name.encode(), size)
+
+
+@given(
+    name=st.text(alphabet="abcxyz09/._-", max_size=100),
+    size=st.integers(min_value=0, max_value=8**11 - 1),
+    mtime=st.sampled_from([0, 1, 1_700_000_000, 8**11 - 1]),
+)
+def test_a_plain_header_from_its_template_is_the_header_built_field_by_field(
+    name: str, size: int, mtime: int
+) -> None:
+    from fastload.formats.tar import header
+
+    raw = name.encode()
+    assert header._plain(raw, size, mtime) == header._ustar(raw, size, b"0", mtime)
+    assert member_header(name, size, mtime=mtime) == header._ustar(raw, size, b"0", mtime)

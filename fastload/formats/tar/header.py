@@ -60,6 +60,24 @@ def _pax_record(keyword: bytes, value: bytes) -> bytes:
     return str(length).encode() + body
 
 
+_PLAIN: dict[int, tuple[bytes, bytes, bytes, int]] = {}  # mtime -> an empty member's fixed fields, their sum
+
+
+def _plain(raw: bytes, size: int, mtime: int) -> bytes:
+    """:func:`_ustar` of a regular file (``raw``: at most 100 bytes), from the fixed fields of an empty one
+    (per ``mtime``) and a checksum summed over the two fields that change: the same bytes at a sixth of the
+    cost (writers build one per member)."""
+    fixed = _PLAIN.get(mtime)
+    if fixed is None:
+        empty = _ustar(b"", 0, b"0", mtime)
+        base = sum(empty[:148]) + sum(b"        ") + sum(empty[156:]) - sum(empty[124:136])
+        fixed = _PLAIN.setdefault(mtime, (empty[100:124], empty[136:148], empty[156:], base))
+    mode_to_gid, stamp, tail, base = fixed
+    size_field = b"%011o\0" % size
+    check = b"%06o\0 " % (base + sum(raw) + sum(size_field))
+    return raw + bytes(100 - len(raw)) + mode_to_gid + size_field + stamp + check + tail
+
+
 def member_header(name: str, size: int, *, mtime: int = 0) -> bytes:
     """Header block(s) for a regular file member ``name`` of ``size`` bytes (data follows, padded)."""
     if size < 0:
@@ -67,6 +85,8 @@ def member_header(name: str, size: int, *, mtime: int = 0) -> bytes:
     if not 0 <= mtime <= _MAX_OCTAL_SIZE:
         raise ValueError(f"{mtime=} must fit 11 octal digits")
     raw = name.encode("utf-8")
+    if len(raw) <= 100 and size <= _MAX_OCTAL_SIZE and raw.isascii():
+        return _plain(raw, size, mtime)
     records = b""
     if len(raw) > 100 or not raw.isascii():
         records += _pax_record(b"path", raw)
