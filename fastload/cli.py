@@ -7,14 +7,13 @@ Exit codes: 0 success; 1 a problem with the data (skipped inputs, a shard that f
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from collections.abc import Sequence
 
 from fastload import formats
 from fastload.cli_args import build_parser
 from fastload.config import PackConfig
-from fastload.errors import ConfigError, FastloadError, InputFailedError, SkippedInputError
+from fastload.errors import ConfigError, FastloadError, SkippedInputError
 from fastload.storage.urls import check_url
 
 # string options that are not paths or dataset URLs (an http:// endpoint is right there): --endpoint-url,
@@ -190,40 +189,9 @@ def _pack_tokens(args: argparse.Namespace) -> int:
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from fastload.packing.optimize import InputLines, optimize
-    from fastload.packing.tokenizer_hook import load_callable
+    from fastload.cli_optimize import run
 
-    fn = load_callable(args.fn, what="function")
-    module = sys.modules.get(getattr(fn, "__module__", ""))
-    if module is not None and module.__name__.startswith("_fastload_"):  # loaded from path/to/file.py
-        with contextlib.suppress(ImportError):  # (spawned workers and Ray tasks get it by value)
-            import cloudpickle
-
-            cloudpickle.register_pickle_by_value(module)
-    try:
-        report = optimize(
-            fn,
-            InputLines(args.inputs),
-            args.dst,
-            workers=args.workers,
-            format=args.format,
-            shard_size_bytes=args.shard_size,
-            max_samples=args.max_samples,
-            prefix=args.prefix,
-            compression=args.compression,
-            resume=args.resume,
-            on_error=args.on_error,
-            engine=args.engine,
-            chunk_size=args.chunk_size,
-            ray_address=args.ray_address,
-            progress=False if args.quiet else None,
-        )
-    except InputFailedError as exc:
-        print(exc.traceback.rstrip(), file=sys.stderr)
-        print(f"fastload optimize: {exc}", file=sys.stderr)
-        return 1
-    print(report.summary())
-    return 0
+    return run(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

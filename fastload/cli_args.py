@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     _mb(sub, s3_options)
     _demo_data(sub)
     _pack_tokens(sub, s3_options)
-    _optimize(sub, s3_options)
+    from fastload.cli_optimize import add_parser as add_optimize_parser
+
+    add_optimize_parser(sub, s3_options)
 
     from fastload.bench.args import add_parser as add_bench_parser
 
@@ -352,60 +354,5 @@ def _pack_tokens(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--resume", action="store_true", help="continue an interrupted pack-tokens into DST")
     t.add_argument(
-        "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
-    )
-
-
-def _optimize(sub: Any, s3_options: argparse.ArgumentParser) -> None:
-    o = sub.add_parser(
-        "optimize",
-        parents=[s3_options],
-        help="run a Python function on every input (a line of --inputs) in worker processes and write the "
-        "samples it returns as a dataset",
-    )
-    o.add_argument(
-        "fn",
-        metavar="FN",
-        help="the function: module:function (from the working directory) or path/to/file.py:function; it "
-        "takes one input (a line of text) and returns a sample dict, a list of them, or None",
-    )
-    o.add_argument(
-        "--inputs",
-        required=True,
-        metavar="FILE",
-        help="a text file of inputs, one per line (paths, URLs, ids; empty lines left out); - reads stdin",
-    )
-    o.add_argument(
-        "dst",
-        metavar="DST",
-        help="destination folder or s3:// prefix (new or empty, or an interrupted run with --resume)",
-    )
-    o.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU)")
-    o.add_argument("--format", choices=formats.names(), default="tar", help="shard format (default tar)")
-    o.add_argument(
-        "--shard-size", type=_size, default=256 << 20, metavar="SIZE", help="bytes per shard (256MiB)"
-    )
-    o.add_argument("--max-samples", type=int, default=None, metavar="N", help="samples per shard at most")
-    o.add_argument("--prefix", default="shard", help="shard name prefix (default: shard)")
-    o.add_argument("--compression", choices=PARQUET_COMPRESSIONS, default="none", help="Parquet compression")
-    o.add_argument(
-        "--on-error",
-        choices=("raise", "skip"),
-        default="raise",
-        help="an exception in the function: stop, naming the input (raise, the default), or leave the input "
-        "out and list it (skip)",
-    )
-    o.add_argument(
-        "--engine",
-        choices=("process", "ray"),
-        default="process",
-        help="run the function in worker processes of this machine (default) or as Ray tasks",
-    )
-    o.add_argument("--ray-address", default=None, metavar="ADDRESS", help="Ray cluster for --engine ray")
-    o.add_argument(
-        "--chunk-size", type=int, default=None, metavar="N", help="inputs per task (default: auto)"
-    )
-    o.add_argument("--resume", action="store_true", help="continue an interrupted optimize into DST")
-    o.add_argument(
         "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
     )
