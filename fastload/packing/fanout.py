@@ -272,17 +272,32 @@ class ChunkMap:
 
     def _ray_map(self, chunks: Iterable[tuple[int, list[Any]]]) -> Iterator[ChunkResult]:
         ray = self._ray
-        pending: collections.deque[Any] = collections.deque()
+        pending: collections.deque[tuple[int, Any]] = collections.deque()
         try:
             for first, inputs in chunks:
                 while len(pending) >= self.in_flight:
-                    yield ray.get(pending.popleft())
-                pending.append(self._ray_fn.remote(self._ray_task, first, inputs))
+                    yield self._ray_result(*pending.popleft())
+                pending.append((first, self._ray_fn.remote(self._ray_task, first, inputs)))
             while pending:
-                yield ray.get(pending.popleft())
+                yield self._ray_result(*pending.popleft())
         finally:
-            for left in pending:
+            for _, left in pending:
                 ray.cancel(left)
+
+    def _ray_result(self, first: int, ref: Any) -> ChunkResult:
+        """The chunk's result; a task that failed outside the function (its worker could not unpickle the
+        function or the inputs, or died past its retries) as a :class:`PackError` naming the chunk."""
+        try:
+            return self._ray.get(ref)  # type: ignore[no-any-return]
+        except self._ray.exceptions.RayError as exc:
+            cause = getattr(exc, "cause", None) or exc
+            lines = str(cause).strip().splitlines() or [""]
+            raise PackError(
+                f"the Ray task running the function on the inputs from #{first} failed "
+                f"({type(cause).__name__}: {lines[-1]}); a function from a module the Ray workers cannot "
+                "import must be defined in the calling script or shipped with runtime_env (working_dir, "
+                "py_modules). The shards finished so far are journaled: run again with resume=True"
+            ) from exc
 
 
 def ordered_map(

@@ -9,7 +9,7 @@ import pytest
 from ray_helpers import snapshot
 
 import fastload
-from fastload.errors import InputFailedError
+from fastload.errors import InputFailedError, PackError
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -39,4 +39,20 @@ def test_an_exception_in_a_ray_task_names_the_input(tmp_path: Path) -> None:
 
     with pytest.raises(InputFailedError, match=r"input #7 \(7\): KeyError: 'seven'"):
         fastload.optimize(bad, range(20), tmp_path / "ds", engine="ray", progress=False)
+    assert not (tmp_path / "ds" / "index.json").exists()
+
+
+def test_a_function_the_workers_cannot_import_is_named_with_the_fix(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A function of a module only this process can import (pickled by reference): the task fails in the
+    worker, and the error says which chunk and what to do, not Ray's bare traceback."""
+    folder = tmp_path / "private"
+    folder.mkdir()
+    (folder / "only_here_fns.py").write_text(
+        "def make(n):\n    return {'__key__': f'{n:04d}', 'txt': str(n)}\n"
+    )
+    monkeypatch.syspath_prepend(str(folder))
+    import only_here_fns  # type: ignore[import-not-found]
+
+    with pytest.raises(PackError, match=r"inputs from #0 failed.*runtime_env"):
+        fastload.optimize(only_here_fns.make, range(6), tmp_path / "ds", engine="ray", progress=False)
     assert not (tmp_path / "ds" / "index.json").exists()
