@@ -337,7 +337,16 @@ class _SamplesPlan(Plan[WriteResult]):
     def open(self) -> tuple[Destination, PackJournal, dict[int, ShardResult] | None]:
         w = self.w
         if w.part is None:
-            dest, _, kept = super().open()
+            try:
+                dest, _, kept = super().open()
+            except PackError as exc:
+                if "pass --resume" not in str(exc) or self.target.resume:
+                    raise
+                raise PackError(
+                    f"{self.target.url} holds an interrupted write (its journal .fastload-pack/ is there: a "
+                    "writer was killed, or is still running); delete the folder and write again, or write "
+                    "elsewhere"
+                ) from None
             journal: PackJournal = NotifyingJournal(dest, STATE_DIR, w._recorded)
         else:
             dest, journal, kept = open_part(

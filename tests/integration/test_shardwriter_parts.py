@@ -157,3 +157,39 @@ def test_merge_from_the_command_line(tmp_path: Path) -> None:
     write_parts_here(str(dst), "tar", parts=2, n=5, only=[0])
     proc = run_cli("merge", dst, check=True)
     assert "merged 2 part(s)" in proc.stdout and (dst / "index.json").exists()
+
+
+KILLED_SCRIPT = textwrap.dedent(
+    """
+    import sys, fastload
+    from tests.integration.writer_samples import samples
+    w = fastload.ShardWriter(sys.argv[1], shard_size_bytes=8192)
+    for s in samples(400):
+        w.write(s)
+    print("written", flush=True)
+    sys.stdin.read()  # (killed here, before close)
+    """
+)
+
+
+def test_a_killed_writer_leaves_no_dataset_and_a_clear_message(tmp_path: Path) -> None:
+    import signal
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    dst = tmp_path / "ds"
+    with subprocess.Popen(
+        [sys.executable, "-c", KILLED_SCRIPT, str(dst)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert list(dst.glob("*.tar")) and not (dst / "index.json").exists()
+    with pytest.raises(UnfinishedPackError):
+        fastload.ShardDataset(str(dst), decode=False)
+    with pytest.raises(PackError, match="holds an interrupted write"):
+        fastload.ShardWriter(dst)
