@@ -241,6 +241,12 @@ class _Run:
 
     def open(self, resume: bool) -> None:
         writer_journal = PackJournal(self.dest)
+        if not resume and self.journal.exists():  # (said here: the writer knows no resume of its own)
+            raise PackError(
+                f"{self.url} holds an interrupted optimize (its journal .fastload-pack/ is there: the run "
+                "was killed or stopped by an error, or is still running); pass resume=True (--resume) with "
+                "the same function, inputs and options to finish it, or choose an empty or new folder"
+            )
         # (killed between the writer's journal and ours, before any shard: nothing to check, nothing kept)
         if resume and (self.journal.exists() or (writer_journal.exists() and writer_journal.finished())):
             self.journal.check(self.state)
