@@ -7,7 +7,7 @@ loop does no generating). Every writer gets the same objects and encodes ``json`
 
 - ``fastload``: ``fastload.ShardWriter(dst, shard_size_bytes=256 MiB)`` (tar shards, sample tables with
   every sample's CRC32C, ``index.json``), ``workers=1`` (one background writer thread);
-- ``fastload-w2``: the same with ``workers=2``;
+- ``fastload-w2``: the same with ``workers=2`` (the default);
 - ``wds``: ``webdataset.ShardWriter(pattern, maxsize=256 MiB)`` (tar shards through Python's tarfile);
 - ``mds``: ``streaming.MDSWriter(out=dst, columns={jpg: bytes, json: json, txt: str, __key__: str},
   size_limit=256 MiB)``, uncompressed, no hashes (if ``mosaicml-streaming`` is installed; it is imported

@@ -191,3 +191,32 @@ def encode_sample(sample: Mapping[str, Any], encoders: Encoders | None = None) -
         raise SampleError(f"sample {key!r} has no fields besides '__key__'", key=key)
     members.sort()
     return key, tuple(members)
+
+
+class KeyRule:
+    """Keys a writer has taken, by rule: ``"check"`` refuses a key given twice (a set of every key),
+    ``"ordered"`` one not greater than the key before (no memory), ``"off"`` nothing."""
+
+    def __init__(self, rule: str) -> None:
+        if rule not in ("check", "ordered", "off"):
+            raise SampleError(f"keys={rule!r}; choose 'check', 'ordered' or 'off'")
+        self.rule = rule
+        self._seen: set[str] = set()
+        self._last: str | None = None
+
+    def check(self, key: str) -> None:
+        """Raise :class:`SampleError` if ``key`` may not come next."""
+        if self.rule == "check" and key in self._seen:
+            raise SampleError(f"key {key!r} was written already; keys must be unique in a dataset", key=key)
+        if self.rule == "ordered" and self._last is not None and key <= self._last:
+            raise SampleError(
+                f"key {key!r} does not come after {self._last!r}; with keys='ordered' each key must be "
+                "greater than the one before (keys='check' allows any order)",
+                key=key,
+            )
+
+    def add(self, key: str) -> None:
+        """``key`` was taken."""
+        if self.rule == "check":
+            self._seen.add(key)
+        self._last = key

@@ -37,6 +37,7 @@ from fastload.errors import PackError, SampleError, Skip
 from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination
 from fastload.packing.driver import Plan, Target, run
+from fastload.packing.encode import KeyRule
 from fastload.packing.engine import Engine, LocalEngine
 from fastload.packing.journal import STATE_DIR, PackJournal
 from fastload.packing.memshard import MemoryShard, memory_sample
@@ -111,8 +112,6 @@ class SampleWriter:
         options: Mapping[str, Any] | None = None,
         s3_config: S3Config | None = None,
     ) -> None:
-        if keys not in ("check", "ordered", "off"):
-            raise SampleError(f"keys={keys!r}; choose 'check', 'ordered' or 'off'")
         self.config = checked(config)
         self.fmt = formats.by_name(config.shard_format)
         self.url = url if url.startswith("s3://") else os.path.abspath(url)
@@ -120,11 +119,9 @@ class SampleWriter:
             s3_config = s3_config or S3Config.from_env()
         self.part, self.parts = part, parts
         self.on_shard = on_shard
-        self.keys_rule = keys
+        self.keys = KeyRule(keys)
         self._fixed = tuple(fields) if fields is not None else None
         self._fields: dict[str, None] = dict.fromkeys(fields or ())
-        self._seen: set[str] = set()
-        self._last_key: str | None = None
         self._number, self._first = start_shard, start_sample
         self._samples: list[Sample[Input]] = []
         self._overhead = self._size_of(memory_sample("k", [("x", b"")]))[1]
@@ -172,7 +169,7 @@ class SampleWriter:
         (nothing taken) for a repeated key or, with fixed fields, another field."""
         if self._closed:
             raise PackError(f"the writer of {self.url} is closed; open another to write more")
-        self._check_key(key)
+        self.keys.check(key)
         for f, _ in members:
             if f not in self._fields:
                 if self._fixed is not None:
@@ -193,7 +190,7 @@ class SampleWriter:
         limit = self.config.max_samples
         if n and (self._used + size > self.config.shard_size_bytes or (limit is not None and n >= limit)):
             self._cut()
-        self._remember(key)
+        self.keys.add(key)
         self._samples.append(sample)
         self._used += size
 
@@ -236,21 +233,6 @@ class SampleWriter:
     @property
     def fields(self) -> list[str]:
         return sorted(self._fields)
-
-    def _check_key(self, key: str) -> None:
-        if self.keys_rule == "check" and key in self._seen:
-            raise SampleError(f"key {key!r} was written already; keys must be unique in a dataset", key=key)
-        if self.keys_rule == "ordered" and self._last_key is not None and key <= self._last_key:
-            raise SampleError(
-                f"key {key!r} does not come after {self._last_key!r}; with keys='ordered' each key must be "
-                "greater than the one before (keys='check' allows any order)",
-                key=key,
-            )
-
-    def _remember(self, key: str) -> None:
-        if self.keys_rule == "check":
-            self._seen.add(key)
-        self._last_key = key
 
     def _size_of(self, sample: Sample[Input]) -> tuple[int, int]:
         sizes, overhead = self.fmt.sample_sizes(

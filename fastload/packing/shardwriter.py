@@ -61,7 +61,7 @@ class WriteReport:
 class ShardWriter:
     """Write samples (dicts with ``__key__``) into a new dataset at ``dst`` (a local folder or ``s3://``
     prefix): shards of ``format`` ("tar", "parquet", "tfrecord") cut at ``shard_size_bytes`` (and
-    ``max_samples_per_shard``), each published whole as it fills (written and uploaded by ``workers``
+    ``max_samples_per_shard``), each published whole as it fills (written and uploaded by ``workers`` (2)
     background threads while you produce the next samples), their sample tables, and ``index.json`` last,
     on :meth:`close` (or the end of a ``with`` block).
 
@@ -78,7 +78,8 @@ class ShardWriter:
 
     ``part=i, parts=n``: this is writer ``i`` of ``n`` writing one dataset (processes, ranks); its shard
     names cannot collide with the others', and :meth:`merge` publishes the dataset once all have closed.
-    Memory: up to about ``(workers + 3) x shard_size_bytes`` of samples are held.
+    Memory: up to about ``(workers + 3) x shard_size_bytes`` of samples are held. One thread writes to a
+    writer at a time (a process or rank each: ``part=``).
     """
 
     def __init__(
@@ -96,7 +97,7 @@ class ShardWriter:
         parts: int | None = None,
         row_group_bytes: int = 64 << 20,
         compression: str = "none",
-        workers: int = 1,
+        workers: int = 2,
         s3_config: S3Config | None = None,
     ) -> None:
         if (part is None) != (parts is None):

@@ -257,3 +257,11 @@ def test_a_failed_write_to_the_destination_is_raised_and_cleaned_up(
             w.write(s)
     assert "no index.json" in "\n".join(getattr(info.value, "__notes__", []))
     assert not dst.exists() or sorted(os.listdir(dst)) == []
+
+
+def test_max_samples_per_shard_and_an_oversized_sample(tmp_path: Path) -> None:
+    with fastload.ShardWriter(tmp_path / "ds", max_samples_per_shard=10, shard_size_bytes=64 << 10) as w:
+        for i in range(25):
+            w.write({"__key__": f"{i:03d}", "bin": bytes(100 << 10) if i == 12 else b"x"})
+    counts = [s.samples for s in w.report.index.shards]
+    assert counts == [10, 2, 1, 10, 2]  # the 100 KiB sample (over 64 KiB) has a shard of its own
