@@ -20,7 +20,6 @@ import functools
 import hashlib
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, field
@@ -221,8 +220,6 @@ class _Run:
         self.inputs = 0
         self.samples = 0
         self.result: Any = None
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
 
     def complete(self) -> DatasetIndex | None:
         """The index, when ``dst`` already holds this run's dataset (resume of a finished run)."""
