@@ -7,6 +7,7 @@ from fastload import collate, errors
 from fastload.config import PackConfig, S3Config
 from fastload.copy import copy
 from fastload.core.index import DatasetIndex, ShardEntry
+from fastload.packing.optimize import OptimizeReport, optimize
 from fastload.packing.pack import PackReport, pack
 from fastload.packing.shardwriter import ShardWriter, WriteReport
 from fastload.packing.tokens import pack_tokens
@@ -25,6 +26,7 @@ __all__ = [
     "LoaderStats",
     "MapDataset",
     "Mix",
+    "OptimizeReport",
     "PackConfig",
     "PackReport",
     "PackedSequences",
@@ -41,6 +43,7 @@ __all__ = [
     "from_ray",
     "loader",
     "open",
+    "optimize",
     "pack",
     "pack_tokens",
     "s3_stats",

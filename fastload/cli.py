@@ -201,6 +201,12 @@ def _pack_tokens(args: argparse.Namespace) -> int:
     return 0
 
 
+def _optimize(args: argparse.Namespace) -> int:
+    from fastload.cli_optimize import run
+
+    return run(args)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from fastload.bench.args import run
 
@@ -216,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inspect": _inspect,
         "demo-data": _demo,
         "pack-tokens": _pack_tokens,
+        "optimize": _optimize,
         "cp": _cp,
         "ls": _ls,
         "mb": _mb,

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     _mb(sub, s3_options)
     _demo_data(sub)
     _pack_tokens(sub, s3_options)
+    from fastload.cli_optimize import add_parser as add_optimize_parser
+
+    add_optimize_parser(sub, s3_options)
 
     from fastload.bench.args import add_parser as add_bench_parser
 

@@ -10,7 +10,9 @@
     │   ├── SkippedInputError            the pack finished but skipped inputs (see ``.skipped``)
     │   ├── DestinationWriteError(OSError)  writing a pack's destination (or staging folder), or cp's, failed
     │   ├── UnfinishedPackError          a folder holds an interrupted pack (its journal): --resume it
-    │   └── AppendConflictError          another run appends the same inputs, or already appended them
+    │   ├── AppendConflictError          another run appends the same inputs, or already appended them
+    │   ├── InputFailedError             optimize: the function raised on an input (its number, repr)
+    │   └── ResumeMismatchError          optimize: resume refused, the function, inputs or options changed
     ├── SampleError(ValueError)          a sample given to ShardWriter cannot be written (names key, field)
     ├── IndexFormatError                 an ``index.json`` that is missing, malformed or of another version
     ├── VerifyError                      a shard does not match its index (names shard, sample, offset)
@@ -349,6 +351,36 @@ class SampleChecksumError(VerifyError):
     def __init__(self, message: str, *, shard: str, key: str | None, offset: int, index: int) -> None:
         super().__init__(message, shard=shard, key=key, offset=offset)
         self.index = index
+
+
+class InputFailedError(PackError):
+    """``fastload.optimize``: the user's function raised on one input, so the run stopped (no ``index.json``;
+    shards finished before it are journaled for ``resume=True``). Carries the input's ``number`` (from 0 in
+    input order), ``input`` (a short repr), ``error`` (``"TypeName: message"``) and ``traceback`` (the
+    function's traceback as text: it may have run in another process)."""
+
+    def __init__(self, *, number: int, input: str, error: str, traceback: str = "") -> None:
+        self.number = number
+        self.input = input
+        self.error = error
+        self.traceback = traceback
+        super().__init__(
+            f"the function raised on input #{number} ({input}): {error}; nothing was published as a dataset "
+            "(no index.json). Fix the function or the input and run again with resume=True (--resume) to "
+            "keep the shards finished so far, or pass on_error='skip' (--on-error skip) to leave failing "
+            "inputs out and list them in the report"
+        )
+
+
+class ResumeMismatchError(PackError):
+    """``fastload.optimize(..., resume=True)`` refused: ``what`` (``"function"``, ``"inputs"`` or
+    ``"options"``) differs from the interrupted run's, so its shards cannot be continued to the bytes of
+    one uninterrupted run."""
+
+    def __init__(self, message: str, *, what: str, url: str) -> None:
+        super().__init__(message)
+        self.what = what
+        self.url = url
 
 
 class SampleError(FastloadError, ValueError):

@@ -13,11 +13,19 @@ from tqdm import tqdm
 
 
 class Progress:
-    """A thread-safe byte counter shown as a tqdm bar with a files/s figure. When not shown, no tqdm object is
+    """A thread-safe byte counter (or of another ``unit``: ``optimize`` counts inputs, toward their number for
+    an ETA) shown as a tqdm bar with a files/s figure (``items``/s). When not shown, no tqdm object is
     made at all (even a disabled one starts tqdm's monitor thread)."""
 
     def __init__(
-        self, *, total: int | None, initial: int = 0, enabled: bool | None, desc: str, items: str = "files"
+        self,
+        *,
+        total: int | None,
+        initial: int = 0,
+        enabled: bool | None,
+        desc: str,
+        items: str = "files",
+        unit: str = "B",
     ) -> None:
         show = sys.stderr.isatty() if enabled is None else enabled
         self._bar: tqdm[Any] | None = None
@@ -31,8 +39,8 @@ class Progress:
         self._bar = tqdm(
             total=total,
             initial=initial,
-            unit="B",
-            unit_scale=True,
+            unit=unit,
+            unit_scale=unit == "B",
             unit_divisor=1024,
             desc=desc,
             disable=not show,

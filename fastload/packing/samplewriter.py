@@ -135,6 +135,7 @@ class SampleWriter:
         self._result: WriteResult | None = None
         self._closed = False
         self.kept: dict[int, ShardResult] = {}
+        self.skipped: list[Skip] = []  # inputs the caller left out (optimize's on_error="skip"): in the index
         self.dest: Destination | None = None
         self.journal: PackJournal | None = None
         body = {**output_options(self.config), "part": part, "parts": parts, **(options or {})}
@@ -367,6 +368,7 @@ class _SamplesPlan(Plan[WriteResult]):
             fields=self.w.fields,
             shards=[results[n].entry for n in numbers],
             options=dict(self.w.options),
+            skipped=[{"path": s.path, "reason": s.reason} for s in self.w.skipped],
             payload_bytes=sum(r.payload_bytes for r in results.values()),
         )
 

@@ -4,7 +4,9 @@ with a batch form where the tokenizer has one (Hugging Face ``tokenizers`` encod
 SPEC is one of: ``module:function`` (a module importable from the working directory or ``sys.path``;
 the function may be dotted, ``pkg.mod:tok.encode``), ``path/to/file.py:function``, a ``tokenizer.json``
 file of the ``tokenizers`` package, or ``hf:NAME`` (a tokenizer on the Hugging Face Hub, through
-``tokenizers.Tokenizer.from_pretrained``: ``HF_ENDPOINT`` and the Hub cache apply)."""
+``tokenizers.Tokenizer.from_pretrained``: ``HF_ENDPOINT`` and the Hub cache apply).
+
+:func:`load_callable` resolves the first two forms for any hook (``fastload optimize``'s function too)."""
 
 from __future__ import annotations
 
@@ -44,25 +46,33 @@ def load_tokenizer(spec: str) -> Tokenizer:
     """The tokenizer ``spec`` names (see the module docstring), refused with what to write if not found."""
     if spec.startswith("hf:"):
         return _hub_tokenizer(spec, spec[3:])
-    where, sep, attr = spec.rpartition(":")
-    if not sep and spec.endswith(".json"):
+    if ":" not in spec and spec.endswith(".json"):
         return _json_tokenizer(spec)
+    return load_callable(spec, what="tokenizer", forms="a tokenizer.json file or hf:NAME")
+
+
+def load_callable(spec: str, *, what: str = "function", forms: str = "") -> Callable[..., Any]:
+    """The callable ``spec`` names: ``module:function`` (imported as from the working directory; the
+    function may be dotted, ``mod:obj.method``) or ``path/to/file.py:function``; else a
+    :class:`ConfigError` saying what to write (``what`` names the hook in messages, ``forms`` lists the
+    other forms its option takes)."""
+    where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr:
+        other = f", {forms}" if forms else ""
         raise ConfigError(
-            f"tokenizer {spec!r}: write module:function (e.g. mytok:encode), path/to/file.py:function, "
-            "a tokenizer.json file or hf:NAME"
+            f"{what} {spec!r}: write module:function (e.g. mymod:encode), path/to/file.py:function{other}"
         )
-    obj: Any = _from_file(spec, where) if where.endswith(".py") else _import(spec, where)
+    obj: Any = _from_file(spec, where, what) if where.endswith(".py") else _import(spec, where, what)
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError(f"tokenizer {spec!r}: {where} has no attribute {attr!r}")
+            raise ConfigError(f"{what} {spec!r}: {where} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ConfigError(f"tokenizer {spec!r} is not callable")
+        raise ConfigError(f"{what} {spec!r} is not callable")
     return obj  # type: ignore[no-any-return]
 
 
-def _import(spec: str, module_name: str) -> Any:
+def _import(spec: str, module_name: str, what: str) -> Any:
     """``module_name`` imported as Python would from the working directory (the ``fastload`` command's
     ``sys.path`` holds its own folder, not the working directory, unlike ``python -m``)."""
     cwd = os.getcwd()
@@ -73,7 +83,7 @@ def _import(spec: str, module_name: str) -> Any:
         return importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
-            f"tokenizer {spec!r}: cannot import {module_name!r} ({exc}); run from the folder holding "
+            f"{what} {spec!r}: cannot import {module_name!r} ({exc}); run from the folder holding "
             f"{module_name.split('.')[0]}.py, or write path/to/file.py:function"
         ) from None
     finally:
@@ -81,20 +91,20 @@ def _import(spec: str, module_name: str) -> Any:
             sys.path.remove(cwd)
 
 
-def _from_file(spec: str, path: str) -> Any:
+def _from_file(spec: str, path: str, what: str) -> Any:
     if not os.path.isfile(path):
-        raise ConfigError(f"tokenizer {spec!r}: no file {path}")
-    name = "_fastload_tokenizer_" + os.path.splitext(os.path.basename(path))[0]
+        raise ConfigError(f"{what} {spec!r}: no file {path}")
+    name = f"_fastload_{what}_" + os.path.splitext(os.path.basename(path))[0]
     loader_spec = importlib.util.spec_from_file_location(name, path)
     if loader_spec is None or loader_spec.loader is None:
-        raise ConfigError(f"tokenizer {spec!r}: {path} cannot be loaded as a Python file")
+        raise ConfigError(f"{what} {spec!r}: {path} cannot be loaded as a Python file")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[name] = module  # (so that its functions pickle by reference in this process)
     try:
         loader_spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
-        raise ConfigError(f"tokenizer {spec!r}: running {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(f"{what} {spec!r}: running {path} failed: {type(exc).__name__}: {exc}") from exc
     return module
 
 
@@ -130,4 +140,4 @@ def _hub_tokenizer(spec: str, name: str) -> BatchTokenizer:
         ) from None
 
 
-__all__ = ["BatchTokenizer", "Tokenizer", "load_tokenizer"]
+__all__ = ["BatchTokenizer", "Tokenizer", "load_callable", "load_tokenizer"]
