@@ -143,7 +143,10 @@ def test_slowdown_storm_is_ridden_out(
     stats = fastload.s3_stats()
     assert stats["throttles"] == stats["retries"]["throttle"] == stats["retries_total"] == slowdowns
     assert stats["failures"] == 0
-    assert 1.8 < elapsed < 5.0, elapsed
+    # the storm was waited out, then at most a capped backoff (0.2 s) before the parts went on; the rest is
+    # the read itself, timed clean just after (not a fixed bound: a loaded machine reads slower)
+    _, clean = timed(lambda: read_all(KEY, config))
+    assert 1.8 < elapsed < 2.0 + 0.2 + 1.5 + 4 * clean, (elapsed, clean)
 
 
 @pytest.mark.parametrize("nth", [1, 3], ids=["first-request", "third-request"])
