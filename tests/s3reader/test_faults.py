@@ -135,7 +135,8 @@ def test_slowdown_storm_is_ridden_out(
 ) -> None:
     # With max_backoff_s=0.2, the default 20 attempts last only about 1.5 s: let deadline_s bound the retries.
     config = make_config(proxy, max_attempts=500)
-    proxy.add(Rule(Fault.slowdown(), method="GET", key=KEY, for_s=2.0))
+    # 2 s from the first GET (not from now: on a loaded machine the first GET came after a 2 s window)
+    proxy.add(Rule(Fault.slowdown(), method="GET", key=KEY, for_s=2.0, from_first=True))
     got, elapsed = timed(lambda: read_all(KEY, config))
     assert sha(got) == sha(objects[KEY])
     slowdowns = proxy.stats().injected["slowdown"]
