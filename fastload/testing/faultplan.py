@@ -206,6 +206,9 @@ class Rule:
     """Fire only on these matching requests, counted from 1 since the rule was added (e.g. ``{3, 7}``)."""
     for_s: float | None = None
     """Fire only within this many seconds after the rule was added (a storm)."""
+    from_first: bool = False
+    """With ``for_s``: the window starts at the first matching request, not when the rule was added (a
+    storm of known length however late the first request comes, e.g. from a client on a loaded machine)."""
     probability: float = 1.0
     """Fire on each otherwise eligible request with this probability, drawn from the rule's seeded RNG."""
 
@@ -221,6 +224,8 @@ class Rule:
             raise ValueError(f"times={self.times} must be >= 1 (remove the rule instead)")
         if self.for_s is not None and self.for_s <= 0:
             raise ValueError(f"for_s={self.for_s} must be > 0")
+        if self.from_first and self.for_s is None:
+            raise ValueError("from_first=True needs for_s (the window it starts)")
         if not 0.0 <= self.probability <= 1.0:
             raise ValueError(f"probability={self.probability} must be within [0, 1]")
 
@@ -244,6 +249,7 @@ class ActiveRule:
         self.added_at = added_at
         self.matched = 0
         self.fired = 0
+        self.first_at: float | None = None  # when the first matching request came
         self._rng = random.Random(f"{seed}:{serial}")
 
     def _fires(self, now: float) -> bool:
@@ -252,7 +258,8 @@ class ActiveRule:
             return False
         if rule.nth is not None and self.matched not in rule.nth:
             return False
-        if rule.for_s is not None and now - self.added_at >= rule.for_s:
+        began = self.first_at if rule.from_first and self.first_at is not None else self.added_at
+        if rule.for_s is not None and now - began >= rule.for_s:
             return False
         return rule.probability >= 1.0 or self._rng.random() < rule.probability
 
@@ -300,6 +307,8 @@ class FaultPlan:
             if not active.rule.matches(request):
                 continue
             active.matched += 1
+            if active.first_at is None:
+                active.first_at = now
             if chosen is None and active._fires(now):
                 active.fired += 1
                 chosen = active

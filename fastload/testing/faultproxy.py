@@ -181,7 +181,8 @@ class FaultProxy:
     # -- plan and counters --------------------------------------------------------------------------------
 
     def add(self, rule: Rule) -> ActiveRule:
-        """Add a rule at the end of the plan (it applies from the next request); ``for_s`` starts now."""
+        """Add a rule at the end of the plan (it applies from the next request); ``for_s`` starts now, or
+        at the first matching request with ``from_first=True``."""
         with self._state.lock:
             return self._state.plan.add(rule, now=time.monotonic())
 

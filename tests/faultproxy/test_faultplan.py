@@ -67,6 +67,20 @@ def test_for_s_is_a_window_starting_when_the_rule_is_added() -> None:
     ]
 
 
+def test_for_s_from_first_is_a_window_starting_at_the_first_matching_request() -> None:
+    plan = FaultPlan()
+    plan.add(Rule(Fault.slowdown(), method="GET", for_s=5.0, from_first=True), now=100.0)
+    assert fired(plan, [request(method="PUT")], now=150.0) == [None]  # not matching: no start
+    assert [fired(plan, [request()], now=t)[0] for t in (160.0, 164.9, 165.0, 200.0)] == [
+        "slowdown",
+        "slowdown",
+        None,
+        None,
+    ]
+    with pytest.raises(ValueError, match="from_first=True needs for_s"):
+        Rule(Fault.slowdown(), from_first=True)
+
+
 def test_the_first_rule_that_fires_wins_and_every_matching_rule_counts() -> None:
     plan = FaultPlan()
     first = plan.add(Rule(Fault.slowdown(), nth={2}), now=0.0)

@@ -17,7 +17,7 @@ import fastload
 from fastload.errors import PackError, SkippedInputError
 from fastload.storage.listing import FileEntry, LocalSource
 
-from .helpers import run_cli
+from .helpers import CLI_TIMEOUT_S, cli_env
 
 OLD = b"o" * 300_000
 NEW = b"N" * 300_000
@@ -163,28 +163,70 @@ def test_pack_tokens_stops_when_an_input_changes_while_read(
         fastload.pack_tokens(docs, tmp_path / "ds")
 
 
+# The CLI run with one hook: each time pack has opened big.bin and asks for its first bytes, it asks a writer
+# (another process, over two FIFOs) to rewrite the file in place and waits until it has; then it reads on.
+CLI_WITH_HOOK = """
+import io, runpy, sys
+import fastload.storage.listing as listing
+
+big, req, ack = sys.argv[1:4]
+to_writer, from_writer = open(req, "wb", buffering=0), open(ack, "rb", buffering=0)
+
+class Hooked(io.FileIO):
+    asked = False
+
+    def readinto(self, buffer):
+        if self.name == big and not self.asked:
+            self.asked = True
+            to_writer.write(b"w")
+            assert from_writer.read(1) == b"k", "the writer is gone"
+        return super().readinto(buffer)
+
+listing.open = lambda path, mode="r", buffering=-1: Hooked(path, "r")
+sys.argv = ["fastload", *sys.argv[4:]]
+runpy.run_module("fastload", run_name="__main__", alter_sys=True)
+"""
+WRITER = """
+import os, sys
+big, req, ack = sys.argv[1:4]
+fd = os.open(big, os.O_WRONLY)
+with open(req, "rb", buffering=0) as asks, open(ack, "wb", buffering=0) as answers:
+    i = 0
+    while asks.read(1):
+        os.pwrite(fd, bytes([i % 256]) * 65536, (i * 65536) % (1 << 20)); i += 1
+        answers.write(b"k")
+"""
+
+
 def test_the_cli_exits_non_zero_for_a_file_changing_while_packed(tmp_path: Path) -> None:
-    """A real writer, in another process, rewriting a big file in place over and over while it is packed."""
-    src = tmp_path / "src"
-    src.mkdir()
-    big = src / "big.bin"
-    big.write_bytes(os.urandom(32 << 20))
-    writer = (
-        "import os, sys, time\n"
-        "fd = os.open(sys.argv[1], os.O_WRONLY)\n"
-        "end = time.monotonic() + 60\n"
-        "i = 0\n"
-        "while time.monotonic() < end:\n"
-        "    os.pwrite(fd, bytes([i % 256]) * 65536, (i * 65536) % (32 << 20)); i += 1\n"
-    )
+    """A real writer, in another process, rewriting a file in place each time pack has opened it and begun
+    to read it (a hook in the CLI's process waits for the write: no race with the scheduler): every read
+    sees a change, the file is left out by name and the pack exits 1."""
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-c", writer, str(big)])
+    src = tmp_path / "src"
+    src.mkdir()
+    big = src / "big.bin"
+    big.write_bytes(os.urandom(1 << 20))
+    req, ack = tmp_path / "req", tmp_path / "ack"
+    os.mkfifo(req)
+    os.mkfifo(ack)
+    fifos = [str(big), str(req), str(ack)]
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, *fifos])
     try:
-        out = run_cli("pack", src, tmp_path / "ds", "--quiet")
+        cmd = [sys.executable, "-c", CLI_WITH_HOOK, *fifos, "pack", str(src), str(tmp_path / "ds"), "--quiet"]
+        out = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            env=cli_env(),
+            timeout=CLI_TIMEOUT_S,
+            check=False,
+        )
     finally:
-        proc.kill()
-        proc.wait()
+        writer.kill()
+        writer.wait()
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"{big}: file changed as we read it" in out.stderr, out.stderr

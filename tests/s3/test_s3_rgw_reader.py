@@ -174,7 +174,7 @@ def test_a_1_5_second_503_storm_is_ridden_out(
         rgw, endpoint_url=proxy.endpoint_url, process_max_concurrency=61, max_backoff_s=0.4, deadline_s=30
     )
     began = time.monotonic()
-    proxy.add(Rule(Fault.slowdown(), method="GET", for_s=1.5))
+    proxy.add(Rule(Fault.slowdown(), method="GET", for_s=1.5, from_first=True))  # from the first GET
     with fastload.open(big.url, config=config) as f:
         assert read_all_sha256(f) == (big.sha256, len(big.data))
     elapsed = time.monotonic() - began
