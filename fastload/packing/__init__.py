@@ -6,7 +6,8 @@
   ``write``: :class:`~fastload.packing.write.FileShard` jobs -> ``pack``: ``fastload.pack``, ``FilesPlan``)
   -> ``report``; token documents (``token_inputs`` -> ``token_docs`` -> ``token_shards`` -> ``tokens``:
   ``pack_tokens``, ``TokensPlan``); rows of tables (Parquet/CSV/JSONL: ``tabular``: plan, ``RowsPlan``,
-  ``pack_table`` -> ``table_shards``: :class:`~fastload.packing.table_shards.TableShard` jobs);
+  ``pack_table`` -> ``table_shards``: :class:`~fastload.packing.table_shards.TableShard` jobs; which sources
+  are tables: ``tablenames``, by name, without importing pyarrow);
 - all run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
   into a ``dest`` (local folder or ``s3dest``) and keep a ``journal`` for resume;
 - ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.
