@@ -21,7 +21,7 @@ from fastload.core.plan import plan_row_groups
 from fastload.errors import Skip, write_error
 from fastload.formats.parquet.footer import row_groups_of, tail_footer
 from fastload.formats.parquet.stats import STATS_MAX_VALUE_BYTES, shard_stats
-from fastload.formats.shard import ShardResult, crc32c
+from fastload.formats.shard import DEFAULT_BUFFER_BYTES, ShardResult, crc32c
 from fastload.storage.inputs import (
     CHANGED_WHILE_READ,
     READ_ATTEMPTS,
@@ -39,8 +39,9 @@ KEY_COLUMN = "__key__"
 _MAX_COLUMN_BYTES = (1 << 31) - 1
 
 
-def file_crc32c(path: str, chunk_bytes: int = 8 << 20) -> tuple[int, int]:
-    """``(crc32c, size)`` of a file, read through one reused buffer (it was just written: it is cached)."""
+def file_crc32c(path: str, chunk_bytes: int = DEFAULT_BUFFER_BYTES) -> tuple[int, int]:
+    """``(crc32c, size)`` of a file, read through one reused buffer (it was just written: it is cached; a
+    buffer that stays in the CPU's cache reads it back in half the CPU of an 8 MiB one)."""
     crc = size = 0
     buf = memoryview(bytearray(chunk_bytes))
     with open(path, "rb", buffering=0) as f:
