@@ -23,6 +23,7 @@ tar's time is its process's wall time.
     python benchmarks/pack.py --files 2000 --reps 1 --json /tmp/pack.json --keep-tree
     python benchmarks/pack.py --child fastload-tar SRC DST    # one tool alone, e.g. under a profiler
     python benchmarks/pack.py --engine ray                    # local engine vs Ray engine, tar and Parquet
+    python benchmarks/pack.py --workers 1                     # fastload with 1 shard-writing thread
 
 With ``--engine ray`` the parent starts a Ray cluster of this machine (one CPU per usable core) and each
 ``*-ray`` tool connects to it and warms one worker per CPU before its clock starts (Ray starts workers per
@@ -83,6 +84,7 @@ TARGETS = {"fastload-tar": 0.8, "fastload-parquet": 0.6}  # minimum throughput a
 TREE_VERSION = 1  # bump when the tree's layout or contents change, so cached trees are rebuilt
 WARM_BUFFER_BYTES = 1 << 20
 TIME = "/usr/bin/time"
+WORKERS_ENV = "FASTLOAD_BENCH_WORKERS"  # the parent's --workers, for the fastload tools it runs
 
 
 # ---------------------------------------------------------------------------------------------- pure core
@@ -310,7 +312,10 @@ def _pyarrow_parquet(src: str, dst: str) -> tuple[int, int]:
 def _fastload(src: str, dst: str, shard_format: str, engine: str = "local") -> tuple[int, int]:
     import fastload
 
-    report = fastload.pack(src, dst, progress=False, shard_format=shard_format, engine=engine)
+    workers = int(os.environ.get(WORKERS_ENV, "0")) or None  # (--workers, from the parent)
+    report = fastload.pack(
+        src, dst, progress=False, shard_format=shard_format, engine=engine, workers=workers
+    )
     return report.files, report.index.samples
 
 
@@ -678,6 +683,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "and on Ray (a Ray cluster of this machine is started for the run)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write every figure and the machine to FILE")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="fastload pack's workers (shard-writing threads; default: one per core)",
+    )
     args = parser.parse_args(argv)
     known = TOOLS + tuple(RAY_LOCAL)
     tools = ",".join(ENGINE_TOOLS[args.engine]) if args.tools is None else args.tools
@@ -754,6 +765,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tool, src, dst, *rest = argv[1:]
         return run_child(tool, src, dst, rest[0] if rest else None)
     args = parse_args(argv)
+    if args.workers is not None:
+        if args.workers < 1:
+            raise SystemExit(f"--workers {args.workers} must be >= 1")
+        os.environ[WORKERS_ENV] = str(args.workers)
     os.makedirs(args.workdir, exist_ok=True)
     info = machine_info()
     load_before = os.getloadavg()

@@ -920,6 +920,256 @@ done:
     return result;
 }
 
+/* ---- tar shard writing -----------------------------------------------------------------------------------
+ * tar_fill() puts whole samples of local files into a shard writer's buffer as tar members, with the GIL
+ * released for the whole batch (so writer threads scale with cores).  Per sample: every member opened and
+ * fstat'ed (its size must be the listed one), then each member's ustar header (the bytes of
+ * fastload.formats.tar.header.member_header for a plain name), its data read straight into the buffer and
+ * its zero padding; then every member fstat'ed again (size, mtime and ctime: a file written to while read
+ * is read again from a fresh open, up to `attempts` times: GNU tar's "file changed as we read it") and the
+ * CRC32C of the sample's bytes taken while they are in cache.  A sample that fails is rolled back out of
+ * the buffer and reported by member and cause, for the caller to name.  It stops before a sample that does
+ * not fit the room left (the caller flushes the buffer and calls again), or that needs the Python writer
+ * (a pax header: a long or non-ASCII name, a size of 8 GiB or more; more bytes than the buffer holds; more
+ * than TAR_MAX_MEMBERS members), or after a failed open that says this process is out of descriptors. */
+#include <fcntl.h>
+
+enum { TAR_OK, TAR_OPEN, TAR_LISTED, TAR_READ, TAR_SHRUNK, TAR_CHANGED };
+enum { FILL_MORE, FILL_FULL, FILL_PYTHON, FILL_STOP }; /* why tar_fill returned */
+
+#define TAR_MAX_MEMBERS 64
+#define TAR_BATCH_MEMBERS 4096 /* members prepared per call (the GIL is taken again between calls) */
+#define TAR_MAX_OCTAL 077777777777LL
+
+typedef struct {
+    const char *path, *name;
+    Py_ssize_t name_len;
+    long long size;
+} TarIn;
+
+typedef struct {
+    int kind, err;
+    Py_ssize_t member;
+    long long a; /* TAR_OK: the sample's offset in the buffer; TAR_LISTED: the size now; TAR_SHRUNK: bytes read */
+    long long size;
+    uint32_t crc;
+} TarOut;
+
+static void octal(char *p, long long value, int digits) { /* "%0*llo\0" */
+    for (int d = digits - 1; d >= 0; d--, value >>= 3) p[d] = (char)('0' + (value & 7));
+    p[digits] = 0;
+}
+
+/* the 512-byte header member_header writes for a plain name: mode 0644, uid/gid 0, mtime fixed */
+static void ustar_header(char *h, const char *name, Py_ssize_t name_len, long long size, long long mtime) {
+    memset(h, 0, BLOCK);
+    memcpy(h, name, (size_t)name_len);
+    octal(h + 100, 0644, 7);
+    octal(h + 108, 0, 7);
+    octal(h + 116, 0, 7);
+    octal(h + 124, size, 11);
+    octal(h + 136, mtime, 11);
+    memset(h + 148, ' ', 8);
+    h[156] = '0';
+    memcpy(h + 257, "ustar\0" "00", 8);
+    octal(h + 329, 0, 7);
+    octal(h + 337, 0, 7);
+    unsigned sum = 0;
+    for (int i = 0; i < BLOCK; i++) sum += (unsigned char)h[i];
+    octal(h + 148, sum, 6); /* "%06o\0 " */
+    h[155] = ' ';
+}
+
+static int same_stat(const struct stat *a, const struct stat *b) {
+    return a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
+           a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+/* One attempt at one sample of n members at buf + *pos (GIL released); TAR_OK or the first failure. */
+static void tar_sample(char *buf, long long *pos, const TarIn *in, Py_ssize_t n, long long mtime, TarOut *o) {
+    int fds[TAR_MAX_MEMBERS];
+    struct stat before[TAR_MAX_MEMBERS], now;
+    Py_ssize_t opened = 0, j;
+    o->kind = TAR_OK, o->err = 0, o->a = 0;
+    for (j = 0; j < n; j++) { /* open all first, as fastload.storage.inputs.open_sample does */
+        int fd;
+        do fd = open(in[j].path, O_RDONLY | O_CLOEXEC);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0) {
+            o->kind = TAR_OPEN, o->err = errno;
+            break;
+        }
+        fds[opened++] = fd;
+        if (fstat(fd, &before[j]) != 0) {
+            o->kind = TAR_OPEN, o->err = errno;
+            break;
+        }
+        if (S_ISDIR(before[j].st_mode)) { /* (Python's open refuses a folder) */
+            o->kind = TAR_OPEN, o->err = EISDIR;
+            break;
+        }
+        if ((long long)before[j].st_size != in[j].size) {
+            o->kind = TAR_LISTED, o->a = (long long)before[j].st_size;
+            break;
+        }
+    }
+    for (Py_ssize_t k = 0; o->kind == TAR_OK && k < n; k++) {
+        long long size = in[k].size, got = 0;
+        ustar_header(buf + *pos, in[k].name, in[k].name_len, size, mtime);
+        *pos += BLOCK;
+        while (got < size) {
+            size_t want = (size_t)(size - got) > (1u << 30) ? (1u << 30) : (size_t)(size - got);
+            ssize_t r = read(fds[k], buf + *pos + got, want);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) {
+                o->kind = TAR_READ, o->err = errno;
+                break;
+            }
+            if (r == 0) {
+                o->kind = TAR_SHRUNK, o->a = got;
+                break;
+            }
+            got += r;
+        }
+        if (o->kind != TAR_OK) {
+            j = k;
+            break;
+        }
+        long long pad = (BLOCK - size % BLOCK) % BLOCK;
+        memset(buf + *pos + size, 0, (size_t)pad);
+        *pos += size + pad;
+    }
+    for (Py_ssize_t k = 0; o->kind == TAR_OK && k < n; k++) /* after every read, as changed_while_read */
+        if (fstat(fds[k], &now) != 0 || !same_stat(&now, &before[k])) o->kind = TAR_CHANGED, j = k;
+    o->member = j;
+    for (Py_ssize_t k = 0; k < opened; k++) close(fds[k]);
+}
+
+/* tar_fill(buffer, fill, paths, names, sizes, counts, first, member, stop, mtime, attempts)
+ *   -> (fill, next, next_member, status, results) */
+static PyObject *tar_fill(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t fill, first, member, stop;
+    PyObject *paths, *names, *sizes, *counts;
+    long long mtime;
+    int attempts;
+    if (!PyArg_ParseTuple(args, "w*nO!O!O!O!nnnLi", &buf, &fill, &PyList_Type, &paths, &PyList_Type, &names,
+                          &PyList_Type, &sizes, &PyList_Type, &counts, &first, &member, &stop, &mtime,
+                          &attempts))
+        return NULL;
+    PyObject *result = NULL, *results = NULL, **held = NULL;
+    TarIn *in = NULL;
+    TarOut *outs = NULL;
+    Py_ssize_t *nmem = NULL, nsamples = 0, nin = 0, nheld = 0;
+    int status = FILL_MORE;
+    if (fill < 0 || fill > buf.len || first < 0 || member < 0 || stop > PyList_GET_SIZE(counts) ||
+        mtime < 0 || mtime > TAR_MAX_OCTAL || attempts < 1) {
+        PyErr_SetString(PyExc_ValueError, "tar_fill: bad arguments");
+        goto done;
+    }
+    Py_ssize_t cap = stop - first < TAR_BATCH_MEMBERS ? (stop > first ? stop - first : 1) : TAR_BATCH_MEMBERS;
+    in = PyMem_Malloc(sizeof(TarIn) * TAR_BATCH_MEMBERS);
+    held = PyMem_Malloc(sizeof(PyObject *) * TAR_BATCH_MEMBERS);
+    outs = PyMem_Malloc(sizeof(TarOut) * (size_t)cap);
+    nmem = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
+    if (in == NULL || held == NULL || outs == NULL || nmem == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* which samples fit (GIL held: the lists are read, paths encoded) */
+    long long room = (long long)(buf.len - fill);
+    Py_ssize_t m = member;
+    for (Py_ssize_t i = first; i < stop; i++) {
+        Py_ssize_t c = PyLong_AsSsize_t(PyList_GET_ITEM(counts, i));
+        if (c == -1 && PyErr_Occurred()) goto done;
+        if (c < 0 || c > TAR_MAX_MEMBERS || m + c > PyList_GET_SIZE(paths) || m + c > PyList_GET_SIZE(names) ||
+            m + c > PyList_GET_SIZE(sizes)) {
+            status = FILL_PYTHON;
+            break;
+        }
+        if (nin + c > TAR_BATCH_MEMBERS || nsamples == cap) break; /* (the caller calls again) */
+        long long total = 0;
+        int plain = 1;
+        for (Py_ssize_t j = 0; j < c && plain; j++) {
+            PyObject *name = PyList_GET_ITEM(names, m + j);
+            long long size = PyLong_AsLongLong(PyList_GET_ITEM(sizes, m + j));
+            if (size == -1 && PyErr_Occurred()) goto done;
+            plain = PyUnicode_Check(name) && PyUnicode_IS_ASCII(name) && PyUnicode_GET_LENGTH(name) <= 100 &&
+                    size >= 0 && size <= TAR_MAX_OCTAL;
+            total += BLOCK + (size + BLOCK - 1) / BLOCK * BLOCK;
+        }
+        if (!plain || total > (long long)buf.len) {
+            status = FILL_PYTHON;
+            break;
+        }
+        if (total > room) {
+            status = FILL_FULL;
+            break;
+        }
+        room -= total;
+        for (Py_ssize_t j = 0; j < c; j++, nin++) {
+            PyObject *path = NULL;
+            if (!PyUnicode_FSConverter(PyList_GET_ITEM(paths, m + j), &path)) goto done;
+            held[nheld++] = path;
+            in[nin].path = PyBytes_AS_STRING(path);
+            in[nin].name = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(names, m + j), &in[nin].name_len);
+            if (in[nin].name == NULL) goto done;
+            in[nin].size = PyLong_AsLongLong(PyList_GET_ITEM(sizes, m + j));
+        }
+        nmem[nsamples++] = c;
+        m += c;
+    }
+    /* the I/O (GIL released) */
+    long long pos = (long long)fill;
+    Py_ssize_t done_samples = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const TarIn *at = in;
+    for (Py_ssize_t s = 0; s < nsamples; s++) {
+        TarOut *o = &outs[s];
+        long long start = pos;
+        for (int attempt = 1;; attempt++) {
+            pos = start;
+            tar_sample((char *)buf.buf, &pos, at, nmem[s], mtime, o);
+            if (o->kind != TAR_CHANGED || attempt >= attempts) break;
+        }
+        at += nmem[s];
+        done_samples = s + 1;
+        if (o->kind != TAR_OK) {
+            pos = start;
+            if (o->kind == TAR_OPEN && (o->err == EMFILE || o->err == ENFILE)) break;
+            continue;
+        }
+        o->a = start;
+        o->size = pos - start;
+        o->crc = crc32c_update(0, (const char *)buf.buf + start, (size_t)(pos - start));
+    }
+    Py_END_ALLOW_THREADS
+    if (done_samples < nsamples) status = FILL_STOP;
+    Py_ssize_t next_member = member;
+    for (Py_ssize_t s = 0; s < done_samples; s++) next_member += nmem[s];
+    results = PyList_New(done_samples);
+    if (results == NULL) goto done;
+    for (Py_ssize_t s = 0; s < done_samples; s++) {
+        TarOut *o = &outs[s];
+        PyObject *t = o->kind == TAR_OK
+                          ? Py_BuildValue("(niLLk)", first + s, o->kind, o->a, o->size, (unsigned long)o->crc)
+                          : Py_BuildValue("(ninLi)", first + s, o->kind, o->member, o->a, o->err);
+        if (t == NULL) goto done;
+        PyList_SET_ITEM(results, s, t);
+    }
+    result = Py_BuildValue("(LnnnO)", pos, first + done_samples, next_member, (Py_ssize_t)status, results);
+done:
+    for (Py_ssize_t k = 0; k < nheld; k++) Py_DECREF(held[k]);
+    Py_XDECREF(results);
+    PyMem_Free(in);
+    PyMem_Free(held);
+    PyMem_Free(outs);
+    PyMem_Free(nmem);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 /* ---- the bounded sample shuffle --------------------------------------------------------------------------
  * buffer_shuffle() is fastload.core.shuffle._buffer_shuffle_loop (the definition) in C, drawing from the
  * Python random.Random's own Mersenne Twister state as CPython does: randrange(m) = getrandbits(k) until
@@ -1127,6 +1377,10 @@ static PyMethodDef methods[] = {
     {"crc32c", crc32c_py, METH_VARARGS,
      "crc32c(data, value=0, level=crc32c_hardware) -> int: the CRC32C of data continuing value (as the "
      "crc32c package's), by a method of at most that level (0: a table, 1: crc32, 2: VPCLMULQDQ)."},
+    {"tar_fill", tar_fill, METH_VARARGS,
+     "tar_fill(buffer, fill, paths, names, sizes, counts, first, member, stop, mtime, attempts) -> (fill, "
+     "next, next_member, status, results): whole samples of local files written into buffer as tar members "
+     "(GIL released), each sample's CRC32C; see fastload/formats/tar/writer.py."},
     {"buffer_shuffle", buffer_shuffle_py, METH_VARARGS,
      "buffer_shuffle(n, buffer, key, pos[, at]) -> (order, key, pos): the bounded sample shuffle's "
      "permutation (fastload.core.shuffle) from a Mersenne Twister state (624 native uint32 words and a "

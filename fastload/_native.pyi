@@ -31,3 +31,18 @@ def buffer_shuffle(
 ) -> tuple[bytearray, bytes, int]: ...
 
 crc32c_hardware: int
+
+def tar_fill(
+    buffer: bytearray,
+    fill: int,
+    paths: list[str],
+    names: list[str],
+    sizes: list[int],
+    counts: list[int],
+    first: int,
+    member: int,
+    stop: int,
+    mtime: int,
+    attempts: int,
+    /,
+) -> tuple[int, int, int, int, list[tuple[int, int, int, int, int]]]: ...

@@ -16,7 +16,7 @@ PARQUET_COMPRESSIONS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
 class PackConfig:
     """Options of ``fastload pack``.
 
-    Memory bound while packing: about ``workers x 8 MiB`` (tar: one copy buffer per writer) or
+    Memory bound while packing: about ``workers x 1 MiB`` (tar: one copy buffer per writer) or
     ``workers x row_group_bytes`` (Parquet: one row group per writer), plus the listing's metadata
     (about 300 bytes per file). Neither depends on the dataset's total size.
     """

@@ -1,11 +1,13 @@
-"""The optional C readers (``fastload._native``, built from ``fastload/_native.c`` at install time when a C
-compiler is available): which ones this process uses.
+"""The optional C readers and writer (``fastload._native``, built from ``fastload/_native.c`` at install time
+when a C compiler is available): which ones this process uses.
 
 Each is an accelerator behind its format's one read function (tar:
 :func:`fastload.formats.tar.reader.read_run`), which hands the rest of a run to the Python parser where the
 C reader stops. :func:`accelerate_shuffle` gives :mod:`fastload.core.shuffle` the C loop of the sample
-shuffle (a pure function that ``core`` may not import itself). ``FASTLOAD_NATIVE=0`` in the environment
-turns them off (the Python readers are then used everywhere; both give the same samples and errors)."""
+shuffle (a pure function that ``core`` may not import itself). ``tar_fill`` is the tar shard writer's
+loop over local files (:func:`fastload.formats.tar.writer.write_tar_shard`: the same bytes and skips as
+its Python loop). ``FASTLOAD_NATIVE=0`` in the environment turns them off (the Python readers and writer
+are then used everywhere; both give the same samples and errors)."""
 
 from __future__ import annotations
 
@@ -16,21 +18,30 @@ from typing import Any
 from fastload.core import shuffle
 
 Run = Callable[..., tuple[list[dict[str, Any]], int, bool]]
+Fill = Callable[..., tuple[int, int, int, int, list[tuple[int, ...]]]]
+Crc = Callable[[Any, int], int]
 
 
-def _load() -> tuple[Run | None, Run | None]:
+def _load() -> tuple[Run | None, Run | None, Fill | None, Crc | None]:
     if os.environ.get("FASTLOAD_NATIVE", "1") == "0":
-        return None, None
+        return None, None, None, None
     try:
         from fastload import _native
     except ImportError:  # not built (no C compiler at install time): the Python reader is used
-        return None, None
-    # (TFRecord records only with a CRC32C instruction here: the crc32c package is faster than a table)
-    return _native.layout_run, _native.tfrecord_run if _native.crc32c_hardware else None
+        return None, None, None, None
+    # (TFRecord records, and the tar writer's CRC32C, only with a CRC32C instruction here: the crc32c
+    # package is faster than a table)
+    hardware = bool(_native.crc32c_hardware)
+    return (
+        _native.layout_run,
+        _native.tfrecord_run if hardware else None,
+        getattr(_native, "tar_fill", None) if hardware else None,
+        _native.crc32c if hardware else None,
+    )
 
 
-# fastload._native.layout_run and tfrecord_run: see fastload/_native.c
-layout_run, tfrecord_run = _load()
+# fastload._native.layout_run, tfrecord_run, tar_fill and crc32c: see fastload/_native.c
+layout_run, tfrecord_run, tar_fill, crc32c = _load()
 
 
 def accelerate_shuffle() -> bool:

@@ -27,6 +27,7 @@ from fastload.packing.journal import PackJournal
 from fastload.packing.options import checked, output_options
 from fastload.packing.plan import PackPlan, plan_pack, shard_sizes, source_and_target
 from fastload.packing.report import PackReport
+from fastload.packing.tablenames import is_table
 from fastload.packing.write import file_shards
 
 __all__ = ["PackReport", "pack", "shard_sizes", "source_and_target"]
@@ -84,9 +85,9 @@ def pack(
     srcs, target = source_and_target(sources, dst, missing="pass the folder holding the files to pack")
     if any(u.startswith("s3://") for u in [*srcs, target]):
         s3_config = s3_config or S3Config.from_env()
-    from fastload.packing.tabular import TableOptions, is_table, pack_table
-
     if rows or file_columns or sort_by is not None or key_column is not None or any(map(is_table, srcs)):
+        from fastload.packing.tabular import TableOptions, pack_table
+
         if engine != "local":
             raise ConfigError("tabular sources are packed by the local engine; leave out --engine ray")
         table_options = TableOptions(file_columns=tuple(file_columns), sort_by=sort_by, key_column=key_column)

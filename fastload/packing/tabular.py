@@ -42,14 +42,9 @@ from fastload.packing.journal import PackJournal
 from fastload.packing.options import output_options
 from fastload.packing.report import PackReport
 from fastload.packing.table_shards import TableShard
+from fastload.packing.tablenames import TABLE_SUFFIXES, is_table
 from fastload.storage import access as storage
 from fastload.storage.inputs import read_problem
-
-TABLE_SUFFIXES = (".parquet", ".csv", ".jsonl", ".ndjson")
-
-
-def is_table(url: str) -> bool:
-    return url.lower().endswith(TABLE_SUFFIXES)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ from fastload.config import S3Config
 from fastload.core.keys import Sample
 from fastload.errors import NotFoundError, PackError, Skip
 from fastload.storage import access as storage
-from fastload.storage.listing import FileEntry, display
+from fastload.storage.listing import FileEntry, LocalSource, display
 
 
 class Opener(Protocol):
@@ -96,8 +96,13 @@ def read_exactly(f: BinaryIO, view: memoryview) -> None:
     while got < total:
         n = f.readinto(view[got:])  # type: ignore[attr-defined]
         if not n:
-            raise ShrunkError(f"file ended after {got} of {total} bytes (it shrank while being packed)")
+            raise shrunk(got, total)
         got += n
+
+
+def shrunk(got: int, total: int) -> ShrunkError:
+    """The error for a file that gave ``got`` of its ``total`` bytes."""
+    return ShrunkError(f"file ended after {got} of {total} bytes (it shrank while being packed)")
 
 
 class ChangedError(OSError):
@@ -153,25 +158,45 @@ def open_sample(sample: Sample[Input]) -> tuple[list[Member], Skip | None]:
             f, size = item.open()
         except OSError as exc:
             close_all(members)
-            if exc.errno in (
-                errno.EMFILE,
-                errno.ENFILE,
-            ):  # this process, not the file: skipping would hide it
-                raise PackError(
-                    f"too many open files while opening {item.shown} ({exc.strerror}); raise the limit "
-                    "(`ulimit -n`) or pack with fewer --workers"
-                ) from exc
-            return [], Skip(item.shown, read_problem(exc))
+            return [], open_failed(item, exc)
         members.append(Member(field_name, f, size, item, stamp(f)))
         if size != item.entry.size:
             close_all(members)
-            change = "emptied" if size == 0 else ("shrank" if size < item.entry.size else "grew")
-            return [], Skip(
-                item.shown,
-                f"changed after it was listed ({change}: {item.entry.size} -> {size} bytes); "
-                "pack again once the files stop changing",
-            )
+            return [], resized(item, size)
     return members, None
+
+
+def open_failed(item: Input, exc: OSError) -> Skip:
+    """The skip for an input that could not be opened; raises :class:`~fastload.errors.PackError` when
+    this process is out of file descriptors (skipping would hide that)."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):  # this process, not the file
+        raise PackError(
+            f"too many open files while opening {item.shown} ({exc.strerror}); raise the limit "
+            "(`ulimit -n`) or pack with fewer --workers"
+        ) from exc
+    return Skip(item.shown, read_problem(exc))
+
+
+def resized(item: Input, size: int) -> Skip:
+    """The skip for an input whose size when opened (``size``) is not the listed one."""
+    change = "emptied" if size == 0 else ("shrank" if size < item.entry.size else "grew")
+    return Skip(
+        item.shown,
+        f"changed after it was listed ({change}: {item.entry.size} -> {size} bytes); "
+        "pack again once the files stop changing",
+    )
+
+
+_PLAIN_OPEN = LocalSource.open  # (as defined: a subclass's or a patched open is not plain)
+
+
+def plain_local(samples: Sequence[Sample[Input]]) -> bool:
+    """Whether every input of ``samples`` is a local file that its source opens the plain way
+    (:meth:`LocalSource.open <fastload.storage.listing.LocalSource.open>`: ``open`` of its path, its size by
+    ``fstat``): what a C writer may open and read itself (``fastload._native.tar_fill``)."""
+    if LocalSource.open is not _PLAIN_OPEN:
+        return False
+    return all(type(item.source) is LocalSource for sample in samples for _, item in sample.members)
 
 
 Opened = tuple[Sample[Input], list[Member], Skip | None]

@@ -133,6 +133,7 @@ ALLOWED_CHECKS: dict[str, str] = {
     "bench/variants.py": "webdataset, a peer measured by the bench, reads tar shards only",
     "packing/token_inputs.py": "pack-tokens' inputs are JSONL and Parquet documents, not shards",
     "packing/tabular.py": "a tabular pack's inputs are Parquet/CSV/JSONL tables, not shards",
+    "packing/tablenames.py": "which pack sources are tables (Parquet/CSV/JSONL), not shards",
 }
 _SUFFIXES = (".tar", ".parquet", ".tfrecord", ".tfrecords", ".tfrec", ".gz")
 _HELPERS = {"is_tfrecord_name", "is_gzip_name", "shard_stem"}

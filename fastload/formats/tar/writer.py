@@ -3,20 +3,28 @@ the whole file, and of each sample's byte range while its bytes are still in the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 from fastload.core.keys import Sample
 from fastload.core.layout import set_layout
 from fastload.errors import DestinationWriteError, Skip
+from fastload.formats import native
 from fastload.formats.shard import DEFAULT_BUFFER_BYTES, ShardOutput, ShardResult, write_shard
 from fastload.formats.tar.header import BLOCK, END_OF_ARCHIVE, member_header, padded
 from fastload.storage.inputs import (
+    CHANGED_WHILE_READ,
+    READ_ATTEMPTS,
     Input,
     Member,
     changed_while_read,
+    open_failed,
+    plain_local,
     read_exactly,
     read_problem,
+    resized,
+    shrunk,
 )
 
 
@@ -77,6 +85,9 @@ def write_tar_shard(
         layouts.append((tuple(m.field for m in members), [m.size for m in members]) if plain else None)
         return None
 
+    fill = None
+    if native.tar_fill is not None and open_threads == 0 and plain_local(samples):
+        fill = _NativeFill(samples, mtime, layouts, on_sample)
     result = write_shard(
         name,
         samples,
@@ -89,6 +100,79 @@ def write_tar_shard(
         open_threads=open_threads,
         window_bytes=window_bytes,
         on_sample=on_sample,
+        fill=fill,
     )
     set_layout(result.entry, layouts)
     return result
+
+
+# the C loop's results: (sample, kind, ...) by kind (fastload/_native.c, tar_fill)
+_OK, _OPEN, _RESIZED, _READ, _SHRUNK, _CHANGED = range(6)
+_FULL, _PYTHON = 1, 2  # why it returned: the buffer is full (flush it); a sample for write_sample
+
+
+class _NativeFill:
+    """:func:`~fastload.formats.shard.write_shard`'s ``fill`` for local files: ``fastload._native.tar_fill``
+    writes whole samples into the output's buffer (open, fstat, header, read, padding, fstat again, the
+    sample's CRC32C; the GIL released for the batch), leaving to ``write_sample`` the samples it does not
+    take (pax headers, more bytes than the buffer holds)."""
+
+    def __init__(
+        self,
+        samples: Sequence[Sample[Input]],
+        mtime: int,
+        layouts: list[tuple[tuple[str, ...], list[int]] | None],
+        on_sample: Callable[[int, int], None] | None,
+    ) -> None:
+        self.samples, self.mtime, self.layouts, self.on_sample = samples, mtime, layouts, on_sample
+        self.paths: list[str] = []
+        self.names: list[str] = []
+        self.sizes: list[int] = []
+        self.counts: list[int] = []
+        self.starts: list[int] = []  # each sample's first member
+        for sample in samples:
+            self.starts.append(len(self.paths))
+            self.counts.append(len(sample.members))
+            for field_name, item in sample.members:
+                self.paths.append(item.entry.path)
+                self.names.append(f"{sample.key}.{field_name}")
+                self.sizes.append(item.entry.size)
+
+    def __call__(self, out: ShardOutput, result: ShardResult, first: int) -> int:
+        samples, stop = self.samples, len(self.samples)
+        i, member = first, self.starts[first] if first < stop else 0
+        while i < stop:
+            before = (result.payload_bytes, result.files)
+            fill, i, member, status, done = native.tar_fill(  # type: ignore[misc]
+                out.buf, out.fill, self.paths, self.names, self.sizes, self.counts,
+                i, member, stop, self.mtime, READ_ATTEMPTS,
+            )  # fmt: skip
+            base, out.fill = out.flushed, fill
+            for k, kind, a, b, c in done:
+                sample = samples[k]
+                if kind == _OK:
+                    result.add(sample, base + a, b, c)
+                    self.layouts.append(
+                        (tuple(f for f, _ in sample.members), [it.entry.size for _, it in sample.members])
+                    )
+                else:
+                    result.leave_out(sample, self._failed(sample.members[a][1], kind, b, c))
+            if self.on_sample is not None and result.files > before[1]:
+                self.on_sample(result.payload_bytes - before[0], result.files - before[1])
+            if status == _FULL:
+                out.flush()
+            elif status == _PYTHON:
+                return i
+        return stop
+
+    @staticmethod
+    def _failed(item: Input, kind: int, value: int, err: int) -> Skip:
+        if kind == _OPEN:
+            return open_failed(item, OSError(err, os.strerror(err), item.entry.path))
+        if kind == _RESIZED:
+            return resized(item, value)
+        if kind == _READ:
+            return Skip(item.shown, read_problem(OSError(err, os.strerror(err))))
+        if kind == _SHRUNK:
+            return Skip(item.shown, read_problem(shrunk(value, item.entry.size)))
+        return Skip(item.shown, CHANGED_WHILE_READ)
