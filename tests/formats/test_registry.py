@@ -173,7 +173,10 @@ def format_checks(source: str) -> list[str]:
     names = _constants(tree)
     found: list[str] = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any(_is_shard_format(n) for n in [node.left, *node.comparators]):
+        sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+        if any(_is_shard_format(n) for n in sides) and any(
+            _strings(n, names) for n in sides if not _is_shard_format(n)
+        ):  # (one format name against another, e.g. an append's against its dataset's, decides nothing)
             found.append(f"line {node.lineno}: compares shard_format")
         elif (
             isinstance(node, ast.Call)
@@ -207,6 +210,7 @@ def test_no_format_checks_outside_formats(path: Path) -> None:
         'if index.shard_format == "tar":\n    pass',
         'ok = config.shard_format != "parquet"',
         'ok = shard_format in ("tar", "tfrecord")',
+        'TAR = "tar"\nok = index.shard_format == TAR',
         'ok = url.endswith(".tar")',
         'ok = name.endswith((".tfrecord", ".tfrec"))',
         'SUFFIX = ".parquet"\nok = name.endswith(SUFFIX)',
@@ -226,6 +230,8 @@ def test_the_checker_finds_format_checks(source: str) -> None:
         "fmt = formats.by_name(index.shard_format)",
         "fmt = formats.for_path(url)",
         'PackConfig(shard_format="parquet")',
+        "same = fmt != shard_format",
+        "same = index.shard_format == config.shard_format",
     ],
 )
 def test_the_checker_allows_registry_lookups(source: str) -> None:
