@@ -12,4 +12,5 @@ Also: row filters in pyarrow's DNF (``filters``), kept rows as runs (``selection
 projected read (``projection``), a tar shard's member layout (``layout``), sample tables (``table``), a
 mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which listed paths a pack leaves
 out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``) and what a
-``fastload cp`` copies or skips (``syncplan``)."""
+``fastload cp`` copies or skips (``syncplan``), and loader telemetry: counters, latency sketches and
+straggler causes (``telemetry``)."""

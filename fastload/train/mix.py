@@ -37,9 +37,10 @@ from fastload.train.mixweights import Weights, sample_weights, tokens_per_sample
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import SKIPPED
 from fastload.train.statecheck import check_shape, differences, refusal
+from fastload.train.telemetry import SharedCounters, Tally, TelemetryMethods, clock_ns
 
 
-class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
+class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
     """Samples of several ``ShardDataset`` sources, each position drawn from a source by weight.
 
     ``sources``: ``{name: dataset}`` (or a list: names ``"0"``, ``"1"``, ...); ``weights``: by name or in
@@ -104,6 +105,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         self.stop, self.seed, self.batch_size = stop, seed, batch_size
         self._plans = [Source.of(name, d) for name, d in named.items()]
         self._shared = SharedPosition()
+        self._telemetry = SharedCounters()  # per-stage counters, summed over workers (report())
         self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
         self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
         self._chunked = False
@@ -345,7 +347,10 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             live = Iteration(self.epoch, self.start, resumed, worker, workers, self.batch_size)
         self._passed(live.epoch)
         self._live = live
+        tally = Tally(self._telemetry, s3=info is not None and not self._chunked)
+        started = clock_ns()
         plan, start = self._plan(live.epoch, live.resumed), live.start
+        tally.stage("plan", clock_ns() - started)
         chunk = self.batch_size if workers > 1 and self.batch_size else 1 << 16
         deal = {"start": start, "worker": worker, "workers": workers, "chunk": chunk}
         first = int(worker_position(live.consumed, **deal))
@@ -357,7 +362,15 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             next_pass = functools.partial(self._plans[s].order, plan.epoch, rank=rank, world=world)
             streams.append(
                 source_samples(
-                    d, name, plan, s, first=first, next_pass=next_pass, report=self.note_skipped, **deal
+                    d,
+                    name,
+                    plan,
+                    s,
+                    first=first,
+                    next_pass=next_pass,
+                    report=self.note_skipped,
+                    tally=tally,
+                    **deal,
                 )
             )
         blocks = worker_blocks(stop=plan.end, skip=live.consumed, **deal)
