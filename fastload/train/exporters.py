@@ -109,6 +109,7 @@ class Prometheus:
         if self.server is not None:
             server = self.server[0] if isinstance(self.server, tuple) else self.server
             server.shutdown()
+            server.server_close()
             self.server = None
 
 
