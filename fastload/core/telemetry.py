@@ -151,8 +151,8 @@ def summary(vector: Sequence[int]) -> dict[str, Any]:
 def straggler_causes(
     ranks: Sequence[Mapping[str, float]], *, factor: float = 2.0, min_wait_s: float = 0.05
 ) -> list[tuple[int, str]]:
-    """The ranks whose data wait is far above the median (``> factor`` times it and more than
-    ``min_wait_s`` above it), each with its likely cause, from one row per rank of the same window:
+    """The ranks whose data wait is far above the other ranks' median (``> factor`` times it and more
+    than ``min_wait_s`` above it), each with its likely cause, from one row per rank of the same window:
     ``wait_s``, ``step_s``, ``first_byte_p50_ms``, ``throttles``, ``decode_s`` (decode and map),
     ``fetch_s``, ``largest_task_bytes`` (any may be missing). The cause compares the rank with the median
     of the others: throttling (503s) first, then a slow store (first byte), then decoding, then a large
@@ -160,15 +160,20 @@ def straggler_causes(
     if len(ranks) < 2:
         return []
     waits = [float(r.get("wait_s", 0.0)) for r in ranks]
-    middle = _median(waits)
     found: list[tuple[int, str]] = []
     for rank, row in enumerate(ranks):
         wait = waits[rank]
+        middle = others_median(waits, rank)
         if wait <= factor * middle or wait - middle < min_wait_s:
             continue
         others = [r for i, r in enumerate(ranks) if i != rank]
         found.append((rank, _cause(row, others, factor)))
     return found
+
+
+def others_median(values: Sequence[float], rank: int) -> float:
+    """The median of ``values`` without ``rank``'s (with two ranks: the other one's)."""
+    return _median([v for i, v in enumerate(values) if i != rank])
 
 
 def _cause(row: Mapping[str, float], others: Sequence[Mapping[str, float]], factor: float) -> str:

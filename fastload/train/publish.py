@@ -61,21 +61,27 @@ class Publisher:
         rank, world, windows = self._gather(window)
         rows = [core.window_row(w, core.zeros()) for w in windows]
         found = core.straggler_causes(rows)
-        middle = sorted(r["wait_s"] for r in rows)[len(rows) // 2]
+        waits = [r["wait_s"] for r in rows]
         self.stragglers = [
-            {"rank": r, "cause": cause, "wait_s": rows[r]["wait_s"], "median_wait_s": middle}
+            {
+                "rank": r,
+                "cause": cause,
+                "wait_s": waits[r],
+                "others_median_wait_s": core.others_median(waits, r),
+                "step": steps,
+            }
             for r, cause in found
         ]
         for s in self.stragglers:
             if s["rank"] == rank:
                 log.warning(
                     "fastload telemetry: rank %d is a straggler: it waited %.2fs for data in the last %d "
-                    "steps against a median %.2fs over %d ranks; cause: %s",
+                    "steps against a median %.2fs on the other %d ranks; cause: %s",
                     rank,
                     s["wait_s"],
                     window_steps,
-                    middle,
-                    world,
+                    s["others_median_wait_s"],
+                    world - 1,
                     s["cause"],
                 )
         mine = rows[rank]
