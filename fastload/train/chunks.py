@@ -96,7 +96,7 @@ class ChunkCollate:
         if batch is not None and in_worker:
             batch, slot = worker_slots().pack(batch, stacks)
         s3 = runtime.current().stats.delta() if in_worker else None
-        if self.into is not None:
+        if self.into is not None and self.into.on:
             tally = self._tally
             if tally is None:
                 tally = self._tally = Tally(self.into)

@@ -527,10 +527,13 @@ class ShardDataset(PositionMethods, TelemetryMethods, torch.utils.data.IterableD
 
     def __iter__(self) -> Iterator[Any]:
         in_worker = torch.utils.data.get_worker_info() is not None
-        tally = telemetry.Tally(self._telemetry, s3=in_worker and not self._chunked, cache=self.cache())
+        tally = None
+        if self._telemetry.on:
+            tally = telemetry.Tally(self._telemetry, s3=in_worker and not self._chunked, cache=self.cache())
         started = telemetry.clock_ns()
         live, refs = self._begin()
-        tally.stage("plan", telemetry.clock_ns() - started, len(refs))
+        if tally is not None:
+            tally.stage("plan", telemetry.clock_ns() - started, len(refs))
         samples = read_samples(
             refs,
             self.view,

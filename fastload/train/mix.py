@@ -347,10 +347,12 @@ class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[di
             live = Iteration(self.epoch, self.start, resumed, worker, workers, self.batch_size)
         self._passed(live.epoch)
         self._live = live
-        tally = Tally(self._telemetry, s3=info is not None and not self._chunked)
+        on, s3 = self._telemetry.on, info is not None and not self._chunked
+        tally = Tally(self._telemetry, s3=s3) if on else None
         started = clock_ns()
         plan, start = self._plan(live.epoch, live.resumed), live.start
-        tally.stage("plan", clock_ns() - started)
+        if tally is not None:
+            tally.stage("plan", clock_ns() - started)
         chunk = self.batch_size if workers > 1 and self.batch_size else 1 << 16
         deal = {"start": start, "worker": worker, "workers": workers, "chunk": chunk}
         first = int(worker_position(live.consumed, **deal))

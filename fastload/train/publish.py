@@ -36,6 +36,7 @@ class Publisher:
         self.group = group
         self.stragglers: list[dict[str, Any]] = []  # the last window's
         self.records = 0
+        self.spent_s = 0.0  # time in publish(), all-gather and exporters included
         self._before = core.zeros()
         self._at = time.monotonic()
         self._steps = 0
@@ -49,6 +50,7 @@ class Publisher:
 
     def publish(self, loader: Any) -> dict[str, Any]:
         """One record: this rank's summary, the window's rate and wait share, stragglers across ranks."""
+        began = time.perf_counter()
         now_vec = loader.telemetry_vector()
         window = [a - b for a, b in zip(now_vec, self._before, strict=True)]
         for name in core.MAXED:
@@ -107,6 +109,7 @@ class Publisher:
         for exporter in self.exporters:
             exporter.export(record)
         self.records += 1
+        self.spent_s += time.perf_counter() - began
         return record
 
     def _gather(self, window: list[int]) -> tuple[int, int, list[list[int]]]:

@@ -30,6 +30,11 @@ class SharedCounters:
         spawn = multiprocessing.get_context("spawn")
         self.cells = spawn.RawArray(ctypes.c_int64, core.SIZE)
         self.lock = spawn.Lock()
+        self.active = spawn.RawValue(ctypes.c_bool, True)  # off: no stage timing (benchmarks/telemetry.py)
+
+    @property
+    def on(self) -> bool:
+        return bool(self.active.value)
 
     def add(self, vector: Sequence[int]) -> None:
         cells = self.cells
@@ -149,6 +154,11 @@ class TelemetryMethods:
     """``report()`` and ``telemetry_vector()`` of a dataset whose processes flush into ``_telemetry``."""
 
     _telemetry: SharedCounters
+
+    def set_telemetry(self, on: bool) -> None:
+        """Turn the stage timing of every process reading this dataset on (the default) or off: what
+        ``benchmarks/telemetry.py`` uses to measure its cost; the loop's wait and step are always timed."""
+        self._telemetry.active.value = on
 
     def report(self) -> dict[str, Any]:
         """Per-stage telemetry of every process that read this dataset (DataLoader workers included): time
