@@ -9,7 +9,13 @@
    keeps the state of each batch), the latter with ``telemetry=DIR, telemetry_every=20`` (a JSON line
    every 20 steps, the publisher's own time reported as ``publish_share``). Figures: median samples/s
    with the range; ``on`` against ``off``, ``loader+export`` against ``loader``.
-2. **Exact counts.** The same dataset served by the embedded S3 endpoint (``fastload.testing.s3serve``),
+2. **Bookkeeping alone.** The same calls a batch of 64 samples from one read task makes (per sample: the
+   clock reads around decode and the yield, for one sample in 8; per task: fetch, parse and decode
+   stages and a flush into the shared block; per batch: collate and hand-over in the worker, hand-over
+   and wait/step in the loop), timed in a tight loop: microseconds per batch, against the microseconds
+   per batch of ``off`` (a bound on the share, which the noisy end-to-end ratio on a loaded machine
+   cannot give).
+3. **Exact counts.** The same dataset served by the embedded S3 endpoint (``fastload.testing.s3serve``),
    read by two DataLoader workers: the GETs and body bytes the loader's report counts equal the server's
    own counts over the epoch.
 
@@ -85,7 +91,49 @@ def cost(root: Path, reps: int, out: Path) -> dict[str, Any]:
         for v, r in rates.items()
     }
     result["publish_share"] = round(statistics.median(shares), 5)
+    per_batch = bookkeeping_us_per_batch()
+    off_us = 64e6 / result["off"]["median_samples_per_s"]
+    result["bookkeeping_us_per_batch"] = round(per_batch, 1)
+    result["off_us_per_batch"] = round(off_us, 1)
+    # the workers' share runs on 2 processes in parallel, the loop's on one: the bound takes it all as serial
+    result["bookkeeping_share_bound"] = round(per_batch / off_us, 4)
     return result
+
+
+def bookkeeping_us_per_batch(batch: int = 64, rounds: int = 2000) -> float:
+    from fastload.train.reading import SAMPLE_EVERY
+    from fastload.train.telemetry import SharedCounters, Tally, clock_ns
+
+    block = SharedCounters()
+    worker, loop = Tally(block), Tally()
+    times = [0, 0]
+    timed = 0
+    started = time.perf_counter()
+    for _ in range(rounds):
+        for count in range(batch):  # read_samples and finish, per sample (one in SAMPLE_EVERY timed)
+            timing = count % SAMPLE_EVERY == 0
+            timed += timing
+            if timing:
+                t0 = clock_ns()
+                times[0] += clock_ns() - t0
+                left = clock_ns()
+                times[1] += clock_ns() - left
+        worker.stage("fetch", 1000, 1 << 20)
+        worker.observe("fetch_ns", 1000)
+        worker.count("largest_task_bytes", 1 << 20)
+        worker.stage("parse", 1000, batch)
+        worker.stage("decode", times[0], batch)
+        worker.count("samples", batch)
+        worker.flush()
+        worker.stage("collate", 1000, batch)  # ChunkCollate
+        worker.stage("handover", 1000)
+        worker.flush()
+        loop.stage("handover", 1000)  # DataLoader and Loader
+        loop.count("batches")
+        loop.stage("wait", 1000)
+        loop.observe("wait_ns", 1000)
+        loop.stage("step", 1000)
+    return (time.perf_counter() - started) / rounds * 1e6
 
 
 def exact(root: Path) -> dict[str, Any]:

@@ -13,13 +13,14 @@ import ctypes
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastload.core import telemetry as core
 from fastload.s3 import runtime
 
 clock_ns = time.perf_counter_ns
+_MAXED = frozenset(core.counter_cell(name) for name in core.MAXED)
 
 
 class SharedCounters:
@@ -36,13 +37,14 @@ class SharedCounters:
     def on(self) -> bool:
         return bool(self.active.value)
 
-    def add(self, vector: Sequence[int]) -> None:
-        cells = self.cells
-        maxed = {core.counter_cell(name) for name in core.MAXED}
+    def add(self, cells: Mapping[int, int]) -> None:
+        """Add ``{cell: value}`` (a :meth:`Tally.take`): only the cells a tally touched."""
+        if not cells:
+            return
+        into = self.cells
         with self.lock:
-            for i, v in enumerate(vector):
-                if v:
-                    cells[i] = max(cells[i], v) if i in maxed else cells[i] + v
+            for i, v in cells.items():
+                into[i] = max(into[i], v) if i in _MAXED else into[i] + v
 
     def vector(self) -> list[int]:
         with self.lock:
@@ -66,28 +68,28 @@ class Tally:
         self.cache = cache
         self._cache_seen = (0, 0) if cache is None else (cache.hits, cache.fills)
         self._lock = threading.Lock()
-        self.cells = core.zeros()
+        self.cells: dict[int, int] = {}  # only the cells touched since the last take
 
     def stage(self, name: str, ns: int, items: int = 1) -> None:
         i = core.stage_cell(name)
         with self._lock:
             cells = self.cells
-            cells[i] += 1
-            cells[i + 1] += items
-            cells[i + 2] += ns
+            cells[i] = cells.get(i, 0) + 1
+            cells[i + 1] = cells.get(i + 1, 0) + items
+            cells[i + 2] = cells.get(i + 2, 0) + ns
 
     def count(self, name: str, n: int = 1) -> None:
         i = core.counter_cell(name)
         with self._lock:
-            if name in core.MAXED:
-                self.cells[i] = max(self.cells[i], n)
+            if i in _MAXED:
+                self.cells[i] = max(self.cells.get(i, 0), n)
             else:
-                self.cells[i] += n
+                self.cells[i] = self.cells.get(i, 0) + n
 
     def observe(self, sketch: str, ns: int) -> None:
         i = core.sketch_base(sketch) + core.bucket(ns)
         with self._lock:
-            self.cells[i] += 1
+            self.cells[i] = self.cells.get(i, 0) + 1
 
     def s3_delta(self, delta: dict[str, Any] | None) -> None:
         """Add one :meth:`~fastload.s3.stats.S3Stats.delta` (requests, bytes, retries, throttles,
@@ -103,24 +105,29 @@ class Tally:
         for seconds in delta["latencies"]:
             self.observe("first_byte_ns", int(seconds * 1e9))
 
-    def take(self) -> list[int]:
-        """What was counted since the last take (S3 and cache counters included), zeroed here."""
+    def take(self) -> dict[int, int]:
+        """What was counted since the last take (S3 and cache counters included) as ``{cell: value}``,
+        zeroed here."""
         if self.s3:
             self.s3_delta(runtime.current().stats.delta())
         cache = self.cache
         if cache is not None:
             hits, fills = cache.hits, cache.fills
-            self.count("cache_hits", hits - self._cache_seen[0])
-            self.count("cache_misses", fills - self._cache_seen[1])
-            self._cache_seen = (hits, fills)
+            if (hits, fills) != self._cache_seen:
+                self.count("cache_hits", hits - self._cache_seen[0])
+                self.count("cache_misses", fills - self._cache_seen[1])
+                self._cache_seen = (hits, fills)
         with self._lock:
-            cells, self.cells = self.cells, core.zeros()
+            cells, self.cells = self.cells, {}
         return cells
 
     def peek(self) -> list[int]:
-        """A copy of what is counted (a tally never flushed: the loop's own)."""
+        """A copy of what is counted, as a whole vector (a tally never flushed: the loop's own)."""
+        out = core.zeros()
         with self._lock:
-            return list(self.cells)
+            for i, v in self.cells.items():
+                out[i] = v
+        return out
 
     def flush(self) -> None:
         if self.into is not None:
