@@ -49,14 +49,14 @@ def test_map_time_is_its_own_stage(small: Packed) -> None:
     sum(1 for _ in dl)
     r = dl.report()
     assert stage(r, "map")["items"] == TOTAL_SMALL
-    assert stage(r, "map")["s"] >= TOTAL_SMALL * 0.004
+    assert stage(r, "map")["s"] >= TOTAL_SMALL * 0.015  # (estimated from one sample in 8 per task)
     assert r["slowest_stage"] == "map"
 
 
 def _slow_map(sample: dict) -> dict:
     import time
 
-    time.sleep(0.005)
+    time.sleep(0.02)
     return sample
 
 
@@ -120,3 +120,13 @@ def test_torch_dataloader_workers_s3_counters_reach_the_dataset(
     r = ds.report()
     assert r["counters"]["s3_requests"] > 0
     assert r["counters"]["s3_bytes"] >= stage(r, "fetch")["items"] > 0
+
+
+def test_map_dataset_read_by_workers(small: Packed) -> None:
+    ds = fastload.MapDataset(small.root)
+    batches = list(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=list))
+    assert sum(len(b) for b in batches) == TOTAL_SMALL
+    r = ds.report()
+    assert r["counters"]["samples"] == TOTAL_SMALL
+    assert stage(r, "fetch")["items"] == TOTAL_SMALL and stage(r, "fetch")["s"] > 0
+    assert stage(r, "decode")["items"] == TOTAL_SMALL
