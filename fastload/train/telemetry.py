@@ -14,6 +14,7 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 from fastload.core import telemetry as core
@@ -36,6 +37,17 @@ class SharedCounters:
     @property
     def on(self) -> bool:
         return bool(self.active.value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        if get_spawning_popen() is None:  # plain pickling (a copy kept, sent to Ray): a block of its own
+            return {"detached": True}
+        return self.__dict__  # to a spawned DataLoader worker: the same block
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state.get("detached"):
+            self.__init__()  # type: ignore[misc]
+        else:
+            self.__dict__.update(state)
 
     def add(self, cells: Mapping[int, int]) -> None:
         """Add ``{cell: value}`` (a :meth:`Tally.take`): only the cells a tally touched."""

@@ -130,3 +130,16 @@ def test_map_dataset_read_by_workers(small: Packed) -> None:
     assert r["counters"]["samples"] == TOTAL_SMALL
     assert stage(r, "fetch")["items"] == TOTAL_SMALL and stage(r, "fetch")["s"] > 0
     assert stage(r, "decode")["items"] == TOTAL_SMALL
+
+
+def test_spawned_workers_add_into_the_same_block_and_a_plain_copy_gets_its_own(small: Packed) -> None:
+    import pickle
+
+    ds = fastload.ShardDataset(small.root)
+    dl = fastload.DataLoader(ds, batch_size=8, num_workers=1, multiprocessing_context="spawn")
+    sum(1 for _ in dl)
+    assert dl.report()["counters"]["samples"] == TOTAL_SMALL
+    mapped = fastload.MapDataset(small.root)
+    mapped[0]
+    copy = pickle.loads(pickle.dumps(mapped))  # (e.g. sent to Ray): counts of its own from zero
+    assert copy.report()["counters"]["samples"] == 0 and mapped.report()["counters"]["samples"] == 1
