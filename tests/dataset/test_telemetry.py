@@ -143,3 +143,18 @@ def test_spawned_workers_add_into_the_same_block_and_a_plain_copy_gets_its_own(s
     mapped[0]
     copy = pickle.loads(pickle.dumps(mapped))  # (e.g. sent to Ray): counts of its own from zero
     assert copy.report()["counters"]["samples"] == 0 and mapped.report()["counters"]["samples"] == 1
+
+
+def test_the_loaders_gets_and_bytes_equal_the_servers_own(uneven: Packed, s3_env: None) -> None:
+    from fastload.testing.s3serve import S3Server
+
+    with S3Server(str(uneven.root.parent), bucket="data") as server:
+        config = fastload.S3Config(endpoint_url=server.endpoint_url, addressing_style="path")
+        ds = fastload.ShardDataset(f"s3://data/{uneven.root.name}", s3_config=config)
+        dl = fastload.DataLoader(ds, batch_size=8, num_workers=2)
+        before = server.stats()
+        sum(1 for _ in dl)
+        after = server.stats()
+    r = dl.report()["counters"]
+    assert r["s3_requests"] == after.requests.get("GET", 0) - before.requests.get("GET", 0) > 0
+    assert r["s3_bytes"] == after.body_bytes - before.body_bytes
