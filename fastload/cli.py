@@ -213,6 +213,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _top(args: argparse.Namespace) -> int:
+    from fastload.top import run
+
+    return run(args.folder, once=args.once, interval_s=args.interval, plot_path=args.plot)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {
@@ -228,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mb": _mb,
         "bench": _bench,
         "index": _index,
+        "top": _top,
     }[args.command]
     endpoint = getattr(args, "endpoint_url", None)
     if endpoint:  # this process's S3 clients (S3Config.from_env) use it

@@ -13,5 +13,6 @@ projected read (``projection``), a tar shard's member layout (``layout``), sampl
 mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which listed paths a pack leaves
 out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``), what a
 ``fastload cp`` copies or skips (``syncplan``), web store URLs (``weburls``: brace patterns, ``hf://``
-to the Hub's routes), a growing dataset's versions and appended shard names (``versions``) and stable
-digests of functions and input values (``fingerprint``, for ``optimize``'s resume check)."""
+to the Hub's routes), a growing dataset's versions and appended shard names (``versions``), stable
+digests of functions and input values (``fingerprint``, for ``optimize``'s resume check) and loader
+telemetry: counters, latency sketches and straggler causes (``telemetry``)."""

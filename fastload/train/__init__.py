@@ -11,8 +11,10 @@ tasks (``prefetch``), decoders (``decode``), collate functions (``collate``), ``
 ``torchprivate``.
 
 Also: ``fastload.Mix`` (``mix``, its plan ``mixplan``, a worker's reads ``mixread``, its weights
-``mixweights``), filters (``filtering``), one open shard (``shardreader``), damaged samples skipped
-(``damaged``), sample tables between epochs (``tablememo``), checkpoint checks (``statecheck``),
-shared-memory files (``shmfiles``), PackedSequences' documents (``packdocs``), state (``packstate``)
-and equal steps (``packsync``), GPU decode (``gpudecode``) and utilisation (``gpumon``).
-"""
+``mixweights``, its checkpoint's checks ``mixstate``), filters (``filtering``), one open shard
+(``shardreader``), damaged samples skipped (``damaged``), sample tables between epochs (``tablememo``),
+checkpoint checks (``statecheck``), shared-memory files (``shmfiles``), PackedSequences' documents
+(``packdocs``), state (``packstate``) and equal steps (``packsync``), GPU decode (``gpudecode``) and
+utilisation (``gpumon``), the device prefetcher (``device``), per-stage telemetry summed over workers
+(``telemetry``), published every N steps and compared across ranks (``publish``) to its exporters
+(``exporters``)."""

@@ -15,6 +15,7 @@ from fastload.errors import FastloadError
 from fastload.s3 import runtime
 from fastload.train.reading import SKIPPED
 from fastload.train.shmbatch import stackable, worker_slots
+from fastload.train.telemetry import SharedCounters, Tally, clock_ns
 
 
 class Chunk:
@@ -62,10 +63,16 @@ class ChunkCollate:
     and small tensors travel through reusable shared memory (:mod:`fastload.train.shmbatch`); ``slot``
     describes where; ``s3`` is what the worker's S3 counters counted since its last batch
     (:meth:`~fastload.s3.stats.S3Stats.delta`, None in the training process or when nothing was), which the
-    loader adds to the training process's ``fastload.s3_stats()``."""
+    loader adds to the training process's ``fastload.s3_stats()``. The collate and hand-over times go to
+    ``into`` (the dataset's telemetry block)."""
 
-    def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, collate: Callable[[list[Any]], Any], into: SharedCounters | None = None) -> None:
         self.collate = collate
+        self.into = into
+        self._tally: Tally | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_tally": None}  # (a lock: each process makes its own)
 
     def __call__(
         self, chunk: Chunk
@@ -79,7 +86,9 @@ class ChunkCollate:
             stacks = {k: [s[k] for s in samples] for k in stackable(samples)}
             if stacks:
                 samples = [{k: v for k, v in s.items() if k not in stacks} for s in samples]
+        started = clock_ns()
         batch = self.collate(samples) if samples else None
+        collated_at = clock_ns()
         if stacks:  # the fields in their order; the stacked ones filled in by pack
             collated: Any = batch
             batch = {k: None if k in stacks else collated[k] for k in chunk.samples[0]}
@@ -87,4 +96,13 @@ class ChunkCollate:
         if batch is not None and in_worker:
             batch, slot = worker_slots().pack(batch, stacks)
         s3 = runtime.current().stats.delta() if in_worker else None
+        if self.into is not None and self.into.on:
+            tally = self._tally
+            if tally is None:
+                tally = self._tally = Tally(self.into)
+            if batch is not None:
+                tally.stage("collate", collated_at - started, len(samples))
+                if slot is not None:
+                    tally.stage("handover", clock_ns() - collated_at)
+            tally.flush()
         return batch, size, chunk.skipped, chunk.error, slot, s3

@@ -49,6 +49,7 @@ from fastload.formats.native import accelerate_shuffle
 from fastload.gcpause import gc_paused
 from fastload.storage import access as storage
 from fastload.storage.cache import ShardCache
+from fastload.train import telemetry
 from fastload.train.chunks import chunks_of
 from fastload.train.filtering import (
     check_selection,
@@ -66,6 +67,7 @@ from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import read_samples
 from fastload.train.statecheck import check_shape, order_parts, order_refusal, version_refusal
 from fastload.train.tablememo import TableMemo
+from fastload.train.telemetry import SharedCounters, TelemetryMethods
 from fastload.train.view import DatasetView, open_dataset
 
 ORDER_WARNING = (
@@ -111,7 +113,7 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
+class ShardDataset(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
     """Samples of a packed dataset (a folder or ``s3://`` prefix with ``index.json``; tar or TFRecord
     shards without one), as WebDataset-style dicts with ``__key__``, ``__shard__``, ``__index__`` and one
     entry per field.
@@ -219,6 +221,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             CACHE_KEYWORDS,
         )
         self._shared = SharedPosition()  # shared with DataLoader workers, persistent ones included
+        self._telemetry = SharedCounters()  # per-stage counters, summed over workers (report())
         self.view: DatasetView = open_dataset(
             source,
             s3_config=s3_config,
@@ -571,8 +574,14 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
         return live, refs
 
     def __iter__(self) -> Iterator[Any]:
-        live, refs = self._begin()
         in_worker = torch.utils.data.get_worker_info() is not None
+        tally = None
+        if self._telemetry.on:
+            tally = telemetry.Tally(self._telemetry, s3=in_worker and not self._chunked, cache=self.cache())
+        started = telemetry.clock_ns()
+        live, refs = self._begin()
+        if tally is not None:
+            tally.stage("plan", telemetry.clock_ns() - started, len(refs))
         samples = read_samples(
             refs,
             self.view,
@@ -582,6 +591,7 @@ class ShardDataset(PositionMethods, torch.utils.data.IterableDataset[dict[str, A
             mark_skipped=self._chunked,
             on_skip=lambda: self.count_skipped(1),  # (a worker of a torch DataLoader too, under a lock)
             report=self.note_skipped,
+            tally=tally,
         )
         if self._chunked:  # fastload.DataLoader counts what it delivers and rewinds at the end
             size = live.chunk or len(refs) or 1

@@ -1,10 +1,10 @@
 """``fastload.loader``: a DataLoader with sensible defaults, an optional device prefetcher, and a record of
 how long the training loop waited for data.
 
-The device prefetcher copies the next batch to the GPU on a side CUDA stream (``non_blocking=True`` from
-pinned memory) while the current step runs; the step's stream waits for that copy before it uses the
-batch. On CPU it is a pass-through. Resume stays exact: :meth:`Loader.state_dict` describes the batches
-handed to the training loop, not the one the prefetcher holds ahead.
+The device prefetcher (:mod:`fastload.train.device`) copies the next batch to the GPU on a side CUDA
+stream while the current step runs. Resume stays exact: :meth:`Loader.state_dict` describes the batches
+handed to the training loop, not the one the prefetcher holds ahead. ``loader.report()`` adds the loop's
+wait, step and copy times to the workers' stage times (:mod:`fastload.train.telemetry`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,10 +20,14 @@ import torch
 import torch.utils.data
 
 from fastload.core.gpuutil import GpuTimeline
+from fastload.core.telemetry import merge
 from fastload.errors import ConfigError
+from fastload.train.device import DevicePrefetcher, timed_copy
+from fastload.train.device import to_device as to_device  # (where it always was)
 from fastload.train.gpumon import GpuMonitor
-
-_END = object()
+from fastload.train.publish import Publisher
+from fastload.train.telemetry import Tally
+from fastload.train.telemetry import report as telemetry_report
 
 
 def default_workers(cores: int | None = None) -> int:
@@ -34,86 +38,6 @@ def default_workers(cores: int | None = None) -> int:
         except AttributeError:  # not on Linux
             cores = os.cpu_count() or 1
     return 0 if cores < 2 else min(8, max(2, cores - 1))
-
-
-def to_device(batch: Any, device: torch.device, *, non_blocking: bool = True) -> Any:
-    """``batch`` with every tensor in it (nested in dicts, lists, tuples) moved to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()})  # type: ignore[call-arg]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(to_device(v, device, non_blocking=non_blocking) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device, non_blocking=non_blocking) for v in batch)
-    return batch
-
-
-def _record_stream(batch: Any, stream: Any) -> None:
-    """Tell the CUDA caching allocator that ``stream`` uses the batch's tensors (made on another stream)."""
-    if isinstance(batch, torch.Tensor):
-        if batch.is_cuda:
-            batch.record_stream(stream)
-    elif isinstance(batch, Mapping):
-        for v in batch.values():
-            _record_stream(v, stream)
-    elif isinstance(batch, (list, tuple)):
-        for v in batch:
-            _record_stream(v, stream)
-
-
-class DevicePrefetcher:
-    """The items of ``iterable`` with their tensors on ``device``, one item ahead: the next item is fetched
-    (and on CUDA copied on a side stream) before the current one is handed out, so the copy overlaps the
-    step. Non-tensor parts pass through unchanged. ``after`` runs on each copied item on the same side
-    stream (``decode="cuda"`` decodes there). The host item stays referenced until its device item has
-    been handed out and the loop asks for the next, so a batch buffer (a shared-memory slot) is never
-    reused while an asynchronous copy may still read it. ``copy`` replaces :func:`to_device` (tests)."""
-
-    def __init__(
-        self,
-        iterable: Iterable[Any],
-        device: str | torch.device,
-        *,
-        non_blocking: bool = True,
-        after: Callable[[Any], Any] | None = None,
-        copy: Callable[[Any, torch.device, bool], Any] | None = None,
-    ):
-        self.iterable = iterable
-        self.device = torch.device(device)
-        self.non_blocking = non_blocking
-        self.after = after
-        self.copy = copy
-
-    def __iter__(self) -> Iterator[Any]:
-        cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(device=self.device) if cuda else None  # type: ignore[no-untyped-call]
-        source = iter(self.iterable)
-        copy = self.copy or (lambda item, device, nb: to_device(item, device, non_blocking=nb))
-        after = self.after
-
-        def load() -> tuple[Any, Any]:
-            try:
-                item = next(source)
-            except StopIteration:
-                return _END, None
-            if stream is None:
-                moved = copy(item, self.device, False)
-                return (moved if after is None else after(moved)), item
-            with torch.cuda.stream(stream):
-                moved = copy(item, self.device, self.non_blocking)
-                return (moved if after is None else after(moved)), item
-
-        upcoming, host = load()
-        while upcoming is not _END:
-            item, held = upcoming, host  # ``held``: the host batch, alive until this item was used
-            if stream is not None:
-                current_stream = torch.cuda.current_stream(self.device)
-                current_stream.wait_stream(stream)  # the step waits for the copy, not the host
-                _record_stream(item, current_stream)
-            upcoming, host = load()  # the next copy starts before this item is used
-            yield item
-            del item, held
 
 
 def _first(fn: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
@@ -173,6 +97,8 @@ class Loader:
         clock: Callable[[], float] = time.perf_counter,
         monitor_gpu: bool | GpuMonitor = False,
         on_device: Callable[[Any], Any] | None = None,
+        telemetry: Any = None,
+        telemetry_every: int | None = None,
     ) -> None:
         self.dataloader = dataloader
         self.device = None if device is None else checked_device(device)
@@ -185,6 +111,26 @@ class Loader:
         self.stats = LoaderStats()
         self._clock = clock
         self._state: dict[str, Any] | None = None
+        self._tally = Tally()  # the loop's wait, step and host-to-device copy
+        self.publisher = Publisher.of(self, telemetry, telemetry_every)
+
+    def telemetry_vector(self) -> list[int]:
+        """The loop's own counters plus its loader's (workers included) as one
+        :mod:`fastload.core.telemetry` vector."""
+        own = self._tally.peek()
+        inner = getattr(self.dataloader, "telemetry_vector", None)
+        if inner is None:  # a torch DataLoader over a fastload dataset: the dataset's block
+            inner = getattr(self.dataset, "telemetry_vector", None)
+        return own if inner is None else merge(own, inner())
+
+    def report(self) -> dict[str, Any]:
+        """Per-stage telemetry of the whole pipeline (see :func:`fastload.core.telemetry.summary`) with
+        ``loop``: :attr:`stats` as a dict, and the last straggler finding across ranks (``telemetry_every``).
+        """
+        extra: dict[str, Any] = {"loop": self.stats.as_dict()}
+        if self.publisher is not None:
+            extra["stragglers"] = self.publisher.stragglers
+        return telemetry_report(self.telemetry_vector(), **extra)
 
     @property
     def dataset(self) -> Any:
@@ -244,14 +190,20 @@ class Loader:
 
     def _timed(self) -> Iterator[Any]:
         source: Iterable[tuple[Any, dict[str, Any] | None]] = self._with_state()
+        tally = self._tally
         if self.device is not None:
             source = DevicePrefetcher(
-                source, self.device, non_blocking=self.non_blocking, after=_first(self.on_device)
+                source,
+                self.device,
+                non_blocking=self.non_blocking,
+                after=_first(self.on_device),
+                copy=timed_copy(tally),
             )
         elif self.on_device is not None:
             source = ((self.on_device(batch), state) for batch, state in source)
         stats = self.stats
         clock = self._clock
+        publisher = self.publisher
         started = clock()
         handed: float | None = None
         iterator = iter(source)
@@ -259,6 +211,10 @@ class Loader:
             asked = clock()
             if handed is not None:
                 stats.step_s += asked - handed
+                tally.stage("step", int(1e9 * (asked - handed)))
+                if publisher is not None and stats.batches % publisher.every == 0:
+                    publisher.publish(self)  # (its own time is neither step nor wait)
+                    asked = clock()
             try:
                 batch, state = next(iterator)
             except StopIteration:
@@ -267,6 +223,9 @@ class Loader:
             got = clock()
             stats.wait_s += got - asked
             stats.recent_waits_s.append(got - asked)
+            waited = int(1e9 * (got - asked))
+            tally.stage("wait", waited)
+            tally.observe("wait_ns", waited)
             if stats.first_batch_s is None:
                 stats.first_batch_s = got - started
             stats.batches += 1
@@ -312,6 +271,8 @@ def loader(
     drop_last: bool = False,
     non_blocking: bool = True,
     monitor_gpu: bool = False,
+    telemetry: Any = None,
+    telemetry_every: int | None = None,
     **dataset_kwargs: Any,
 ) -> Loader:
     """A ready-to-train :class:`Loader` over ``source``: a dataset folder or ``s3://`` prefix (opened as a
@@ -324,6 +285,10 @@ def loader(
     ``monitor_gpu=True`` samples NVML utilisation while iterating (``loader.stats.gpu``; "not measured"
     without NVML or a GPU). ``decode="cuda"`` (with ``device="cuda"``) keeps images as bytes in the workers
     and decodes JPEGs in batches on the GPU after the transfer (:mod:`fastload.train.gpudecode`).
+    ``loader.report()``: per-stage telemetry over the workers. ``telemetry``: where to export it (a folder
+    for JSON lines, a file per rank, or exporters of :mod:`fastload.train.exporters`), every
+    ``telemetry_every`` steps (default 100), which also compares the ranks' data waits and names a
+    straggler (docs/observe.md).
     """
     from fastload.train.dataset import ShardDataset
     from fastload.train.loader import DataLoader
@@ -376,4 +341,12 @@ def loader(
         dl = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last, **kwargs
         )
-    return Loader(dl, device=device, non_blocking=non_blocking, monitor_gpu=monitor_gpu, on_device=on_device)
+    return Loader(
+        dl,
+        device=device,
+        non_blocking=non_blocking,
+        monitor_gpu=monitor_gpu,
+        on_device=on_device,
+        telemetry=telemetry,
+        telemetry_every=telemetry_every,
+    )

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from fastload.core.telemetry import merge
 from fastload.errors import ConfigError, WorkerDiedError
 from fastload.s3 import runtime
 from fastload.train.chunks import ChunkCollate
@@ -27,6 +28,8 @@ from fastload.train.dataset import ShardDataset
 from fastload.train.mix import Mix
 from fastload.train.shmbatch import MainSlots
 from fastload.train.statecheck import check_shape
+from fastload.train.telemetry import Tally, clock_ns
+from fastload.train.telemetry import report as telemetry_report
 from fastload.train.torchprivate import is_worker_death, shut_down_workers
 
 WORKER_DIED = (
@@ -122,7 +125,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.fastload_drop_last = drop_last
         # the handle yields whole chunks; they are collated in the worker, with the skip count alongside
         chunks = dataset.in_chunks(batch_size)
-        super().__init__(chunks, batch_size=None, collate_fn=ChunkCollate(collate), **kwargs)  # type: ignore[arg-type]
+        collate_chunk = ChunkCollate(collate, into=chunks._telemetry)
+        super().__init__(chunks, batch_size=None, collate_fn=collate_chunk, **kwargs)  # type: ignore[arg-type]
+        self._tally = Tally()  # the loop process's own: hand-over out of shared memory, workers' S3
         self._delivered = 0
         self.skipped = 0
         self.repeated_batches = 0
@@ -185,13 +190,20 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         try:
             workers = super().__iter__()
             watched = _workers_watched(workers, slots)
+            tally = self._tally
             for batch, size, skipped, error, slot, s3 in watched:
                 if s3 is not None:  # the worker's S3 counters since its last batch: s3_stats() here sums all
                     runtime.current().stats.merge(s3)
+                    tally.s3_delta(s3)
+                elif self.num_workers == 0:  # this process reads the store itself
+                    tally.s3_delta(runtime.current().stats.delta())
                 if error is not None:
                     raise error
                 if slot is not None:
+                    started = clock_ns()
                     batch = slots.unpack(batch, slot)
+                    tally.stage("handover", clock_ns() - started)
+                tally.count("batches")
                 if size < self.fastload_batch_size and self.fastload_drop_last:
                     break
                 self.skipped += skipped
@@ -239,6 +251,18 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 stacklevel=3,
             )
         return batch
+
+    def telemetry_vector(self) -> list[int]:
+        """The workers' counters (the dataset's block) plus this process's own, as one
+        :mod:`fastload.core.telemetry` vector."""
+        return merge(self._tally.peek(), self.dataset.telemetry_vector())  # type: ignore[attr-defined]
+
+    def report(self) -> dict[str, Any]:
+        """Per-stage telemetry summed over the workers and this process (planning, fetch, parse, decode,
+        ``map=``, collate, shared-memory hand-over; cache hits and misses; the workers' S3 requests,
+        bytes, retries, throttles, hedges and first-byte latency) with ``s3``: this process's
+        ``fastload.s3_stats()`` (the workers' included). See :func:`fastload.core.telemetry.summary`."""
+        return telemetry_report(self.telemetry_vector(), s3=runtime.current().stats.snapshot())
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state (epoch, what must match on restore), with ``delivered`` the samples of the

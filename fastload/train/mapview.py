@@ -38,6 +38,7 @@ from fastload.train.mapshards import RawSample, ShardHandle, ShardHandles, read_
 from fastload.train.options import CacheConfig, DecodeConfig
 from fastload.train.position import SkippedSample, warn_damaged
 from fastload.train.reading import SKIPPED, damaged, finish
+from fastload.train.telemetry import SharedCounters, Tally, TelemetryMethods, clock_ns
 from fastload.train.view import DatasetView, open_dataset
 
 DEFAULT_GAP_BYTES = 256 << 10
@@ -69,7 +70,7 @@ class _Process:
             self.groups.clear()
 
 
-class MapDataset(torch.utils.data.Dataset[Any]):
+class MapDataset(TelemetryMethods, torch.utils.data.Dataset[Any]):
     """Random access to the samples of a packed dataset (a folder or ``s3://`` prefix with ``index.json``;
     tar or TFRecord shards without one), numbered ``0 .. len - 1`` shard after shard in manifest order.
     ``ds[i]`` is the dict iteration gives (``__key__``, ``__shard__``, ``__index__``, fields), decoded and
@@ -152,6 +153,7 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             ),
         )
         self.starts = sample_starts(self.view.counts)
+        self._telemetry = SharedCounters()  # per-stage counters, summed over workers (report())
         self.skipped = 0  # samples left out with on_error="skip", by this process
         self.skipped_samples: list[SkippedSample] = []  # ... and their names
         self._proc: _Process | None = None
@@ -265,10 +267,14 @@ class MapDataset(torch.utils.data.Dataset[Any]):
         jobs = [(s, sorted(set(ps))) for s, ps in wanted.items()]
         if not jobs:
             return []
+        on = self._telemetry.on
+        started = clock_ns() if on else 0
         if len(jobs) == 1:
             found = [self._shard_samples(proc, *jobs[0])]
         else:
             found = list(proc.pool().map(lambda job: self._shard_samples(proc, *job), jobs))
+        fetched = clock_ns() if on else 0
+        times: list[int] | None = [0, 0, 0] if on else None
         by_ref = {(s, p): raw for (s, _), raws in zip(jobs, found, strict=True) for p, raw in raws.items()}
         out: list[Any] = []
         noted: list[SkippedSample] = []
@@ -287,13 +293,22 @@ class MapDataset(torch.utils.data.Dataset[Any]):
             raw["__shard__"] = name_of[s].name
             if self.partitions is not None:
                 raw.update(self.partitions[s])
-            sample = raw if self.decoding.plain else finish(raw, self.decoding, noted.append)
+            sample = raw if self.decoding.plain else finish(raw, self.decoding, noted.append, times)
             if sample is SKIPPED:
                 if single:  # nothing to return: the error itself
                     finish(raw, dataclasses.replace(self.decoding, on_error="raise"))
                 self._skip(proc, noted.pop())
                 continue
             out.append(sample)
+        if times is not None:  # random reads: fetch and parse together, items: samples
+            tally = Tally(self._telemetry, s3=torch.utils.data.get_worker_info() is not None)
+            tally.stage("fetch", fetched - started, len(indices))
+            if times[0]:
+                tally.stage("decode", times[0], len(out))
+            if times[1]:
+                tally.stage("map", times[1], len(out))
+            tally.count("samples", len(out))
+            tally.flush()
         return out
 
     def _skip(self, proc: _Process, record: SkippedSample) -> None:

@@ -33,13 +33,15 @@ from fastload.train.chunks import chunks_of
 from fastload.train.dataset import ShardDataset
 from fastload.train.mixplan import MixPlan, Source, plan_epoch
 from fastload.train.mixread import interleave, source_samples
+from fastload.train.mixstate import mixture_parts, mixture_refusal
 from fastload.train.mixweights import Weights, sample_weights, tokens_per_sample
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import SKIPPED
-from fastload.train.statecheck import check_shape, differences, grown_fix, refusal, source_change
+from fastload.train.statecheck import check_shape
+from fastload.train.telemetry import SharedCounters, Tally, TelemetryMethods, clock_ns
 
 
-class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
+class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
     """Samples of several ``ShardDataset`` sources, each position drawn from a source by weight.
 
     ``sources``: ``{name: dataset}`` (or a list: names ``"0"``, ``"1"``, ...); ``weights``: by name or in
@@ -104,6 +106,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         self.stop, self.seed, self.batch_size = stop, seed, batch_size
         self._plans = [Source.of(name, d) for name, d in named.items()]
         self._shared = SharedPosition()
+        self._telemetry = SharedCounters()  # per-stage counters, summed over workers (report())
         self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
         self._live: Iteration | None = None  # this process's pass under way (or last, in a worker)
         self._chunked = False
@@ -224,48 +227,6 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         settings = repr((self.names, self.steps, self.stop, self.seed, size, orders))
         return hashlib.sha256(settings.encode()).hexdigest()[:16]
 
-    def _mixture_parts(self, world_size: int | None = None) -> dict[str, Any]:
-        """What :meth:`fingerprint` digests, as a checkpoint records it (so a refused one can say what
-        differs): the mixture's settings, and each source's order digest."""
-        world = self.rank_world()[1] if world_size is None else world_size
-        return {
-            "mixture": {
-                "names": list(self.names),
-                "weights": [[step, list(w)] for step, w in self.steps],
-                "stop": self.stop,
-                "seed": self.seed,
-                "batch_size": self.batch_size if len(self.steps) > 1 else None,
-            },
-            "source_orders": {
-                n: d.order_fingerprint(world) for n, d in zip(self.names, self.sources, strict=True)
-            },
-        }
-
-    def _refusal(self, state: dict[str, Any], old_world: int) -> ConfigError:
-        """The error for a checkpoint of another mixture, saying what differs."""
-        mine = self._mixture_parts(old_world)
-        saved = state.get("mixture")
-        found = []
-        if isinstance(saved, dict):
-            labels = {k: k if k != "weights" else "weights (per schedule step)" for k in mine["mixture"]}
-            found = differences(saved, mine["mixture"], labels)
-        orders = state.get("source_orders")
-        saved_versions = state.get("source_versions")
-        versions: dict[str, Any] = saved_versions if isinstance(saved_versions, dict) else {}
-        grown: list[str] = []
-        if isinstance(orders, dict):
-            for name, digest in orders.items():
-                if name in mine["source_orders"] and digest != mine["source_orders"][name]:
-                    now = self.sources[self.names.index(name)].view.version
-                    found.append(source_change(name, versions.get(name, 1), now, grown))
-        fix = "Resume with the sources and settings the checkpoint was taken with" + grown_fix(grown)
-        return refusal(
-            "the mixture",
-            found,
-            unknown="the sources, their order settings, weights, schedule, stop, seed or batch size",
-            fix=fix,
-        )
-
     def state_dict(self, *, delivered: int | None = None) -> dict[str, Any]:
         """Epoch, positions delivered (``delivered``: default those before the current iteration, or in
         this process's iteration), samples drawn from each source, and what must match on restore; in a
@@ -289,7 +250,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             "world_size": world,
             "rank": rank,
             "order": self.fingerprint(),
-            **self._mixture_parts(),
+            **mixture_parts(self),
             "sources": dict(zip(self.names, (int(c) for c in counts), strict=True)),
         }
         grown = {
@@ -314,7 +275,7 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
         _, world = self.rank_world()
         old_world = int(state["world_size"])
         if state.get("order") != self.fingerprint(old_world):
-            raise self._refusal(state, old_world)
+            raise mixture_refusal(self, state, old_world)
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
         resumed = self._resumed_by(state, old_world, world)
         if old_world != world:
@@ -352,7 +313,12 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             live = Iteration(self.epoch, self.start, resumed, worker, workers, self.batch_size)
         self._passed(live.epoch)
         self._live = live
+        on, s3 = self._telemetry.on, info is not None and not self._chunked
+        tally = Tally(self._telemetry, s3=s3) if on else None
+        started = clock_ns()
         plan, start = self._plan(live.epoch, live.resumed), live.start
+        if tally is not None:
+            tally.stage("plan", clock_ns() - started)
         chunk = self.batch_size if workers > 1 and self.batch_size else 1 << 16
         deal = {"start": start, "worker": worker, "workers": workers, "chunk": chunk}
         first = int(worker_position(live.consumed, **deal))
@@ -364,7 +330,15 @@ class Mix(PositionMethods, torch.utils.data.IterableDataset[dict[str, Any]]):
             next_pass = functools.partial(self._plans[s].order, plan.epoch, rank=rank, world=world)
             streams.append(
                 source_samples(
-                    d, name, plan, s, first=first, next_pass=next_pass, report=self.note_skipped, **deal
+                    d,
+                    name,
+                    plan,
+                    s,
+                    first=first,
+                    next_pass=next_pass,
+                    report=self.note_skipped,
+                    tally=tally,
+                    **deal,
                 )
             )
         blocks = worker_blocks(stop=plan.end, skip=live.consumed, **deal)

@@ -15,6 +15,7 @@ from fastload.train.dataset import ShardDataset
 from fastload.train.mixplan import MixPlan
 from fastload.train.position import Iteration, SkippedSample
 from fastload.train.reading import read_samples
+from fastload.train.telemetry import Tally
 
 BLOCK_DRAWS = 1 << 20  # a source's references made (and read by one pipeline) at a time
 
@@ -47,11 +48,12 @@ def source_samples(
     chunk: int,
     next_pass: Callable[[int], Refs],
     report: Callable[[SkippedSample], None] | None = None,
+    tally: Tally | None = None,
 ) -> Generator[object, None, None]:
     """Source ``s``'s samples (named ``__source__``) at the positions from ``first`` on that worker
     ``worker`` of ``workers`` reads (chunks of ``chunk`` from ``start`` in turn), in order; SKIPPED marks a
     sample left out on error (named to ``report``). ``next_pass(p)``: the rank's order of the source's pass
-    ``p``."""
+    ``p``. ``tally``: given each read task's stage times."""
     sched = plan.schedule
     k = int(sched.counts(first)[s])
     stop = None if plan.end is None else int(sched.counts(plan.end)[s])
@@ -77,6 +79,7 @@ def source_samples(
             progress=progress,
             mark_skipped=True,
             report=report,
+            tally=tally,
         ):
             if type(out) is dict:  # (not SKIPPED; a map= may return other types)
                 out["__source__"] = name
