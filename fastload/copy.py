@@ -30,7 +30,7 @@ from io import RawIOBase
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
 from fastload.core.syncplan import Step
-from fastload.core.weburls import is_web
+from fastload.core.weburls import is_web, lists_folders
 from fastload.errors import AccessDeniedError, ConfigError, FastloadError, NotFoundError, write_error
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
@@ -348,7 +348,7 @@ def _web_names(root: str, config: S3Config) -> list[str]:
     from fastload.core.index import parse_index
     from fastload.storage.manifest import read_manifest
 
-    if root.startswith("hf://"):
+    if lists_folders(root):
         return [u[len(root) + 1 :] for u in storage.list_files(root, "", config=config)]
     found = read_manifest(root, s3_config=config)
     if found is None:

@@ -11,4 +11,5 @@ loop, what is known of the object), one part's fetch (``partfetch``), the races 
 and the hedges themselves (``races``), the hedging watchdog (``hedging``), the direct transport's HTTP/1.1
 (``http1``), deletes (``delete``), bucket creation (``buckets``, ``fastload mb``) and server-side copies
 (``servercopy``: CopyObject, UploadPartCopy); plain HTTP(S) as a store (``httpstore``: the web store's
-transport behind the same seam, no signing) and its errors (``urlerrors``)."""
+transport behind the same seam, no signing) and its errors (``urlerrors``); Google Cloud Storage as a store
+(``gcsstore``: its JSON API over the same pools, the generation as the ETag)."""
