@@ -55,8 +55,12 @@ def read_obstore(size: int, part: int, threads: int) -> bytes:
     import obstore
     from obstore.store import GCSStore
 
-    store = GCSStore(BUCKET, base_url=os.environ["STORAGE_EMULATOR_HOST"], skip_signature=True,
-                     client_options={"allow_http": True})
+    store = GCSStore(
+        BUCKET,
+        base_url=os.environ["STORAGE_EMULATOR_HOST"],
+        skip_signature=True,
+        client_options={"allow_http": True},
+    )
     starts = list(range(0, size, part))
     ends = [min(s + part, size) for s in starts]
     return b"".join(bytes(b) for b in obstore.get_ranges(store, NAME, starts=starts, ends=ends, coalesce=0))
@@ -92,7 +96,8 @@ def main() -> None:
                 assert len(got) == len(data)
             wall, cpu = statistics.median(walls), statistics.median(cpus)
             rows.append((name, len(data) / wall / 1e6, cpu / (len(data) / (1 << 30))))
-    print(f"| client | MB/s | CPU s/GiB |  ({args.mib} MiB, {args.part_mib} MiB ranges, {args.threads} threads)")
+    shape = f"{args.mib} MiB, {args.part_mib} MiB ranges, {args.threads} threads"
+    print(f"| client | MB/s | CPU s/GiB |  ({shape})")
     print("|---|---|---|")
     for name, mbps, cpu in rows:
         print(f"| {name} | {mbps:.0f} | {cpu:.2f} |")

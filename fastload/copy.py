@@ -213,6 +213,11 @@ def copy(
         return _copy_web(
             src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs, progress=progress
         )
+    if dst.startswith("gs://") and not storage.is_remote(src):
+        from fastload.storage.gcsupload import upload_to_gcs
+
+        sent = upload_to_gcs(src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs)
+        return CopyReport(files=len(sent), bytes=sum(n for _, n in sent), copied=[u for u, _ in sent])
     src_remote, dst_remote = storage.is_remote(src), storage.is_remote(dst)
     if not src_remote and not dst_remote:
         raise ConfigError(

@@ -12,4 +12,5 @@ and the hedges themselves (``races``), the hedging watchdog (``hedging``), the d
 (``http1``), deletes (``delete``), bucket creation (``buckets``, ``fastload mb``) and server-side copies
 (``servercopy``: CopyObject, UploadPartCopy); plain HTTP(S) as a store (``httpstore``: the web store's
 transport behind the same seam, no signing) and its errors (``urlerrors``); Google Cloud Storage as a store
-(``gcsstore``: its JSON API over the same pools, the generation as the ETag)."""
+(``gcsstore``: its JSON API over the same pools, the generation as the ETag; ``gcswrite``: uploads, deletes,
+metadata)."""

@@ -51,11 +51,6 @@ def check_writable(text: str) -> None:
     after :func:`check_url`'s checks."""
     check_url(text)
     m = _SCHEME.match(text)
-    if m is not None and m.group(1) == "gs":
-        raise ConfigError(
-            f"{text!r}: fastload reads gs:// but does not write to it yet; write to a local folder or s3:// "
-            "(then `gcloud storage cp -r`)"
-        )
     if m is not None and m.group(1) in ("http", "https", "hf"):
         raise ConfigError(
             f"{text!r}: fastload reads {m.group(1)}:// URLs but cannot write to them; write to a local "
