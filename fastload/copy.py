@@ -209,6 +209,8 @@ def copy(
 
     check_url(src)  # a mistyped s3:// or a gs:// URL is not a local path
     check_writable(dst)
+    if is_web(src) and storage.is_remote(dst):  # (was downloaded to a local folder named "s3:")
+        raise ConfigError(f"fastload cp copies {src} to a local path only; copy it there, then to {dst}")
     if is_web(src):
         return _copy_web(
             src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs, progress=progress

@@ -210,3 +210,24 @@ def test_uploads_retry_503s_and_resets_and_send_the_index_last(
     for name in os.listdir(www / "ds"):
         with fastload.open(f"gs://{bucket}/ds/{name}") as f:
             assert f.read() == (www / "ds" / name).read_bytes(), name
+
+
+def test_cp_from_a_store_url_to_another_store_is_refused_not_written_locally(
+    gcs: tuple[Any, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gs:// (or https://) to gs:// or s3:// was taken as a download to a local folder named "gs:"/"s3:"."""
+    _, bucket = gcs
+    monkeypatch.chdir(tmp_path)
+    for dst in (f"gs://{bucket}/copy/", "s3://b/copy/"):
+        proc = run_cli("cp", f"gs://{bucket}/ds/shard-000001.tar", dst, check=2)
+        assert "to a local path only" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_index_writes_index_json_into_a_gs_folder(www: Path, gcs: tuple[Any, str]) -> None:
+    _, bucket = gcs
+    run_cli("index", f"gs://{bucket}/wds")
+    ds = fastload.ShardDataset(f"gs://{bucket}/wds", decode=False)  # no in-memory indexing warning now
+    assert sorted(s["__key__"] for s in ds) == sorted(
+        s["__key__"] for s in fastload.ShardDataset(str(www / "ds"), decode=False)
+    )
