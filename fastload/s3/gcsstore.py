@@ -33,7 +33,7 @@ from urllib.parse import quote
 from fastload.config import S3Config
 from fastload.core.retry import Fault
 from fastload.core.weburls import parse_gs_url
-from fastload.errors import ConfigError, IndexFormatError
+from fastload.errors import AccessDeniedError, ConfigError, IndexFormatError, S3Error
 from fastload.s3.client import Failure
 from fastload.s3.httpstore import get_document, http_pools
 from fastload.s3.objectio import Abort, Body
@@ -72,13 +72,34 @@ class GcsAuth:
             expiry = getattr(creds, "expiry", None)
             stale = expiry is not None and expiry.timestamp() - _REFRESH_MARGIN_S < time.time()
             if not getattr(creds, "token", None) or stale:
-                import google.auth.transport.requests
-
-                creds.refresh(google.auth.transport.requests.Request())
+                _refresh(creds)
             return {"Authorization": f"Bearer {creds.token}"}
 
     def close(self) -> None:
         """(Kept by ``s3.runtime``, which closes what it keeps: nothing to close.)"""
+
+
+def _refresh(creds: Any) -> None:
+    """A new access token for ``creds``; a failure as an error that says what to check (no token in it)."""
+    import google.auth.exceptions
+    import google.auth.transport.requests
+
+    try:
+        creds.refresh(google.auth.transport.requests.Request())
+    except google.auth.exceptions.RefreshError as exc:
+        raise AccessDeniedError(
+            f"gs://: Google refused the credentials' token request ({type(exc).__name__}: {str(exc)[:200]}); "
+            "check GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login` again",
+            bucket="",
+            key="gs://",
+        ) from None
+    except google.auth.exceptions.TransportError as exc:
+        raise S3Error(
+            f"gs://: could not reach Google's token service for an access token ({str(exc)[:200]}); check "
+            "the network (HTTPS_PROXY), then run again",
+            bucket="",
+            key="gs://",
+        ) from None
 
 
 def _default_credentials() -> Any:

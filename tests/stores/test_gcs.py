@@ -231,3 +231,65 @@ def test_index_writes_index_json_into_a_gs_folder(www: Path, gcs: tuple[Any, str
     assert sorted(s["__key__"] for s in ds) == sorted(
         s["__key__"] for s in fastload.ShardDataset(str(www / "ds"), decode=False)
     )
+
+
+def test_application_default_credentials_give_a_bearer_token_refreshed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GOOGLE_APPLICATION_CREDENTIALS (a service account's key file, its token_uri a local server) -> one
+    token request, then the cached token on every header; a missing file is a ConfigError saying what to
+    set."""
+    pytest.importorskip("google.auth")
+    import http.server
+    import json
+    import threading
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from fastload.s3.gcsstore import GcsAuth
+
+    asked: list[str] = []
+
+    class Token(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            asked.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            body = json.dumps({"access_token": "tok-32", "expires_in": 3600, "token_type": "Bearer"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Token)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        info = {
+            "type": "service_account",
+            "client_email": "loader@test.iam.gserviceaccount.com",
+            "private_key": key.decode(),
+            "private_key_id": "k1",
+            "token_uri": f"http://127.0.0.1:{server.server_address[1]}/token",
+        }
+        (tmp_path / "adc.json").write_text(json.dumps(info))
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "adc.json"))
+        auth = GcsAuth(anonymous=False)
+        assert auth.headers() == {"Authorization": "Bearer tok-32"}
+        assert auth.headers() == {"Authorization": "Bearer tok-32"}
+        assert len(asked) == 1 and "assertion=" in asked[0]  # a JWT signed with the account's key
+        assert "tok-32" not in repr(auth)
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(fastload.errors.S3Error, match="token service") as caught:
+        GcsAuth(anonymous=False).headers()  # the token server is gone
+    assert "BEGIN PRIVATE KEY" not in str(caught.value)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="GOOGLE_APPLICATION_CREDENTIALS"):
+        GcsAuth(anonymous=False).headers()
