@@ -201,3 +201,13 @@ def gcs_emulator() -> Iterator[object]:
 
     with GcsEmulator() as emulator:
         yield emulator
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[object]:
+    """One Azurite blob service on 127.0.0.1 for the session (``npm install -g azurite``): point fastload
+    at it with ``AZURE_STORAGE_CONNECTION_STRING`` (``azurite.connection_string``)."""
+    from tests.servers.azurite import Azurite
+
+    with Azurite() as server:
+        yield server

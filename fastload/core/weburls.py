@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from fastload.errors import ConfigError
 
-WEB_SCHEMES = ("http://", "https://", "hf://", "gs://")  # gs://: GCS's JSON API over HTTPS
+WEB_SCHEMES = ("http://", "https://", "hf://", "gs://", "az://")  # gs://, az://: their REST APIs over HTTPS
 MAX_EXPANDED = 1_000_000
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
@@ -123,4 +123,4 @@ def parse_gs_url(url: str) -> tuple[str, str]:
 def lists_folders(url: str) -> bool:
     """Whether the web store of ``url`` can list a folder: the Hub (its tree API) and GCS do, a plain web
     server does not."""
-    return url.startswith(("hf://", "gs://"))
+    return url.startswith(("hf://", "gs://", "az://"))

@@ -11,16 +11,15 @@ from fastload.errors import ConfigError
 _S3_TYPO = re.compile(r"^s3(?::/*|//+)", re.IGNORECASE)
 # any RFC 3986 scheme followed by "://" (https://, gs://, az://, hf://, s3a://...)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-SUPPORTED = ("local paths", "file://", "s3://", "http(s)://", "hf://", "gs://")
-READ = ("s3", "file", "http", "https", "hf", "gs")
+SUPPORTED = ("local paths", "file://", "s3://", "http(s)://", "hf://", "gs://", "az://")
+READ = ("s3", "file", "http", "https", "hf", "gs", "az")
 # Hadoop's names for S3 and the object-store URLs fsspec users type: what to write instead
 _HINTS = {
     "s3a": "write s3:// for the same bucket",
     "s3n": "write s3:// for the same bucket",
     "gcs": "write gs://bucket/... for Google Cloud Storage",
-    "az": "Azure Blob Storage is not supported yet; copy the data to S3 or a local folder",
-    "abfs": "Azure Blob Storage is not supported yet; copy the data to S3 or a local folder",
-    "azure": "Azure Blob Storage is not supported yet; copy the data to S3 or a local folder",
+    "abfs": "write az://CONTAINER/PATH for Azure Blob Storage",
+    "azure": "write az://CONTAINER/PATH for Azure Blob Storage",
 }
 
 
@@ -51,6 +50,11 @@ def check_writable(text: str) -> None:
     after :func:`check_url`'s checks."""
     check_url(text)
     m = _SCHEME.match(text)
+    if m is not None and m.group(1) == "az":
+        raise ConfigError(
+            f"{text!r}: fastload reads az:// but does not write to it yet; write to a local folder, s3:// or "
+            "gs:// (then `az storage blob upload-batch`)"
+        )
     if m is not None and m.group(1) in ("http", "https", "hf"):
         raise ConfigError(
             f"{text!r}: fastload reads {m.group(1)}:// URLs but cannot write to them; write to a local "

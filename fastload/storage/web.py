@@ -39,6 +39,10 @@ def open_web(url: str, config: S3Config) -> RangedReader:
         from fastload.s3.gcsstore import open_gcs
 
         return open_gcs(url, config)
+    if url.startswith("az://"):
+        from fastload.s3.azstore import open_azure
+
+        return open_azure(url, config)
     if url.startswith("hf://"):
         hub = parse_hf_url(url)
         if not hub.path:
@@ -55,6 +59,10 @@ def list_web(root: str, suffix: str, config: S3Config) -> list[str]:
         from fastload.s3.gcsstore import list_gcs
 
         return [url for url, _size in list_gcs(root, config) if url.endswith(suffix)]
+    if root.startswith("az://"):
+        from fastload.s3.azstore import list_azure
+
+        return [url for url, _size in list_azure(root, config) if url.endswith(suffix)]
     if not root.startswith("hf://"):
         raise ConfigError(
             f"{root}: a web server's folders cannot be listed; read a dataset there by its index.json "
