@@ -215,7 +215,7 @@ def copy(
         return _copy_web(
             src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs, progress=progress
         )
-    if dst.startswith("gs://") and not storage.is_remote(src):
+    if dst.startswith(("gs://", "az://")) and not storage.is_remote(src):
         from fastload.storage.gcsupload import upload_to_gcs
 
         sent = upload_to_gcs(src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs)

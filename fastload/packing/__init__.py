@@ -8,7 +8,7 @@
   ``pack_tokens``, ``TokensPlan``); rows of tables (Parquet/CSV/JSONL: ``tabular``: plan, ``RowsPlan``,
   ``pack_table`` -> ``table_shards``: :class:`~fastload.packing.table_shards.TableShard` jobs);
 - all run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
-  into a ``dest`` (local folder, ``s3dest`` or ``gcsdest``) and keep a ``journal`` for resume;
+  into a ``dest`` (local folder, ``s3dest``, ``gcsdest`` or ``azdest``) and keep a ``journal`` for resume;
 - ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.
 
 Also: ``options`` (what of a PackConfig decides the bytes), ``staging`` (local staging folders of packs to

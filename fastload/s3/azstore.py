@@ -7,7 +7,7 @@ honours), signed with the account's Shared Key or carrying a SAS token, over fas
 Configured as Azure's own clients are: ``AZURE_STORAGE_CONNECTION_STRING`` (``AccountName``,
 ``AccountKey``, ``BlobEndpoint``, ``SharedAccessSignature``; ``UseDevelopmentStorage=true`` for Azurite), or
 ``AZURE_STORAGE_ACCOUNT`` with ``AZURE_STORAGE_KEY`` or ``AZURE_STORAGE_SAS_TOKEN``. The key and SAS never
-reach a message. Reads only: writes (pack, cp to az://) are not built.
+reach a message. Writes: ``s3.azwrite``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""``fastload cp`` from a local file or folder to ``gs://`` (each file one media upload, ``jobs`` at a
+"""``fastload cp`` from a local file or folder to ``gs://`` or ``az://`` (each file one upload, ``jobs`` at a
 time; a folder's ``index.json`` last, so a dataset copied is readable only once every shard is there)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from fastload.config import S3Config
@@ -16,8 +17,18 @@ from fastload.s3 import gcswrite
 def upload_to_gcs(
     src: str, dst: str, *, recursive: bool, config: S3Config, jobs: int
 ) -> list[tuple[str, int]]:
-    """Copy ``src`` to ``dst`` (``gs://``); ``(destination URL, bytes)`` of each file copied, in order."""
-    bucket, prefix = parse_gs_url(dst)
+    """Copy ``src`` to ``dst`` (``gs://`` or ``az://``); ``(destination URL, bytes)`` of each file copied,
+    in order."""
+    scheme = dst[:5]
+    if scheme == "az://":
+        from fastload.s3 import azwrite
+        from fastload.s3.azstore import parse_az_url
+
+        bucket, prefix = parse_az_url(dst)
+        put: Callable[[str, str, str, S3Config], None] = azwrite.upload
+    else:
+        bucket, prefix = parse_gs_url(dst)
+        put = gcswrite.upload
     if os.path.isdir(src):
         if not recursive:
             raise ConfigError(f"{src} is a folder: copy it with -r (fastload cp -r {src} {dst})")
@@ -39,8 +50,8 @@ def upload_to_gcs(
     tail = [p for p in pairs if p[1] in last]
 
     def send(pair: tuple[str, str]) -> tuple[str, int]:
-        gcswrite.upload(pair[0], bucket, pair[1], config)
-        return f"gs://{bucket}/{pair[1]}", os.path.getsize(pair[0])
+        put(pair[0], bucket, pair[1], config)
+        return f"{scheme}{bucket}/{pair[1]}", os.path.getsize(pair[0])
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         done = list(pool.map(send, head))

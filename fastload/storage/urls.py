@@ -50,11 +50,6 @@ def check_writable(text: str) -> None:
     after :func:`check_url`'s checks."""
     check_url(text)
     m = _SCHEME.match(text)
-    if m is not None and m.group(1) == "az":
-        raise ConfigError(
-            f"{text!r}: fastload reads az:// but does not write to it yet; write to a local folder, s3:// or "
-            "gs:// (then `az storage blob upload-batch`)"
-        )
     if m is not None and m.group(1) in ("http", "https", "hf"):
         raise ConfigError(
             f"{text!r}: fastload reads {m.group(1)}:// URLs but cannot write to them; write to a local "

@@ -96,5 +96,27 @@ def test_missing_blob_and_configuration_errors(az: tuple[Any, str], monkeypatch:
     monkeypatch.delenv("AZURE_STORAGE_ACCOUNT", raising=False)
     with pytest.raises(ConfigError, match="AZURE_STORAGE_CONNECTION_STRING"):
         fastload.open(f"az://{container}/ds/shard-000001.tar")
-    with pytest.raises(ConfigError, match="does not write to it yet"):
-        fastload.copy("x", f"az://{container}/y")
+
+
+def test_pack_cp_and_index_to_az(www: Path, az: tuple[Any, str], tmp_path: Path) -> None:
+    """pack SRC az://..., cp -r FOLDER az://..., index az://...: what is read back is what was written."""
+    _, container = az
+    src = tmp_path / "src"
+    for i in range(40):
+        (src / f"d{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 2}" / f"{i:03d}.bin").write_bytes(os.urandom(100 + i * 37))
+    fastload.pack(str(src), str(tmp_path / "local"), max_samples=16)
+    run_cli("pack", src, f"az://{container}/packed", "--max-samples", "16")
+    assert fastload.verify(f"az://{container}/packed").problems == []
+    for name in os.listdir(tmp_path / "local"):
+        if name.endswith(".tar"):
+            with fastload.open(f"az://{container}/packed/{name}") as f:
+                assert f.read() == (tmp_path / "local" / name).read_bytes(), name
+    run_cli("cp", "-r", www / "ds", f"az://{container}/up/ds")
+    assert fastload.verify(f"az://{container}/up/ds").problems == []
+    for name in os.listdir(www / "ds"):
+        if name.endswith(".tar"):
+            run_cli("cp", www / "ds" / name, f"az://{container}/wds/")
+    run_cli("index", f"az://{container}/wds")
+    keys = sorted(s["__key__"] for s in fastload.ShardDataset(f"az://{container}/wds", decode=False))
+    assert keys == sorted(s["__key__"] for s in fastload.ShardDataset(str(www / "ds"), decode=False))
