@@ -293,3 +293,17 @@ def test_application_default_credentials_give_a_bearer_token_refreshed_once(
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
     with pytest.raises(ConfigError, match="GOOGLE_APPLICATION_CREDENTIALS"):
         GcsAuth(anonymous=False).headers()
+
+
+def test_unreachable_emulator_and_in_memory_warning_name_what_to_do(
+    www: Path, gcs: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gs:// folder without an index says to run `fastload index` there (it can be written, unlike a web
+    server); an endpoint where nothing listens names STORAGE_EMULATOR_HOST."""
+    _, bucket = gcs
+    with pytest.warns(UserWarning, match="fastload index") as caught:
+        fastload.ShardDataset(f"gs://{bucket}/wds", decode=False)
+    assert "web server" not in str(caught[0].message)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:1")
+    with pytest.raises(fastload.errors.FastloadError, match="STORAGE_EMULATOR_HOST"):
+        fastload.open(f"gs://{bucket}/ds/shard-000001.tar", max_attempts=2).read(1)
