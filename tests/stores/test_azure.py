@@ -120,3 +120,36 @@ def test_pack_cp_and_index_to_az(www: Path, az: tuple[Any, str], tmp_path: Path)
     run_cli("index", f"az://{container}/wds")
     keys = sorted(s["__key__"] for s in fastload.ShardDataset(f"az://{container}/wds", decode=False))
     assert keys == sorted(s["__key__"] for s in fastload.ShardDataset(str(www / "ds"), decode=False))
+
+
+def test_account_is_read_from_the_environment_as_azure_clients_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastload.s3.azstore import azure_account
+
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "UseDevelopmentStorage=true")
+    dev = azure_account()
+    assert (dev.name, dev.endpoint) == ("devstoreaccount1", "http://127.0.0.1:10000/devstoreaccount1")
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c2VjcmV0;EndpointSuffix=core.windows.net",
+    )
+    acct = azure_account()
+    assert acct.endpoint == "https://acct.blob.core.windows.net" and acct.key == b"secret"
+    assert "secret" not in repr(acct) and "c2VjcmV0" not in repr(acct)
+    signed = acct.sign("GET", acct.url("c", "a b/x.tar"), {"Range": "bytes=0-9"})
+    assert signed["Authorization"].startswith("SharedKey acct:") and "x-ms-date" in signed
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "pub")
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", "?sv=2021&sig=abc")
+    sas = azure_account()
+    assert (
+        sas.key is None
+        and sas.with_sas(sas.url("c", "x")) == "https://pub.blob.core.windows.net/c/x?sv=2021&sig=abc"
+    )
+    assert "Authorization" not in sas.sign("GET", "https://pub.blob.core.windows.net/c/x", {})
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "acct")
+    monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN")
+    monkeypatch.setenv("AZURE_STORAGE_KEY", "not base64!")
+    with pytest.raises(ConfigError, match="not base64"):
+        azure_account()
