@@ -30,7 +30,7 @@ from io import RawIOBase
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
 from fastload.core.syncplan import Step
-from fastload.core.weburls import is_web
+from fastload.core.weburls import is_web, lists_folders
 from fastload.errors import AccessDeniedError, ConfigError, FastloadError, NotFoundError, write_error
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
@@ -209,10 +209,17 @@ def copy(
 
     check_url(src)  # a mistyped s3:// or a gs:// URL is not a local path
     check_writable(dst)
+    if is_web(src) and storage.is_remote(dst):  # (was downloaded to a local folder named "s3:")
+        raise ConfigError(f"fastload cp copies {src} to a local path only; copy it there, then to {dst}")
     if is_web(src):
         return _copy_web(
             src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs, progress=progress
         )
+    if dst.startswith(("gs://", "az://")) and not storage.is_remote(src):
+        from fastload.storage.gcsupload import upload_to_gcs
+
+        sent = upload_to_gcs(src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs)
+        return CopyReport(files=len(sent), bytes=sum(n for _, n in sent), copied=[u for u, _ in sent])
     src_remote, dst_remote = storage.is_remote(src), storage.is_remote(dst)
     if not src_remote and not dst_remote:
         raise ConfigError(
@@ -318,7 +325,7 @@ def _web_names(root: str, config: S3Config) -> list[str]:
     from fastload.core.index import parse_index
     from fastload.storage.manifest import read_manifest
 
-    if root.startswith("hf://"):
+    if lists_folders(root):
         return [u[len(root) + 1 :] for u in storage.list_files(root, "", config=config)]
     found = read_manifest(root, s3_config=config)
     if found is None:

@@ -192,3 +192,23 @@ def moto_url() -> Iterator[str]:
         if server._server is not None:  # stop() leaves the listening socket open
             server._server.server_close()
         werkzeug_log.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[object]:
+    """One GCS emulator (``gcp-storage-emulator``) on 127.0.0.1 for the session: point fastload at it with
+    ``STORAGE_EMULATOR_HOST`` (``monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.host)``)."""
+    from tests.servers.gcs import GcsEmulator
+
+    with GcsEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[object]:
+    """One Azurite blob service on 127.0.0.1 for the session (``npm install -g azurite``): point fastload
+    at it with ``AZURE_STORAGE_CONNECTION_STRING`` (``azurite.connection_string``)."""
+    from tests.servers.azurite import Azurite
+
+    with Azurite() as server:
+        yield server

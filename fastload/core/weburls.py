@@ -1,6 +1,7 @@
 """URLs of stores read over plain HTTP(S), as users write them: brace patterns of shard URLs
 (``https://host/shard-{000000..000099}.tar``, as webdataset and the Hub's users pass them) expanded to a
-list, and ``hf://`` URLs of the Hugging Face Hub mapped to the Hub's https routes. Pure: the endpoint is
+list, ``hf://`` URLs of the Hugging Face Hub mapped to the Hub's https routes, ``gs://`` URLs split into
+bucket and name. Pure: the endpoint is
 passed in."""
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from urllib.parse import quote
 
 from fastload.errors import ConfigError
 
-WEB_SCHEMES = ("http://", "https://", "hf://")
+WEB_SCHEMES = ("http://", "https://", "hf://", "gs://", "az://")  # gs://, az://: their REST APIs over HTTPS
 MAX_EXPANDED = 1_000_000
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
 
 
 def is_web(url: str) -> bool:
-    """Whether ``url`` is read over plain HTTP(S): ``http://``, ``https://`` or ``hf://``."""
+    """Whether ``url`` is read over plain HTTP(S) by fastload's own transport: ``http://``, ``https://``,
+    ``hf://`` or ``gs://`` (Google Cloud Storage's JSON API)."""
     return url.startswith(WEB_SCHEMES)
 
 
@@ -105,3 +107,20 @@ def parse_hf_url(url: str) -> HubPath:
         )
     name, _, revision = parts[2].partition("@")
     return HubPath(parts[0], f"{parts[1]}/{name}", revision or "main", "/".join(parts[3:]).strip("/"))
+
+
+def parse_gs_url(url: str) -> tuple[str, str]:
+    """``(bucket, object name)`` of ``gs://BUCKET/NAME`` (the name may be empty: the bucket's root, or end
+    in ``/``: a folder). :class:`ConfigError` for a URL without a bucket."""
+    if not url.startswith("gs://"):
+        raise ConfigError(f"{url!r} is not a gs:// URL")
+    bucket, _, name = url[len("gs://") :].partition("/")
+    if not bucket:
+        raise ConfigError(f"{url!r}: write gs://BUCKET/PATH")
+    return bucket, name
+
+
+def lists_folders(url: str) -> bool:
+    """Whether the web store of ``url`` can list a folder: the Hub (its tree API) and GCS do, a plain web
+    server does not."""
+    return url.startswith(("hf://", "gs://", "az://"))

@@ -107,6 +107,13 @@ class AppendPlan(Plan[R]):
 
     def open(self) -> tuple[Destination, PackJournal, dict[int, ShardResult] | None]:
         t = self.target
+        scheme = t.url.split("://", 1)[0] if "://" in t.url else ""
+        if scheme in ("gs", "az"):  # their conditional writes (generation match, If-Match) are not wired yet
+            raise ConfigError(
+                f"fastload pack --append into {scheme}:// is not supported yet (an append publishes "
+                "index.json by a conditional write, done for local folders and s3:// only); append into a "
+                f"local folder or s3:// and copy it with fastload cp, or pack a new dataset into {scheme}://"
+            )
         url = t.url if t.url.startswith("s3://") else os.path.abspath(t.url)
         dest = destination(url, self.folder, config=t.s3_config)
         if dest.exists_as_file():

@@ -105,12 +105,20 @@ class LocalDestination:
 def write_failed(dest: Destination, exc: OSError, path: str) -> DestinationWriteError:
     """``exc``, met writing ``path`` for ``dest``, as an error naming the destination and, for S3, the local
     staging folder (where the file being written was)."""
-    staging = dest.tmp_dir if dest.url.startswith("s3://") and dest.tmp_dir else None
+    staging = dest.tmp_dir if dest.url.startswith(("s3://", "gs://", "az://")) and dest.tmp_dir else None
     return write_error(exc, path).at(destination=dest.url, staging=staging)
 
 
 def destination(url: str, state_dir: str, *, config: S3Config | None = None) -> Destination:
-    """The destination for a local path or ``s3://`` URL."""
+    """The destination for a local path, an ``s3://``, ``gs://`` or ``az://`` URL."""
+    if url.startswith("az://"):
+        from fastload.packing.azdest import AzureDestination
+
+        return AzureDestination(url, config=config or S3Config.from_env())
+    if url.startswith("gs://"):
+        from fastload.packing.gcsdest import GcsDestination
+
+        return GcsDestination(url, config=config or S3Config.from_env())
     if url.startswith("s3://"):
         from fastload.packing.s3dest import S3Destination
 

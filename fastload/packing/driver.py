@@ -294,5 +294,6 @@ def destination_errors(dst: str) -> Iterator[None]:
 
 def _inside(path: str, dst: str) -> bool:
     """Whether ``path`` is ``dst`` or below it (``/data/out2`` is not below ``/data/out``)."""
-    root = dst.rstrip("/") if dst.startswith("s3://") else os.path.abspath(dst)
-    return path == root or path.startswith(root + ("/" if dst.startswith("s3://") else os.sep))
+    remote = dst.startswith(("s3://", "gs://", "az://"))
+    root = dst.rstrip("/") if remote else os.path.abspath(dst)
+    return path == root or path.startswith(root + ("/" if remote else os.sep))

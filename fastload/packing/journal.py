@@ -153,7 +153,7 @@ def open_pack(
     """A pack run's destination (a local folder, made absolute, or ``s3://``) set up by
     :func:`prepare_destination`, its journal, and the shards an interrupted run finished that are kept
     (:func:`kept_shards`, with ``resume``); None for those when the destination already holds this pack."""
-    url = target if target.startswith("s3://") else os.path.abspath(target)
+    url = target if target.startswith(("s3://", "gs://", "az://")) else os.path.abspath(target)
     dest = destination(url, STATE_DIR, config=s3_config)
     journal = PackJournal(dest)
     if not prepare_destination(

@@ -83,7 +83,7 @@ def pack(
         raise ConfigError(f"unknown pack option(s) {', '.join(unknown)}; PackConfig has: {known}")
     config = checked(replace(config or PackConfig(), **options) if options else (config or PackConfig()))
     srcs, target = source_and_target(sources, dst, missing="pass the folder holding the files to pack")
-    if any(u.startswith("s3://") for u in [*srcs, target]):
+    if any(u.startswith(("s3://", "gs://", "az://")) for u in [*srcs, target]):
         s3_config = s3_config or S3Config.from_env()
     if rows or file_columns or sort_by is not None or key_column is not None or any(map(is_table, srcs)):
         from fastload.packing.tabular import TableOptions, pack_table

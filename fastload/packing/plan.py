@@ -271,7 +271,7 @@ def source_and_target(
             )
     check_writable(target)
     for src in srcs:
-        if not src.startswith("s3://") and not target.startswith("s3://"):
+        if not src.startswith("s3://") and not target.startswith(("s3://", "gs://", "az://")):
             a, b = os.path.realpath(src), os.path.realpath(target)
             if b == a or b.startswith(a.rstrip(os.sep) + os.sep):
                 raise ConfigError(

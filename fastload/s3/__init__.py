@@ -12,4 +12,7 @@ and the hedges themselves (``races``), the hedging watchdog (``hedging``), the d
 (``http1``), deletes (``delete``), bucket creation (``buckets``, ``fastload mb``), server-side copies
 (``servercopy``: CopyObject, UploadPartCopy) and conditional PUTs (``conditional``: ``index.json``
 published with If-Match / If-None-Match); plain HTTP(S) as a store (``httpstore``: the web store's
-transport behind the same seam, no signing) and its errors (``urlerrors``)."""
+transport behind the same seam, no signing) and its errors (``urlerrors``); Google Cloud Storage as a store
+(``gcsstore``: its JSON API over the same pools, the generation as the ETag; ``gcswrite``: uploads, deletes,
+metadata); Azure Blob Storage as a store (``azstore``: Shared Key or SAS, the ETag honoured by If-Match;
+``azwrite``: Put Blob, deletes, sizes)."""

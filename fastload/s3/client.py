@@ -127,8 +127,9 @@ class Unreachable(ConnectionError):
 
 
 UNREACHABLE_ADVICE = (
-    "nothing answers there: check the endpoint (AWS_ENDPOINT_URL or --endpoint-url, S3Config.endpoint_url) "
-    "and that the server is running"
+    "nothing answers there: check the endpoint (AWS_ENDPOINT_URL or --endpoint-url, S3Config.endpoint_url; "
+    "for gs:// STORAGE_EMULATOR_HOST, for az:// the connection string's BlobEndpoint) and that the server "
+    "is running"
 )
 
 

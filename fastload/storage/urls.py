@@ -1,4 +1,4 @@
-"""URLs as users type them: a mistyped ``s3://`` or a scheme fastload does not read (``gs://``, ``az://``)
+"""URLs as users type them: a mistyped ``s3://`` or a scheme fastload does not read (``az://``, ``gcs://``)
 is caught before it is taken for a local path."""
 
 from __future__ import annotations
@@ -11,19 +11,15 @@ from fastload.errors import ConfigError
 _S3_TYPO = re.compile(r"^s3(?::/*|//+)", re.IGNORECASE)
 # any RFC 3986 scheme followed by "://" (https://, gs://, az://, hf://, s3a://...)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-SUPPORTED = ("local paths", "file://", "s3://", "http(s)://", "hf://")
-READ = ("s3", "file", "http", "https", "hf")
+SUPPORTED = ("local paths", "file://", "s3://", "http(s)://", "hf://", "gs://", "az://")
+READ = ("s3", "file", "http", "https", "hf", "gs", "az")
 # Hadoop's names for S3 and the object-store URLs fsspec users type: what to write instead
 _HINTS = {
     "s3a": "write s3:// for the same bucket",
     "s3n": "write s3:// for the same bucket",
-    "gs": "for Google Cloud Storage, use its S3-compatible endpoint: s3://bucket/... with "
-    "--endpoint-url https://storage.googleapis.com (AWS_ENDPOINT_URL) and HMAC keys",
-    "gcs": "for Google Cloud Storage, use its S3-compatible endpoint: s3://bucket/... with "
-    "--endpoint-url https://storage.googleapis.com (AWS_ENDPOINT_URL) and HMAC keys",
-    "az": "Azure Blob Storage is not supported yet; copy the data to S3 or a local folder",
-    "abfs": "Azure Blob Storage is not supported yet; copy the data to S3 or a local folder",
-    "azure": "Azure Blob Storage is not supported yet; copy the data to S3 or a local folder",
+    "gcs": "write gs://bucket/... for Google Cloud Storage",
+    "abfs": "write az://CONTAINER/PATH for Azure Blob Storage",
+    "azure": "write az://CONTAINER/PATH for Azure Blob Storage",
 }
 
 

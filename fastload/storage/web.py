@@ -1,7 +1,7 @@
 """``http(s)://`` and ``hf://`` URLs as storage: an object opened for ranged reads (``hf://`` resolved to the
-Hub's ``/resolve/`` URL, its token sent to the Hub only), and a folder listed where the store can list
-(the Hub's tree API; a plain web server cannot be listed: a dataset there has an ``index.json``, or its
-shards are given as a brace pattern)."""
+Hub's ``/resolve/`` URL, its token sent to the Hub only; ``gs://`` by ``s3.gcsstore``), and a folder
+listed where the store can list (the Hub's tree API, GCS's listing; a plain web server cannot be listed: a
+dataset there has an ``index.json``, or its shards are given as a brace pattern)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,15 @@ def http_url(url: str, config: S3Config) -> str:
 
 
 def open_web(url: str, config: S3Config) -> RangedReader:
-    """The ranged reader of the object at ``url`` (``http://``, ``https://`` or ``hf://``)."""
+    """The ranged reader of the object at ``url`` (``http://``, ``https://``, ``hf://`` or ``gs://``)."""
+    if url.startswith("gs://"):
+        from fastload.s3.gcsstore import open_gcs
+
+        return open_gcs(url, config)
+    if url.startswith("az://"):
+        from fastload.s3.azstore import open_azure
+
+        return open_azure(url, config)
     if url.startswith("hf://"):
         hub = parse_hf_url(url)
         if not hub.path:
@@ -45,7 +53,16 @@ def open_web(url: str, config: S3Config) -> RangedReader:
 
 def list_web(root: str, suffix: str, config: S3Config) -> list[str]:
     """The files under ``root`` whose names end with ``suffix``, sorted (``hf://``: the Hub's tree API,
-    recursive; ``http(s)://``: :class:`ConfigError`, a web server cannot be listed)."""
+    recursive; ``gs://``: GCS's object listing; ``http(s)://``: :class:`ConfigError`, a web server cannot
+    be listed)."""
+    if root.startswith("gs://"):
+        from fastload.s3.gcsstore import list_gcs
+
+        return [url for url, _size in list_gcs(root, config) if url.endswith(suffix)]
+    if root.startswith("az://"):
+        from fastload.s3.azstore import list_azure
+
+        return [url for url, _size in list_azure(root, config) if url.endswith(suffix)]
     if not root.startswith("hf://"):
         raise ConfigError(
             f"{root}: a web server's folders cannot be listed; read a dataset there by its index.json "

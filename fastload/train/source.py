@@ -120,7 +120,7 @@ def open_index(
     )
     fix = (
         "Write the index once with `fastload index` (or pack with `fastload pack`) to skip this."
-        if not is_web(root)
+        if not is_web(root) or root.startswith(("gs://", "az://"))
         else "A web server holds no index fastload can write: to skip this, copy the shards (`fastload cp`) "
         "to a folder or s3:// and run `fastload index` there."
     )

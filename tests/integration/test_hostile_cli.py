@@ -92,7 +92,7 @@ def test_mistyped_s3_urls_are_not_taken_for_local_paths(
     assert main(["ls", "src"]) == 0  # a plain relative path is still a path
 
 
-@pytest.mark.parametrize("url", ["gs://b/p", "az://c/p", "s3a://b/p", "ftp://host/x.tar"])
+@pytest.mark.parametrize("url", ["gcs://b/p", "abfs://c/p", "s3a://b/p", "ftp://host/x.tar"])
 def test_unsupported_url_schemes_are_refused_listing_the_supported_ones(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

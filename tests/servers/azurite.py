@@ -1,0 +1,88 @@
+"""Azurite's blob service on 127.0.0.1 (npm ``azurite``, installed by ``.ci/install-s3-servers``), in
+memory, with the public development account: point fastload at it with
+``AZURE_STORAGE_CONNECTION_STRING`` (:attr:`Azurite.connection_string`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+from fastload.s3.azstore import _DEV_ACCOUNT, _DEV_KEY, azure_account
+from tests.servers.gcs import _free_port
+
+
+class Azurite:
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}/{_DEV_ACCOUNT}"
+        self.connection_string = (
+            f"DefaultEndpointsProtocol=http;AccountName={_DEV_ACCOUNT};AccountKey={_DEV_KEY};"
+            f"BlobEndpoint={self.endpoint};"
+        )
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Azurite:
+        exe = shutil.which("azurite-blob")
+        if exe is None:
+            raise RuntimeError("azurite-blob is not installed (npm install -g azurite)")
+        self._proc = subprocess.Popen(
+            [
+                exe,
+                "--silent",
+                "--inMemoryPersistence",
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(self.port),
+                "--skipApiVersionCheck",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}?comp=list", timeout=1)
+            except urllib.error.HTTPError:
+                return self  # it answers (403: the request was not signed)
+            except OSError:
+                if self._proc.poll() is not None:
+                    raise RuntimeError("azurite exited at start") from None
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("azurite did not answer within 30 s")
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def __enter__(self) -> Azurite:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _send(self, method: str, url: str, data: bytes | None, headers: dict[str, str]) -> None:
+        """A request signed with the development account's key (the environment must name Azurite)."""
+        headers = {
+            **headers,
+            "Content-Length": str(len(data or b"")),
+            "Content-Type": "application/octet-stream",
+        }
+        signed = azure_account().sign(method, url, headers)
+        urllib.request.urlopen(urllib.request.Request(url, data=data, method=method, headers=signed)).read()
+
+    def make_container(self, name: str) -> None:
+        self._send("PUT", f"{self.endpoint}/{name}?restype=container", b"", {})
+
+    def put(self, container: str, blob: str, data: bytes) -> None:
+        self._send("PUT", f"{self.endpoint}/{container}/{blob}", data, {"x-ms-blob-type": "BlockBlob"})
