@@ -13,4 +13,5 @@ projected read (``projection``), a tar shard's member layout (``layout``), sampl
 mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which listed paths a pack leaves
 out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``), what a
 ``fastload cp`` copies or skips (``syncplan``), web store URLs (``weburls``: brace patterns, ``hf://``
-to the Hub's routes) and a growing dataset's versions and appended shard names (``versions``)."""
+to the Hub's routes) and a growing dataset's versions and appended shard names (``versions``), and the
+ledger of ``fastload.serve``'s remote feeders (``serveplan``)."""

@@ -14,5 +14,6 @@ Also: ``fastload.Mix`` (``mix``, its plan ``mixplan``, a worker's reads ``mixrea
 ``mixweights``), filters (``filtering``), one open shard (``shardreader``), damaged samples skipped
 (``damaged``), sample tables between epochs (``tablememo``), checkpoint checks (``statecheck``),
 shared-memory files (``shmfiles``), PackedSequences' documents (``packdocs``), state (``packstate``)
-and equal steps (``packsync``), GPU decode (``gpudecode``) and utilisation (``gpumon``).
+and equal steps (``packsync``), GPU decode (``gpudecode``) and utilisation (``gpumon``), and
+``fastload.serve``: batches made by remote feeders, Ray actors (``serve``).
 """

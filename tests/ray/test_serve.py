@@ -1,0 +1,148 @@
+"""``fastload.serve`` on a local 2-CPU Ray cluster: batches made by feeder actors equal
+``fastload.DataLoader``'s stream; a feeder SIGKILLed or ``ray.kill``-ed mid-epoch, or one added, changes
+nothing; a checkpoint resumes exactly."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ray_helpers import write_files
+
+import fastload
+from fastload.train.serve import Served
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+BATCH = 4
+OPTIONS: dict[str, Any] = {"seed": 3, "shuffle_buffer": 8}
+
+
+def add_length(sample: dict[str, Any]) -> dict[str, Any]:
+    return {**sample, "length": torch.tensor(len(sample["bin"]))}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def by_value(ray_cluster: Any) -> None:
+    """This module's functions (``map=``) travel to the feeders by value: Ray's workers cannot import it."""
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("serve")
+    rng = random.Random(5)
+    files = {}
+    for i in range(50):
+        files[f"s/{i:04d}.cls"] = b"%d" % (i % 3)
+        files[f"s/{i:04d}.bin"] = rng.randbytes(rng.randrange(1, 3000))
+    write_files(base / "src", files)
+    fastload.pack(base / "src", base / "ds", progress=False, shard_size_bytes=16 << 10)
+    return base / "ds"
+
+
+def local(root: Path, **options: Any) -> list[Any]:
+    """The batches of ``fastload.DataLoader`` in this process, the reference stream."""
+    return list(fastload.DataLoader(fastload.ShardDataset(root, **OPTIONS, **options), batch_size=BATCH))
+
+
+def same(a: list[Any], b: list[Any]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], torch.Tensor):
+                assert torch.equal(x[k], y[k]), k
+            else:
+                assert x[k] == y[k], k
+
+
+def served(root: Path, **kw: Any) -> Served:
+    return fastload.serve(root, BATCH, feeders=2, feeder_cpus=0.5, **OPTIONS, **kw)
+
+
+def test_the_stream_equals_the_local_loaders(dataset: Path) -> None:
+    s = served(dataset, map=add_length)
+    try:
+        same(list(s), local(dataset, map=add_length))
+        assert len(s) == len(local(dataset))
+    finally:
+        s.close()
+
+
+def test_a_feeder_killed_mid_epoch_loses_and_repeats_nothing(ray_cluster: Any, dataset: Path) -> None:
+    s = served(dataset, max_in_flight=2, window=6)
+    try:
+        it = iter(s)
+        got = [next(it), next(it)]
+        victim = next(iter(s.actors.values()))
+        os.kill(ray_cluster.get(victim.pid.remote()), signal.SIGKILL)  # the feeder's process, mid-epoch
+        got += list(it)
+        same(got, local(dataset))
+        assert s.feeder_deaths == 1 and len(s.actors) == 2
+        ray_cluster.kill(next(iter(s.actors.values())), no_restart=True)  # and through Ray, next epoch
+        s.set_epoch(0)
+        same(list(s), local(dataset))
+        assert s.feeder_deaths == 2
+    finally:
+        s.close()
+
+
+def test_a_feeder_added_mid_epoch_changes_nothing(dataset: Path) -> None:
+    s = served(dataset)
+    try:
+        it = iter(s)
+        got = [next(it)]
+        s.add_feeder()
+        got += list(it)
+        same(got, local(dataset))
+        assert len(s.actors) == 3
+    finally:
+        s.close()
+
+
+def test_a_checkpoint_resumes_exactly(dataset: Path) -> None:
+    expected = local(dataset)
+    s = served(dataset)
+    try:
+        it = iter(s)
+        first = [next(it) for _ in range(5)]
+        state = s.state_dict()
+    finally:
+        s.close()
+    assert state["delivered"] == 5 * BATCH
+    again = served(dataset)
+    try:
+        again.load_state_dict(state)
+        same(first + list(again), expected)
+    finally:
+        again.close()
+    # the same checkpoint restores fastload.DataLoader too
+    loader = fastload.DataLoader(fastload.ShardDataset(dataset, **OPTIONS), batch_size=BATCH)
+    loader.load_state_dict(state)
+    same(first + list(loader), expected)
+
+
+def test_a_feeder_that_cannot_start_is_an_error(dataset: Path, tmp_path: Path) -> None:
+    """A ``collate_fn`` whose module only the trainer can import: every feeder would fail alike, so the
+    first failure is the error (not a retry per feeder)."""
+    (tmp_path / "trainer_only.py").write_text("def collate(samples):\n    return samples\n")
+    sys.path.insert(0, os.fspath(tmp_path))
+    try:
+        import trainer_only  # type: ignore[import-not-found]
+
+        s = served(dataset, collate_fn=trainer_only.collate)
+        with pytest.raises(fastload.errors.ConfigError, match="could not start") as caught:
+            list(s)
+        assert s.feeder_deaths == 0
+        assert "trainer_only" in str(caught.value)
+        s.close()
+    finally:
+        sys.path.remove(os.fspath(tmp_path))
+        sys.modules.pop("trainer_only", None)
