@@ -60,9 +60,17 @@ def make_batch(
 class Feeder:
     """What a Ray actor runs: the dataset opened in its own process, batches made on request."""
 
-    def __init__(self, source: Any, options: dict[str, Any], collate: Callable[[list[Any]], Any]) -> None:
+    def __init__(
+        self, source: Any, options: dict[str, Any], collate: Callable[[list[Any]], Any], order: str
+    ) -> None:
         self.dataset = ShardDataset(source, **options)
         self.collate = collate
+        if self.dataset.order_fingerprint() != order:  # another dataset under the same name, here
+            raise ConfigError(
+                f"fastload.serve: the feeder on {os.uname().nodename} sees another dataset at {source!r} "
+                f"(order fingerprint {self.dataset.order_fingerprint()}, the trainer's {order}); give "
+                "every machine the same dataset"
+            )
 
     def make(self, job: Job, index: int) -> tuple[Any, int, int, FastloadError | None]:
         return make_batch(self.dataset, job, index, self.collate)
@@ -110,6 +118,7 @@ class Served:
         self.batch_size, self.drop_last = batch_size, drop_last
         self._source, self._options = source, {**options, "version": self.dataset.view.version}
         self._collate = collate_fn or torch.utils.data.default_collate
+        self._order = self.dataset.order_fingerprint()  # what every feeder must see
         self._feeders, self._cpus, self._address = feeders, feeder_cpus, ray_address
         self._max_in_flight, self._window, self._max_deaths = max_in_flight, window, max_feeder_deaths
         self.actors: dict[int, Any] = {}
@@ -124,7 +133,7 @@ class Served:
     def _start(self, ray: Any) -> int:
         actor_class = ray.remote(num_cpus=self._cpus)(Feeder)
         name = next(self._names)
-        self.actors[name] = actor_class.remote(self._source, self._options, self._collate)
+        self.actors[name] = actor_class.remote(self._source, self._options, self._collate, self._order)
         return name
 
     def add_feeder(self) -> None:

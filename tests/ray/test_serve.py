@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -34,17 +35,20 @@ def by_value(ray_cluster: Any) -> None:
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("serve")
+def packed(base: Path, n: int = 50) -> Path:
     rng = random.Random(5)
     files = {}
-    for i in range(50):
+    for i in range(n):
         files[f"s/{i:04d}.cls"] = b"%d" % (i % 3)
         files[f"s/{i:04d}.bin"] = rng.randbytes(rng.randrange(1, 3000))
     write_files(base / "src", files)
     fastload.pack(base / "src", base / "ds", progress=False, shard_size_bytes=16 << 10)
     return base / "ds"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return packed(tmp_path_factory.mktemp("serve"))
 
 
 def local(root: Path, **options: Any) -> list[Any]:
@@ -146,3 +150,13 @@ def test_a_feeder_that_cannot_start_is_an_error(dataset: Path, tmp_path: Path) -
     finally:
         sys.path.remove(os.fspath(tmp_path))
         sys.modules.pop("trainer_only", None)
+
+
+def test_feeders_that_see_another_dataset_are_refused(tmp_path: Path) -> None:
+    root = packed(tmp_path / "a")
+    s = served(root)  # the trainer opened it; then it is replaced before any feeder opens it
+    shutil.rmtree(root)
+    shutil.move(packed(tmp_path / "b", n=30), root)
+    with pytest.raises(fastload.errors.ConfigError, match="sees another dataset"):
+        list(s)
+    s.close()
