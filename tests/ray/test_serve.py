@@ -160,3 +160,27 @@ def test_feeders_that_see_another_dataset_are_refused(tmp_path: Path) -> None:
     with pytest.raises(fastload.errors.ConfigError, match="sees another dataset"):
         list(s)
     s.close()
+
+
+def fail_on_some(sample: dict[str, Any]) -> dict[str, Any]:
+    if sample["__key__"].endswith(("3", "7")):
+        raise ValueError(f"bad sample {sample['__key__']}")
+    return sample
+
+
+def test_sample_errors_are_skipped_or_raised_as_locally(dataset: Path) -> None:
+    s = served(dataset, map=fail_on_some, on_error="skip")
+    try:
+        expected = local(dataset, map=fail_on_some, on_error="skip")
+        same(list(s), expected)
+        assert s.skipped == 10 == s.dataset.skipped
+    finally:
+        s.close()
+    s = served(dataset, map=fail_on_some)
+    try:
+        with pytest.raises(Exception) as here:
+            local(dataset, map=fail_on_some)
+        with pytest.raises(type(here.value), match="bad sample"):
+            list(s)
+    finally:
+        s.close()
