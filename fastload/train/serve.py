@@ -108,12 +108,15 @@ class Served:
         max_in_flight: int,
         window: int,
         max_feeder_deaths: int,
+        feeder_timeout_s: float,
         ray_address: str | None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size={batch_size} must be >= 1")
         if feeders < 1:
             raise ConfigError(f"feeders={feeders} must be >= 1")
+        if not feeder_timeout_s > 0:
+            raise ConfigError(f"feeder_timeout_s={feeder_timeout_s} must be > 0")
         self.dataset = ShardDataset(source, **options)
         self.batch_size, self.drop_last = batch_size, drop_last
         self._source, self._options = source, {**options, "version": self.dataset.view.version}
@@ -121,7 +124,10 @@ class Served:
         self._order = self.dataset.order_fingerprint()  # what every feeder must see
         self._feeders, self._cpus, self._address = feeders, feeder_cpus, ray_address
         self._max_in_flight, self._window, self._max_deaths = max_in_flight, window, max_feeder_deaths
+        self._timeout_s = feeder_timeout_s
         self.actors: dict[int, Any] = {}
+        self._starting: dict[Any, int] = {}  # a started feeder's "ready" object ref -> its name
+        self._ready: set[int] = set()  # feeders that finished starting: the ledger's
         self._names = iter(range(1 << 62))
         self._delivered = 0
         self._completed: int | None = None
@@ -130,11 +136,14 @@ class Served:
 
     # -- feeders ------------------------------------------------------------------------------------------
 
-    def _start(self, ray: Any) -> int:
+    def _start(self, ray: Any) -> None:
+        """A new feeder; it joins the ledger once it has started (opened the dataset), so that its start
+        (a process, imports, the index) is not taken for a stuck feeder."""
         actor_class = ray.remote(num_cpus=self._cpus)(Feeder)
         name = next(self._names)
-        self.actors[name] = actor_class.remote(self._source, self._options, self._collate, self._order)
-        return name
+        actor = actor_class.remote(self._source, self._options, self._collate, self._order)
+        self.actors[name] = actor
+        self._starting[actor.pid.remote()] = name
 
     def add_feeder(self) -> None:
         """One more feeder, now: it gets the next batches assigned (the stream is unchanged)."""
@@ -148,6 +157,8 @@ class Served:
             for actor in self.actors.values():
                 ray.kill(actor)
             self.actors.clear()
+            self._starting.clear()
+            self._ready.clear()
 
     # -- the loop's side ----------------------------------------------------------------------------------
 
@@ -205,6 +216,8 @@ class Served:
         )
         while len(self.actors) < self._feeders:
             self._start(ray)
+        for name in self._ready:
+            ledger.add(name)
         sent: dict[Any, tuple[int, int]] = {}  # object ref -> (feeder, batch index)
         made: dict[int, tuple[Any, int, int]] = {}
         while not ledger.done:
@@ -212,12 +225,22 @@ class Served:
                 yield made.pop(index)
             if ledger.done:
                 break
-            for name in self.actors.keys() - set(ledger.feeders):  # joined since
-                ledger.add(name)
             for name, index in ledger.assign():
                 sent[self.actors[name].make.remote(job, index)] = (name, index)
-            ready, _ = ray.wait(list(sent), num_returns=1)
+            ready, _ = ray.wait([*sent, *self._starting], num_returns=1, timeout=self._timeout_s)
+            owner = next((f for f in ledger.feeders if ledger.watermark in ledger.owed(f)), None)
+            if not ready and owner is not None:  # nothing for feeder_timeout_s, the next batch its
+                name = owner
+                ray.kill(self.actors[name])
+                stuck = TimeoutError(
+                    f"feeder {name} made nothing for feeder_timeout_s={self._timeout_s} (batch "
+                    f"{ledger.watermark} was due); it was stopped"
+                )
+                self._lost(ray, ledger, name, stuck)
             for ref in ready:
+                if ref in self._starting:
+                    self._started(ray, ledger, ref)
+                    continue
                 name, index = sent.pop(ref)
                 try:
                     batch, count, skipped, error = ray.get(ref)
@@ -229,6 +252,18 @@ class Served:
                     raise error
                 if ledger.arrived(name, index):
                     made[index] = (batch, count, skipped)
+
+    def _started(self, ray: Any, ledger: ServeLedger[int], ref: Any) -> None:
+        """A feeder's start ended: it joins the ledger, or (it died starting) is replaced."""
+        name = self._starting.pop(ref)
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            if name in self.actors:
+                self._lost(ray, ledger, name, exc)
+            return
+        self._ready.add(name)
+        ledger.add(name)
 
     def _lost(self, ray: Any, ledger: ServeLedger[int], name: int, exc: Exception) -> None:
         """Feeder ``name`` died: its batches go back to the ledger and a new feeder takes its place (one
@@ -248,8 +283,9 @@ class Served:
                 "delivered so far are in state_dict(): resume from your last checkpoint"
             ) from exc
         del self.actors[name]
+        self._ready.discard(name)
         ledger.lose(name)
-        ledger.add(self._start(ray))
+        self._start(ray)
 
     # -- position -----------------------------------------------------------------------------------------
 
@@ -279,6 +315,7 @@ def serve(
     max_in_flight: int = 2,
     window: int = 8,
     max_feeder_deaths: int = 8,
+    feeder_timeout_s: float = 600.0,
     ray_address: str | None = None,
     **options: Any,
 ) -> Served:
@@ -286,8 +323,10 @@ def serve(
     ``options``: ``map=``, ``seed=``, ``rank=``, ...) made by ``feeders`` Ray actors of ``feeder_cpus``
     CPUs each, delivered in ``fastload.DataLoader``'s order with its ``state_dict``/``load_state_dict``/
     ``set_epoch``. ``max_in_flight`` batches per feeder, at most ``window`` batches held by this process
-    (arrived or in flight). Ray: the cluster at ``ray_address`` (None: the one this process is connected
-    to, else ``RAY_ADDRESS``, else a new local one). ``map=`` and ``collate_fn`` must pickle (cloudpickle)."""
+    (arrived or in flight). A feeder that makes nothing for ``feeder_timeout_s`` while the next batch is
+    its own is stopped and replaced, as a dead one (``max_feeder_deaths`` in all, then an error). Ray:
+    the cluster at ``ray_address`` (None: the one this process is connected to, else ``RAY_ADDRESS``, else
+    a new local one). ``map=`` and ``collate_fn`` must pickle (cloudpickle)."""
     return Served(
         source,
         batch_size,
@@ -299,6 +338,7 @@ def serve(
         max_in_flight=max_in_flight,
         window=window,
         max_feeder_deaths=max_feeder_deaths,
+        feeder_timeout_s=feeder_timeout_s,
         ray_address=ray_address,
     )
 

@@ -9,6 +9,8 @@ import random
 import shutil
 import signal
 import sys
+import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -182,5 +184,25 @@ def test_sample_errors_are_skipped_or_raised_as_locally(dataset: Path) -> None:
             local(dataset, map=fail_on_some)
         with pytest.raises(type(here.value), match="bad sample"):
             list(s)
+    finally:
+        s.close()
+
+
+def hang_once(marker: str, sample: dict[str, Any]) -> dict[str, Any]:
+    """Hangs in the first process that meets sample ``s/0007`` (it creates ``marker``), nowhere else."""
+    if sample["__key__"] == "s/0007":
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return sample
+        time.sleep(3600)
+    return sample
+
+
+def test_a_stuck_feeder_is_replaced(dataset: Path, tmp_path: Path) -> None:
+    s = served(dataset, map=partial(hang_once, os.fspath(tmp_path / "hung")), feeder_timeout_s=4)
+    try:
+        same(list(s), local(dataset))
+        assert (tmp_path / "hung").exists() and s.feeder_deaths == 1
     finally:
         s.close()
