@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from functools import partial
@@ -23,6 +24,7 @@ from fastload.train.serve import Served
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
+HERE = Path(__file__).resolve().parent
 BATCH = 4
 OPTIONS: dict[str, Any] = {"seed": 3, "shuffle_buffer": 8}
 
@@ -56,6 +58,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def local(root: Path, **options: Any) -> list[Any]:
     """The batches of ``fastload.DataLoader`` in this process, the reference stream."""
     return list(fastload.DataLoader(fastload.ShardDataset(root, **OPTIONS, **options), batch_size=BATCH))
+
+
+def keys(batches: list[Any]) -> list[str]:
+    return [k for b in batches for k in b["__key__"]]
 
 
 def same(a: list[Any], b: list[Any]) -> None:
@@ -204,5 +210,38 @@ def test_a_stuck_feeder_is_replaced(dataset: Path, tmp_path: Path) -> None:
     try:
         same(list(s), local(dataset))
         assert (tmp_path / "hung").exists() and s.feeder_deaths == 1
+    finally:
+        s.close()
+
+
+def test_a_trainer_killed_resumes_exactly(ray_cluster: Any, dataset: Path, tmp_path: Path) -> None:
+    """SIGKILL of the training process mid-epoch (its feeders die with it); the checkpoint it last wrote
+    resumes with new feeders: every sample trained on exactly once, in the local loader's order."""
+    checkpoint = tmp_path / "ckpt.pt"
+    address = ray_cluster.get_runtime_context().gcs_address
+    cmd = [sys.executable, os.fspath(HERE / "serve_trainer.py"), os.fspath(dataset), address]
+    cmd.append(os.fspath(checkpoint))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONWARNINGS", "RAY_ADDRESS"))}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if checkpoint.exists() and len(torch.load(checkpoint)["seen"]) >= 3 * BATCH:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"the trainer ended by itself:\n{err.decode(errors='replace')}"
+    saved = torch.load(checkpoint)
+    expected = keys(local(dataset))
+    assert BATCH * 3 <= len(saved["seen"]) < len(expected)
+    s = served(dataset)
+    try:
+        s.load_state_dict(saved["data"])
+        assert saved["seen"] + keys(list(s)) == expected
     finally:
         s.close()
