@@ -47,6 +47,7 @@ __all__ = [
     "pack",
     "pack_tokens",
     "s3_stats",
+    "serve",
     "to_ray",
     "verify",
 ]
@@ -74,6 +75,10 @@ def __getattr__(name: str) -> object:
         from fastload.train import packed
 
         return packed.PackedSequences
+    if name == "serve":
+        from fastload.train import serve
+
+        return serve.serve
     if name in ("loader", "Loader", "LoaderStats", "DevicePrefetcher"):
         from fastload.train import feed
 

@@ -14,5 +14,6 @@ mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which 
 out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``), what a
 ``fastload cp`` copies or skips (``syncplan``), web store URLs (``weburls``: brace patterns, ``hf://``
 to the Hub's routes), a growing dataset's versions and appended shard names (``versions``), stable
-digests of functions and input values (``fingerprint``, for ``optimize``'s resume check) and loader
-telemetry: counters, latency sketches and straggler causes (``telemetry``)."""
+digests of functions and input values (``fingerprint``, for ``optimize``'s resume check), loader
+telemetry: counters, latency sketches and straggler causes (``telemetry``), and the ledger of
+``fastload.serve``'s remote feeders (``serveplan``)."""

@@ -380,6 +380,18 @@ class ShardDataset(PositionMethods, TelemetryMethods, torch.utils.data.IterableD
         self._plan_cache = (key, plan)
         return plan
 
+    def span_of(self, epoch: int) -> int:
+        """How many shards ``epoch`` reads: all, or after a restore over an older version its first ones."""
+        return self._span(epoch)
+
+    def refs_of(
+        self, first: int, stop: int, *, epoch: int, resumed: tuple[int, int] | None, span: int
+    ) -> list[tuple[int, int]]:
+        """The ``(shard, row)`` references of positions ``[first, stop)`` of this rank's order for ``epoch``
+        (resumed from a world-size change as ``resumed`` says, over the first ``span`` shards), from those
+        arguments alone, not the shared position: what a feeder of ``fastload.serve`` reads for a batch."""
+        return self.pairs_of(self._plan(epoch, resumed, span).samples[first:stop].arrays())
+
     def epoch_report(self, epoch: int | None = None) -> dict[str, Any]:
         """Which samples the even policy dropped or repeated this epoch, as (shard name, key) pairs,
         ``skipped_on_error`` (how many samples ``on_error="skip"`` left out this epoch) and
