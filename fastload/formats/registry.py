@@ -4,7 +4,12 @@ suffixes itself. The lookups run once per shard or per dataset, never per sample
 
 A format is one object implementing :class:`ShardFormat`; the built-in ones (tar, Parquet, TFRecord) are
 registered when :mod:`fastload.formats` is imported, and :func:`register` adds another (a test's toy format,
-a user's own container).
+a user's own container). A format subclasses :class:`ShardFormat` to inherit the defaults of its optional
+members (capabilities off, no per-shard payload).
+
+Each format owns its per-shard fields beyond core's (``docs/INDEX-FORMAT.md``, "Index format note"): core
+keeps them as stored (:attr:`ShardEntry.extra`, :attr:`ShardEntry.table_extra`) and :func:`read_payload`
+has the format read and check them into its :attr:`ShardEntry.payload`, once per full entry.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from fastload.errors import ConfigError, VerifyError
 
 if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
-    from fastload.core.index import DatasetIndex, ShardEntry
+    from fastload.core.index import DatasetIndex, ShardEntry, ShardPayload
     from fastload.core.keys import Sample
     from fastload.formats.shard import ShardResult
     from fastload.storage.cache import ShardCache
@@ -42,7 +47,9 @@ class SampleSource(Protocol):
 
 @runtime_checkable
 class ShardFormat(Protocol):
-    """What a shard format implements. ``suffixes[0]`` is the one ``fastload pack`` names shards with."""
+    """What a shard format implements. ``suffixes[0]`` is the one ``fastload pack`` names shards with.
+    The members with a value or a body here are optional: a format that subclasses this class inherits them
+    (a format that does not must define them all)."""
 
     name: str  # as in index.json and --format: "tar"
     label: str  # as messages say it: "TFRecord"
@@ -50,6 +57,34 @@ class ShardFormat(Protocol):
     pack_options: tuple[str, ...]  # PackConfig fields that change this format's bytes (beyond the common)
     foreign: bool  # files written by other tools can be indexed (table) and linted without an index
     projects_columns: bool  # its read path reads only the fields asked for (ShardDataset(columns=...))
+    # its datasets are read by other tools listing the folder (Parquet): fastload's files go in _fastload/
+    read_as_folder: bool = False
+    # its SampleSource has select(filter, partition): the rows a filter keeps (filters on non-partition
+    # columns need it)
+    selects_rows: bool = False
+    # its SampleSource.load takes any positions in any order: a shard that fits in one read task is planned
+    # without its sample table (core.readplan.iter_reads(whole=)), and whole_entry may complete it
+    any_positions: bool = False
+    # table(..., key_column=) can take keys from a column of the files (Parquet)
+    keys_from_column: bool = False
+
+    def read_payload(self, entry: ShardEntry) -> ShardPayload | None:
+        """This format's per-shard data of ``entry`` as stored (:attr:`ShardEntry.extra`, the keys of its
+        ``index.json`` object beyond core's; :attr:`ShardEntry.table_extra`, its part of the sample table
+        when attached), read and checked: raise :class:`ValueError` saying what is wrong. None: nothing
+        stored (the default: a format without per-shard data of its own)."""
+        return None
+
+    def whole_entry(self, entry: ShardEntry, data: bytes) -> ShardEntry | None:
+        """``entry`` (detached) completed from its whole shard's bytes ``data`` (checked against its size
+        and CRC32C by the caller), so a read of a whole shard needs no table; None: it cannot be (the
+        default). Called only for formats with :attr:`any_positions`."""
+        return None
+
+    def column_stats(self, entry: ShardEntry) -> dict[str, list[Any]]:
+        """``{column: [min, max, nulls]}`` of the whole shard, for filters to skip it unread (detached or
+        attached); ``{}`` when unknown (the default)."""
+        return {}
 
     def matches(self, name: str) -> bool:
         """Whether a file name is one of this format's shards."""
@@ -80,10 +115,16 @@ class ShardFormat(Protocol):
         ...
 
     def table(
-        self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+        self,
+        named: Sequence[tuple[str, str]],
+        *,
+        threads: int,
+        s3_config: S3Config | None,
+        key_column: str | None = None,
     ) -> tuple[DatasetIndex, list[Problem]]:
         """The index of foreign shards ``(url, name)`` (names relative to the index's folder), read once;
-        with problems the index is not to be used."""
+        with problems the index is not to be used. ``key_column``: only for formats with
+        :attr:`keys_from_column` (and passed only when given)."""
         ...
 
     def samples(
@@ -121,7 +162,10 @@ _FORMATS: dict[str, ShardFormat] = {}
 def register(fmt: ShardFormat, *, replace: bool = False) -> ShardFormat:
     """Add ``fmt`` to the registry (``replace``: over one of the same name); returns it."""
     if not isinstance(fmt, ShardFormat):
-        raise ConfigError(f"{fmt!r} does not implement fastload.formats.ShardFormat")
+        raise ConfigError(
+            f"{fmt!r} does not implement fastload.formats.ShardFormat (subclass it for the defaults of its "
+            "optional members)"
+        )
     if not fmt.name or not fmt.suffixes:
         raise ConfigError(f"format {fmt.name!r} needs a name and at least one suffix")
     if fmt.name in _FORMATS and not replace:
@@ -173,7 +217,7 @@ def sidecar_prefix(shard_format: str) -> str:
     beside the shards."""
     from fastload.core.index import SIDECAR_DIR
 
-    return f"{SIDECAR_DIR}/" if getattr(by_name(shard_format), "read_as_folder", False) else ""
+    return f"{SIDECAR_DIR}/" if by_name(shard_format).read_as_folder else ""
 
 
 def index_name(shard_format: str) -> str:
@@ -199,13 +243,42 @@ def check_index(index: DatasetIndex, *, where: str) -> ShardFormat:
     fmt = _FORMATS.get(index.shard_format)
     if fmt is None:
         raise IndexFormatError(f"{where}: unknown shard_format {index.shard_format!r}")
-    for shard in index.shards:
+    for i, shard in enumerate(index.shards):
         if shard.detached:  # a v2 manifest entry: checked when its sample table is attached
             continue
+        index.shards[i] = shard = read_payload(fmt, shard, where=where)
         problem = fmt.check_entry(shard)
         if problem is not None:
             raise IndexFormatError(f"{where}: {fmt.name} shard {shard.name} {problem}")
     return fmt
+
+
+def read_payload(fmt: ShardFormat, entry: ShardEntry, *, where: str) -> ShardEntry:
+    """``entry`` with its format's payload read from what is stored (:meth:`ShardFormat.read_payload`), and
+    what was stored dropped once read (the payload writes it again); as it is when it has a payload or
+    nothing stored. Raises :class:`~fastload.errors.IndexFormatError` naming ``where`` and the shard for
+    what the format refuses."""
+    import dataclasses
+
+    if entry.payload is not None or (not entry.extra and entry.table_extra is None):
+        return entry
+    return _with_payload(fmt, dataclasses.replace(entry), where=where)
+
+
+def _with_payload(fmt: ShardFormat, entry: ShardEntry, *, where: str) -> ShardEntry:
+    """``entry`` (one this module made or copied) given its payload in place (see :func:`read_payload`)."""
+    from fastload.core.index import NO_EXTRA
+    from fastload.errors import IndexFormatError
+
+    try:
+        payload = fmt.read_payload(entry)
+    except ValueError as exc:
+        raise IndexFormatError(
+            f"{where}: {fmt.name} shard {entry.name}: {exc}; re-run `fastload index --upgrade`"
+        ) from None
+    if payload is not None:
+        entry.payload, entry.extra, entry.table_extra = payload, NO_EXTRA, None
+    return entry
 
 
 def load_index(
@@ -265,14 +338,15 @@ def full_entry(
     cache: ShardCache | None = None,
 ) -> ShardEntry:
     """``entry`` with its per-sample columns (a v2 manifest entry: its sample table fetched and checked
-    by the format, :meth:`ShardFormat.check_entry`); an attached entry as it is."""
+    by the format, :meth:`ShardFormat.check_entry`) and its format's payload read (:func:`read_payload`);
+    an attached entry with its payload read."""
     from fastload.errors import IndexFormatError
     from fastload.storage.tables import fetch_table
 
-    if not entry.detached:
-        return entry
-    full = fetch_table(root, entry, s3_config=s3_config, cache=cache)
     fmt = by_name(entry.format or shard_format)
+    if not entry.detached:
+        return read_payload(fmt, entry, where=root)
+    full = _with_payload(fmt, fetch_table(root, entry, s3_config=s3_config, cache=cache), where=root)
     problem = fmt.check_entry(full)
     if problem is not None:
         raise IndexFormatError(f"{root}: {fmt.name} shard {entry.name} {problem}; re-run `fastload index`")
@@ -321,8 +395,8 @@ def index_files(
     named = list(zip(urls, names, strict=True))
     if key_column is None:
         index, problems = fmt.table(named, threads=threads, s3_config=s3_config)
-    elif fmt.name == "parquet":
-        index, problems = fmt.table(named, threads=threads, s3_config=s3_config, key_column=key_column)  # type: ignore[call-arg]
+    elif fmt.keys_from_column:
+        index, problems = fmt.table(named, threads=threads, s3_config=s3_config, key_column=key_column)
     else:
         raise ConfigError(f"key_column={key_column!r} names a Parquet column; these are {fmt.label} files")
     if problems:

@@ -70,7 +70,7 @@ class ToySamples:
         return lambda: out
 
 
-class ToyFormat:
+class ToyFormat(formats.ShardFormat):  # (the defaults of the optional members)
     name = "toy"
     label = "toy"
     suffixes: tuple[str, ...] = (".toy",)
