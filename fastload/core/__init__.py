@@ -9,6 +9,7 @@ epoch, rank and worker (``sharding``; a rank's order as spans: ``refs``; the bou
 with units (``units``), random access arithmetic (``randomaccess``) and a bounded LRU (``lru``).
 
 Also: row filters in pyarrow's DNF (``filters``), kept rows as runs (``selection``), the byte ranges of a
-projected read (``projection``), sample tables (``table``), a
+projected read (``projection``), sample tables (``table``), a format's per-shard data as core carries it
+(``payload``), a
 mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which listed paths a pack leaves
 out (``pathrules``), SigV4 headers (``sigv4``) and GPU utilisation readings (``gpuutil``)."""

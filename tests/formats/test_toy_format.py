@@ -24,8 +24,9 @@ from crc32c import crc32c
 import fastload
 from fastload import cli, formats
 from fastload.config import PackConfig, S3Config
-from fastload.core.index import DatasetIndex, ShardEntry, ShardPayload
+from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.keys import Sample
+from fastload.core.payload import ShardPayload
 from fastload.errors import IndexFormatError, VerifyError
 from fastload.formats.shard import ShardOutput, ShardResult, write_shard
 from fastload.storage.inputs import Input, Member, read_exactly, read_problem

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from fastload.core.index import ShardEntry, ShardPayload
+from fastload.core.index import ShardEntry
+from fastload.core.payload import ShardPayload
 
 
 @dataclass(frozen=True)

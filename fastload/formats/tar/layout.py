@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from fastload.core.index import ShardEntry, ShardPayload
+from fastload.core.index import ShardEntry
+from fastload.core.payload import ShardPayload
 from fastload.formats.tar.header import BLOCK
 
 
