@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
@@ -47,7 +46,9 @@ class TableExtra:
     arrays: dict[str, np.ndarray]  # core's columns as decoded (``sizes``), for the format's column checks
 
 
-NO_EXTRA: Mapping[str, Any] = MappingProxyType({})
+# the one empty ``extra`` entries share (a Mapping: read-only to typed code; a dict, so entries pickle into
+# DataLoader workers)
+NO_EXTRA: Mapping[str, Any] = {}
 # what core reads of a shard's object in index.json (v2, v1); its other keys are the format's
 V2_KEYS = frozenset({"name", "format", "bytes", "samples", "checksum", "partition", "table"})
 V1_KEYS = frozenset(
