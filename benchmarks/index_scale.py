@@ -106,6 +106,7 @@ def make_real(folder: Path, shards: int = 20, per: int = 50_000) -> tuple[Path, 
 def make_synthetic(folder: Path, samples: int, *, version: int) -> Path:
     """A manifest of ``samples`` samples in shards of PER_SHARD, no shard files (made once)."""
     from fastload.core.index import DatasetIndex, ShardEntry, TableRef
+    from fastload.formats.tar.layout import TarLayout
 
     root = folder / f"synthetic-v{version}-{samples}"
     if (root / "index.json").exists():
@@ -132,7 +133,7 @@ def make_synthetic(folder: Path, samples: int, *, version: int) -> Path:
                 offsets = [1024 * i for i in range(PER_SHARD)]
                 entry = ShardEntry(name, shard_bytes, "00000000", keys=keys, offsets=offsets)
                 entry.sizes = [512 + 512] * PER_SHARD
-                entry.member_fields, entry.member_sizes = ["cls"], [[1]] * PER_SHARD
+                entry.payload = TarLayout(["cls"], [[1]] * PER_SHARD)
                 item = entry.to_dict()
             f.write(("," if s else "") + json.dumps(item, separators=(",", ":")))
         f.write("]}")

@@ -9,7 +9,8 @@ epoch, rank and worker (``sharding``; a rank's order as spans: ``refs``; the bou
 with units (``units``), random access arithmetic (``randomaccess``) and a bounded LRU (``lru``).
 
 Also: row filters in pyarrow's DNF (``filters``), kept rows as runs (``selection``), the byte ranges of a
-projected read (``projection``), a tar shard's member layout (``layout``), sample tables (``table``), a
+projected read (``projection``), sample tables (``table``), a format's per-shard data as core carries it
+(``payload``), a
 mixture's schedule (``mix``), packed blocks across ranks (``packranks``), which listed paths a pack leaves
 out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuutil``), what a
 ``fastload cp`` copies or skips (``syncplan``), web store URLs (``weburls``: brace patterns, ``hf://``

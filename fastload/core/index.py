@@ -8,10 +8,13 @@ Version 2 (written by this fastload) lists shards only, so it grows with shards,
      "options": {...}, "skipped": [{"path", "reason"}],
      "versions": [{"version", "created", "shards", "samples", "bytes", "added", "fingerprint", "layout"}],
      "shards": [{"name", "format", "bytes", "samples", "checksum", "partition",
-                 "fields": [...],                                    # tar member layout order, if uniform
+                 ...,                                                # the format's keys (tar: "fields")
                  "table": {"name", "bytes", "checksum", "content"}}]} # the shard's sample table (sidecar)
 
-Each shard's per-sample columns (offsets, sizes, tar samples' CRC32C, member sizes, Parquet row groups, keys)
+Core knows what every format's shards have; a shard format's own fields (tar's member layout, Parquet's
+footer and stats) are kept here as stored (:attr:`ShardEntry.extra`, :attr:`ShardEntry.table_extra`) and
+read by the format into :attr:`ShardEntry.payload` (:class:`ShardPayload`), which writes them back.
+Each shard's per-sample columns (offsets, sizes, tar samples' CRC32C, sample groups, keys, and the format's)
 live in its sample table (:mod:`fastload.core.table`), a sidecar the process reading the shard fetches with
 one read. A manifest entry without them is *detached*; :func:`attach` makes the full entry the read path
 uses. ``docs/INDEX-FORMAT.md``: both parts byte by byte, why each field is there, upgrading v1.
@@ -22,7 +25,7 @@ Version 1 (still read) listed every sample in the manifest::
                  "keys": [...],
                  "offsets": [...], "sizes": [...],          # tar/tfrecord: sample i: [offsets[i], +sizes[i])
                  "row_groups": [[offset, size, rows], ...]  # parquet: one entry per row group
-                 "member_fields", "member_sizes"}]           # tar member layout
+                 ...}]                                       # the format's keys (tar: "member_fields", ...)
 
 ``checksum`` is CRC32C (Castagnoli, as S3's ``x-amz-checksum-crc32c``) of the whole shard file, as 8 hex
 digits. A tar sample's byte range covers its members' headers and padded data, so one ranged read of
@@ -35,11 +38,11 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastload.core.layout import layout_problem, layout_problem_arrays
+from fastload.core.payload import NO_EXTRA, V1_KEYS, V2_KEYS, ShardPayload, TableExtra
 from fastload.core.table import SampleTable
 from fastload.core.versions import Version, parse_versions
 from fastload.errors import IndexFormatError
@@ -79,8 +82,10 @@ class TableRef:
 @dataclass
 class ShardEntry:
     """What the index knows about one shard: always its name, size, checksum and sample count; the
-    per-sample columns (``keys``, ``offsets``, ``sizes``, ``crcs``, ``member_sizes``, ``row_groups``) only
-    when attached (a v1 manifest, an in-memory index, or :func:`attach` of its sample table)."""
+    per-sample columns (``keys``, ``offsets``, ``sizes``, ``crcs``, ``row_groups``) only when attached (a v1
+    manifest, an in-memory index, or :func:`attach` of its sample table). What only its format knows is
+    the format's: ``payload`` once the format has read it (:meth:`fastload.formats.ShardFormat.read_payload`
+    makes it from ``extra`` and ``table_extra``, as stored), or as a writer made it."""
 
     name: str
     bytes: int
@@ -88,16 +93,17 @@ class ShardEntry:
     keys: Sequence[str]
     offsets: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+    # groups of samples stored together and read as one range (Parquet's row groups): (offset, size, rows)
     row_groups: list[tuple[int, int, int]] = field(default_factory=list)
     partition: str | None = None
-    member_fields: list[str] = field(default_factory=list)
-    member_sizes: list[list[int]] = field(default_factory=list)
     crcs: list[int] = field(default_factory=list)  # CRC32C of each sample's bytes (tar/TFRecord ranges)
     count: int | None = None  # the sample count of a detached entry (per-sample columns not loaded)
     table: TableRef | None = None  # where the sample table lives (index v2)
     format: str | None = None  # the shard's format, as the v2 manifest records it
-    footer: builtins.bytes = b""  # Parquet: the file's footer (FileMetaData), if its sample table has it
-    stats: dict[str, list[Any]] = field(default_factory=dict)  # column -> [min, max, nulls] (JSON values)
+    payload: ShardPayload | None = None  # the format's own per-shard data, read (or made by its writer)
+    # the format's keys in this shard's index.json object, as read
+    extra: Mapping[str, Any] = field(default_factory=lambda: NO_EXTRA)
+    table_extra: TableExtra | None = None  # the format's part of the sample table, as read (attached)
 
     @property
     def samples(self) -> int:
@@ -109,20 +115,34 @@ class ShardEntry:
         return self.count is not None
 
     def sample_table(self) -> SampleTable:
-        """The per-sample columns of an attached entry, as a table (what :func:`detach` stores)."""
+        """The per-sample columns of an attached entry, as a table (what :func:`detach` stores), with its
+        format's header keys and columns (from its payload, else as read)."""
         if self.detached:
             raise ValueError(f"shard {self.name}: its sample table is not loaded")
+        if self.payload is not None:
+            header, columns = self.payload.table()
+        elif self.table_extra is not None:
+            header, columns = self.table_extra.header, self.table_extra.columns
+        else:
+            header, columns = {}, {}
         return SampleTable(
             samples=self.samples,
             keys=self.keys,
             offsets=list(self.offsets),
             sizes=list(self.sizes),
             crcs=list(self.crcs),
-            member_fields=list(self.member_fields) if self.member_sizes else [],
-            member_sizes=self.member_sizes,
             row_groups=list(self.row_groups),
-            footer=self.footer,
+            header=header,
+            columns=columns,
         )
+
+    def format_fields(self, *, listed: bool) -> dict[str, Any]:
+        """The format's keys of this shard's ``index.json`` object: its payload's, else as read."""
+        if self.payload is not None:
+            return self.payload.manifest(listed=listed)
+        if listed:
+            return {k: v for k, v in self.extra.items() if k not in V1_KEYS}
+        return {k: v for k, v in self.extra.items() if k not in V2_KEYS}
 
     def manifest_dict(self) -> dict[str, Any]:
         """This shard's entry in a v2 ``index.json`` (needs :attr:`table`)."""
@@ -135,14 +155,13 @@ class ShardEntry:
             "samples": self.samples,
             "checksum": self.checksum,
             "partition": self.partition,
-            "fields": list(self.member_fields),
+            **self.format_fields(listed=False),
             "table": self.table.to_dict(),
-            **({"stats": self.stats} if self.stats else {}),
         }
 
     @classmethod
     def from_manifest(cls, raw: dict[str, Any]) -> ShardEntry:
-        """A detached entry from a v2 ``index.json`` shard object."""
+        """A detached entry from a v2 ``index.json`` shard object (the format's keys kept as read)."""
         for field_name in ("bytes", "samples"):
             if type(raw[field_name]) is not int or raw[field_name] < 0:
                 raise ValueError(f"shard {raw.get('name')!r}: {field_name!r} must be an integer >= 0")
@@ -151,13 +170,13 @@ class ShardEntry:
         table = raw["table"]
         if not isinstance(table, dict) or type(table.get("bytes")) is not int:
             raise ValueError(f"shard {raw.get('name')!r}: 'table' must be an object: name, bytes, checksum")
+        extra = {k: v for k, v in raw.items() if k not in V2_KEYS}
         return cls(
             name=str(raw["name"]),
             bytes=int(raw["bytes"]),
             checksum=str(raw["checksum"]),
             keys=[],
             partition=raw.get("partition"),
-            member_fields=[str(f) for f in raw.get("fields", [])],
             count=int(raw["samples"]),
             table=TableRef(
                 str(table["name"]),
@@ -166,7 +185,7 @@ class ShardEntry:
                 None if table.get("content") is None else str(table["content"]),
             ),
             format=None if raw.get("format") is None else str(raw["format"]),
-            stats=_stats(raw),
+            extra=extra or NO_EXTRA,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,15 +202,14 @@ class ShardEntry:
             out["sizes"] = self.sizes
         if self.row_groups:
             out["row_groups"] = [list(rg) for rg in self.row_groups]
-        if self.member_fields:
-            out["member_fields"] = self.member_fields
-            out["member_sizes"] = self.member_sizes
+        out.update(self.format_fields(listed=True))
         if self.crcs:
             out["crcs"] = self.crcs
         return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ShardEntry:
+        """An attached entry from a v1 ``index.json`` shard object (the format's keys kept as read)."""
         if not isinstance(raw["keys"], list) or not all(isinstance(k, str) for k in raw["keys"]):
             raise ValueError(f"shard {raw.get('name')!r}: 'keys' must be a list of strings")
         for field_name in ("bytes", "samples"):
@@ -199,6 +217,7 @@ class ShardEntry:
                 raise ValueError(f"shard {raw.get('name')!r}: {field_name!r} must be an integer")
         if raw.get("partition") is not None and not isinstance(raw["partition"], str):
             raise ValueError(f"shard {raw.get('name')!r}: 'partition' must be a string or null")
+        extra = {k: v for k, v in raw.items() if k not in V1_KEYS}
         entry = cls(
             name=str(raw["name"]),
             bytes=int(raw["bytes"]),
@@ -208,9 +227,8 @@ class ShardEntry:
             sizes=[int(x) for x in raw.get("sizes", [])],
             row_groups=[(int(a), int(b), int(c)) for a, b, c in raw.get("row_groups", [])],
             partition=raw.get("partition"),
-            member_fields=[str(f) for f in raw.get("member_fields", [])],
-            member_sizes=[[int(x) for x in m] for m in raw.get("member_sizes", [])],
             crcs=[int(x) for x in raw.get("crcs", [])],
+            extra=extra or NO_EXTRA,
         )
         if entry.crcs and len(entry.crcs) != entry.samples:
             raise ValueError(f"shard {entry.name}: crcs do not have one entry per sample")
@@ -220,37 +238,19 @@ class ShardEntry:
             raise ValueError(f"shard {entry.name}: offsets/sizes do not have one entry per sample")
         if entry.row_groups and sum(rg[2] for rg in entry.row_groups) != entry.samples:
             raise ValueError(f"shard {entry.name}: row group rows do not add up to the sample count")
-        if entry.member_fields or entry.member_sizes:
-            problem = layout_problem(entry)
-            if problem:
-                raise ValueError(f"shard {entry.name}: member layout: {problem}")
         return entry
 
 
-def _stats(raw: dict[str, Any]) -> dict[str, list[Any]]:
-    """A v2 shard object's ``stats`` (``{column: [min, max, nulls]}``), checked; absent: ``{}``."""
-    stats = raw.get("stats", {})
-    if not isinstance(stats, dict) or not all(
-        isinstance(v, list) and len(v) == 3 and type(v[2]) is int for v in stats.values()
-    ):
-        raise ValueError(f"shard {raw.get('name')!r}: 'stats' must map columns to [min, max, nulls]")
-    return stats
-
-
 def attach(entry: ShardEntry, table: SampleTable, *, where: str) -> ShardEntry:
-    """The full entry: ``entry`` (detached, from a v2 manifest) with its sample table's columns; raises
+    """The full entry: ``entry`` (detached, from a v2 manifest) with its sample table's columns, and the
+    table's format part kept for the format to read (:class:`TableExtra`); raises
     :class:`IndexFormatError` naming ``where`` when the table does not describe the shard."""
     if table.samples != entry.samples:
         raise IndexFormatError(
             f"{where}: the sample table has {table.samples} samples, index.json says {entry.samples} for "
             f"shard {entry.name}; re-run `fastload index --upgrade` (or re-pack)"
         )
-    if table.member_sizes and table.member_fields != entry.member_fields:
-        raise IndexFormatError(
-            f"{where}: the sample table's fields {table.member_fields} differ from index.json's "
-            f"{entry.member_fields} for shard {entry.name}; re-run `fastload index --upgrade`"
-        )
-    full = ShardEntry(
+    return ShardEntry(
         name=entry.name,
         bytes=entry.bytes,
         checksum=entry.checksum,
@@ -259,34 +259,29 @@ def attach(entry: ShardEntry, table: SampleTable, *, where: str) -> ShardEntry:
         sizes=table.sizes,
         row_groups=table.row_groups,
         partition=entry.partition,
-        member_fields=list(table.member_fields) if table.member_sizes else [],
-        member_sizes=table.member_sizes,
         crcs=table.crcs,
         table=entry.table,
         format=entry.format,
-        footer=table.footer,
-        stats=entry.stats,
+        extra=entry.extra,
+        table_extra=TableExtra(table.header, table.columns, table.arrays)
+        if table.header or table.columns
+        else None,
     )
-    if full.member_sizes:
-        problem = layout_problem_arrays(table) if "member_sizes" in table.arrays else layout_problem(full)
-        if problem:
-            raise IndexFormatError(f"{where}: shard {entry.name}: member layout: {problem}")
-    return full
 
 
 def detach(entry: ShardEntry, table: TableRef, *, shard_format: str) -> ShardEntry:
-    """The manifest-only (v2) form of an attached entry, once its table was written as ``table``."""
+    """The manifest-only (v2) form of an attached entry, once its table was written as ``table`` (the
+    format's keys of the manifest kept, as its payload gives them)."""
     return ShardEntry(
         name=entry.name,
         bytes=entry.bytes,
         checksum=entry.checksum,
         keys=[],
         partition=entry.partition,
-        member_fields=list(entry.member_fields) if entry.member_sizes else [],
         count=entry.samples,
         table=table,
         format=shard_format,
-        stats=entry.stats,
+        extra=entry.format_fields(listed=False) or NO_EXTRA,
     )
 
 

@@ -1,7 +1,8 @@
 """Per-shard sample tables: what index v2 keeps out of ``index.json``, in a compact binary, columnar form.
 
-A table holds, for one shard, each sample's byte offset and size, the CRC32C of its bytes, the member layout
-(tar) or row groups (Parquet), and the keys; one table per shard, in a sidecar object next to the shard
+A table holds, for one shard, each sample's byte offset and size, the CRC32C of its bytes, its sample
+groups (Parquet's row groups), the keys, and the shard format's own columns (tar's member layout, Parquet's
+footer: core carries them, the format reads them); one table per shard, in a sidecar object next to the shard
 (``<shard>.fltable``), fetched with one ranged read by the process that reads that shard and freed when the
 shard is done. ``index.json`` v2 lists shards only (:mod:`fastload.core.index`), so the manifest grows with
 shards, not samples.
@@ -10,14 +11,16 @@ Layout (little-endian; ``docs/INDEX-FORMAT.md`` says why each field is there)::
 
     b"FLST" | u32 version (1) | u32 header length H | H bytes of JSON header | columns ... | u32 CRC32C
 
-The JSON header: ``{"samples": n, "fields": [...], "columns": {name: [dtype, shape, at, nbytes]}}`` where
-``at`` counts from the first byte after the header and each column starts 8-byte aligned. Columns:
-``offsets`` and ``sizes`` (u64, tar/TFRecord: sample i is ``[offsets[i], +sizes[i])``), ``crcs`` (u32,
-CRC32C of those bytes), ``member_sizes`` (u64, n x len(fields): tar member data sizes in ``fields`` order),
-``row_groups`` (u64, g x 3: Parquet ``offset, size, rows``), ``footer`` (u8: a Parquet shard's footer,
-its Thrift ``FileMetaData``, so a projected read knows each column chunk's bytes), ``key_ends`` (u64) and
-``key_blob`` (u8: the keys, UTF-8, concatenated). The trailing CRC32C covers every byte before it (the
-``crc`` argument computes it: this module does no I/O and imports no CRC library).
+The JSON header: ``{"samples": n, <the format's keys>, "columns": {name: [dtype, shape, at, nbytes]}}``
+where ``at`` counts from the first byte after the header and each column starts 8-byte aligned. Core's
+columns: ``offsets`` and ``sizes`` (u64, tar/TFRecord: sample i is ``[offsets[i], +sizes[i])``), ``crcs``
+(u32, CRC32C of those bytes), ``row_groups`` (u64, g x 3: ``offset, size, rows`` of each group of samples
+read as one range: Parquet's row groups), ``key_ends`` (u64) and ``key_blob`` (u8: the keys, UTF-8,
+concatenated). Any other header key or column is the shard format's (:attr:`SampleTable.header`,
+:attr:`SampleTable.columns`: tar's ``fields`` and ``member_sizes``, Parquet's ``footer``), written after
+core's groups and before the keys, read back as numpy arrays and handed to the format unparsed. The trailing
+CRC32C covers every byte before it (the ``crc`` argument computes it: this module does no I/O and imports no
+CRC library).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from fastload.errors import IndexFormatError
 MAGIC = b"FLST"
 VERSION = 1
 SUFFIX = ".fltable"  # the sidecar's name: the shard's name + SUFFIX
+
+CORE_COLUMNS = frozenset({"offsets", "sizes", "crcs", "row_groups", "key_ends", "key_blob"})
+CORE_HEADER = frozenset({"samples", "columns"})
 
 _PREFIX = struct.Struct("<4sII")
 _DTYPES: dict[str, np.dtype[Any]] = {"u8": np.dtype("<u8"), "u4": np.dtype("<u4"), "u1": np.dtype("u1")}
@@ -128,18 +134,18 @@ class Keys(Sequence[str]):
 
 @dataclass
 class SampleTable:
-    """One shard's per-sample columns (lists, ready for the read path's per-sample indexing)."""
+    """One shard's per-sample columns (lists, ready for the read path's per-sample indexing), and the shard
+    format's own header keys and columns, which core carries without reading them."""
 
     samples: int
     keys: Sequence[str]
     offsets: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     crcs: list[int] = field(default_factory=list)
-    member_fields: list[str] = field(default_factory=list)
-    member_sizes: list[list[int]] = field(default_factory=list)
     row_groups: list[tuple[int, int, int]] = field(default_factory=list)
-    footer: bytes = b""  # Parquet: the shard's footer (Thrift FileMetaData), for projected reads
-    # the columns as decoded (numpy), for whole-column checks without a Python loop per sample
+    header: dict[str, Any] = field(default_factory=dict)  # the format's header keys (JSON values)
+    columns: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # the format's columns
+    # core's columns as decoded (numpy), for a format's whole-column checks without a Python loop per sample
     arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -165,18 +171,17 @@ def encode_table(table: SampleTable, *, crc: Callable[[bytes], int]) -> bytes:
             if len(values) != width:
                 raise ValueError(f"{name} has {len(values)} entries for {n} samples")
             cols.append(_column(name, values, "u4" if name == "crcs" else "u8"))
-    if table.member_sizes:
-        width = len(table.member_fields)
-        if len(table.member_sizes) != n or any(len(r) != width for r in table.member_sizes):
-            raise ValueError("member_sizes needs one row of len(member_fields) sizes per sample")
-        cols.append(_column("member_sizes", table.member_sizes, "u8"))
     if table.row_groups:
         cols.append(_column("row_groups", [list(rg) for rg in table.row_groups], "u8"))
-    if table.footer:
-        cols.append(("footer", np.frombuffer(table.footer, dtype=np.uint8)))
+    for name, arr in table.columns.items():
+        if name in CORE_COLUMNS or arr.dtype.itemsize not in (1, 4, 8) or arr.dtype.kind != "u":
+            raise ValueError(f"format column {name!r}: a name core does not use, dtype u1, u4 or u8")
+        cols.append((name, arr.astype(arr.dtype.newbyteorder("<"), copy=False)))
     cols.append(("key_ends", ends.astype("<u8")))
     cols.append(("key_blob", np.frombuffer(b"".join(keys), dtype=np.uint8)))
-    meta: dict[str, Any] = {"samples": n, "fields": list(table.member_fields), "columns": {}}
+    if CORE_HEADER & table.header.keys():
+        raise ValueError(f"format header keys {sorted(table.header)} use core's names {sorted(CORE_HEADER)}")
+    meta: dict[str, Any] = {"samples": n, **table.header, "columns": {}}
     body = bytearray()
     for name, arr in cols:
         body.extend(b"\0" * (-len(body) % 8))
@@ -189,14 +194,6 @@ def encode_table(table: SampleTable, *, crc: Callable[[bytes], int]) -> bytes:
     out.extend(body)
     out.extend(struct.pack("<I", crc(bytes(out))))
     return bytes(out)
-
-
-def _rows(sizes: np.ndarray) -> list[Any]:
-    """The member sizes as one tuple per sample, made column-wise (tuples of ints leave the cyclic
-    collector's care at its next young collection; lists would reach its oldest generation)."""
-    if sizes.shape[1] == 0:
-        return [()] * len(sizes)
-    return list(zip(*(sizes[:, k].tolist() for k in range(sizes.shape[1])), strict=True))
 
 
 def decode_table(data: bytes, *, where: str, crc: Callable[[bytes], int] | None = None) -> SampleTable:
@@ -226,7 +223,7 @@ def decode_table(data: bytes, *, where: str, crc: Callable[[bytes], int] | None 
     try:
         meta = json.loads(bytes(view[_PREFIX.size : start]))
         n = int(meta["samples"])
-        fields = [str(f) for f in meta.get("fields", [])]
+        header = {k: v for k, v in meta.items() if k not in CORE_HEADER}
         arrays: dict[str, np.ndarray] = {}
         for name, (kind, shape, at, nbytes) in meta["columns"].items():
             a, b = start + int(at), start + int(at) + int(nbytes)
@@ -235,7 +232,7 @@ def decode_table(data: bytes, *, where: str, crc: Callable[[bytes], int] | None 
             arrays[name] = np.frombuffer(view[a:b], dtype=_DTYPES[kind]).reshape([int(s) for s in shape])
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
         raise bad(repr(exc)) from None
-    for name in ("offsets", "sizes", "crcs", "member_sizes", "key_ends"):
+    for name in ("offsets", "sizes", "crcs", "key_ends"):
         if name in arrays and len(arrays[name]) != n:
             raise bad(f"column {name} has {len(arrays[name])} rows for {n} samples")
     if "key_ends" not in arrays or "key_blob" not in arrays:
@@ -246,20 +243,16 @@ def decode_table(data: bytes, *, where: str, crc: Callable[[bytes], int] | None 
         int(key_ends[-1]) != len(blob) or bool(np.any(np.diff(key_ends.astype(np.int64)) < 0))
     ):
         raise bad("key ends do not fit the key blob")
-    sizes = arrays.get("member_sizes")
-    if sizes is not None and (sizes.ndim != 2 or sizes.shape[1] != len(fields)):
-        raise bad("member_sizes rows do not match fields")
     table = SampleTable(
         samples=n,
         keys=Keys(blob, key_ends.tolist()),
         offsets=arrays["offsets"].tolist() if "offsets" in arrays else [],
         sizes=arrays["sizes"].tolist() if "sizes" in arrays else [],
         crcs=arrays["crcs"].tolist() if "crcs" in arrays else [],
-        member_fields=fields,
-        member_sizes=_rows(sizes) if sizes is not None else [],
         row_groups=[(a, b, c) for a, b, c in arrays["row_groups"].tolist()] if "row_groups" in arrays else [],
-        footer=arrays["footer"].tobytes() if "footer" in arrays else b"",
-        arrays={k: v for k, v in arrays.items() if k in ("sizes", "member_sizes")},
+        header=header,
+        columns={k: v for k, v in arrays.items() if k not in CORE_COLUMNS},
+        arrays={k: v for k, v in arrays.items() if k == "sizes"},
     )
     if table.row_groups and sum(rg[2] for rg in table.row_groups) != n:
         raise bad("row group rows do not add up to the sample count")

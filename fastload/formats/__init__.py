@@ -3,27 +3,31 @@ implementing :class:`ShardFormat`, chosen through the registry (:func:`by_name`,
 
 May import ``core``, ``storage``, the base modules and the C module ``fastload._native``.
 
-Modules: the protocol and registry (``registry``), the shard kit every format shares (``shard``: the
+Modules: the protocol and registry (``registry``), a dataset's index and full entries checked by their
+format (``entries``), the shard kit every format shares (``shard``: the
 write loop, its output, results, a checksumming reader), checks every format shares (``checks``), the
 optional C readers (``native``), and one package per format: ``tar``, ``parquet``, ``tfrecord``; no format
 package imports another's."""
 
+from fastload.formats.entries import (
+    attach_tables,
+    check_index,
+    dataset_root,
+    full_entry,
+    load_index,
+    read_payload,
+)
 from fastload.formats.parquet.format import PARQUET
 from fastload.formats.registry import (
     Problem,
     SampleSource,
     ShardFormat,
     all_formats,
-    attach_tables,
     by_name,
-    check_index,
-    dataset_root,
     for_path,
     foreign_format,
-    full_entry,
     index_files,
     index_name,
-    load_index,
     names,
     register,
     sidecar_prefix,
@@ -52,6 +56,7 @@ __all__ = [
     "index_name",
     "load_index",
     "names",
+    "read_payload",
     "register",
     "sidecar_prefix",
     "table_path",

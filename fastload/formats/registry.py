@@ -4,7 +4,14 @@ suffixes itself. The lookups run once per shard or per dataset, never per sample
 
 A format is one object implementing :class:`ShardFormat`; the built-in ones (tar, Parquet, TFRecord) are
 registered when :mod:`fastload.formats` is imported, and :func:`register` adds another (a test's toy format,
-a user's own container).
+a user's own container). A format subclasses :class:`ShardFormat` to inherit the defaults of its optional
+members (capabilities off, no per-shard payload).
+
+Each format owns its per-shard fields beyond core's (``docs/INDEX-FORMAT.md``, "Index format note"): core
+keeps them as stored (:attr:`ShardEntry.extra`, :attr:`ShardEntry.table_extra`) and
+:func:`fastload.formats.entries.read_payload` has the format read and check them into its
+:attr:`ShardEntry.payload`, once per full entry. A dataset's index checked and its full entries made by
+their format: :mod:`fastload.formats.entries`.
 """
 
 from __future__ import annotations
@@ -19,8 +26,8 @@ if TYPE_CHECKING:
     from fastload.config import PackConfig, S3Config
     from fastload.core.index import DatasetIndex, ShardEntry
     from fastload.core.keys import Sample
+    from fastload.core.payload import ShardPayload
     from fastload.formats.shard import ShardResult
-    from fastload.storage.cache import ShardCache
     from fastload.storage.inputs import Input
 
 RawSample = dict[str, Any]
@@ -42,7 +49,9 @@ class SampleSource(Protocol):
 
 @runtime_checkable
 class ShardFormat(Protocol):
-    """What a shard format implements. ``suffixes[0]`` is the one ``fastload pack`` names shards with."""
+    """What a shard format implements. ``suffixes[0]`` is the one ``fastload pack`` names shards with.
+    The members with a value or a body here are optional: a format that subclasses this class inherits them
+    (a format that does not must define them all)."""
 
     name: str  # as in index.json and --format: "tar"
     label: str  # as messages say it: "TFRecord"
@@ -50,6 +59,34 @@ class ShardFormat(Protocol):
     pack_options: tuple[str, ...]  # PackConfig fields that change this format's bytes (beyond the common)
     foreign: bool  # files written by other tools can be indexed (table) and linted without an index
     projects_columns: bool  # its read path reads only the fields asked for (ShardDataset(columns=...))
+    # its datasets are read by other tools listing the folder (Parquet): fastload's files go in _fastload/
+    read_as_folder: bool = False
+    # its SampleSource has select(filter, partition): the rows a filter keeps (filters on non-partition
+    # columns need it)
+    selects_rows: bool = False
+    # its SampleSource.load takes any positions in any order: a shard that fits in one read task is planned
+    # without its sample table (core.readplan.iter_reads(whole=)), and whole_entry may complete it
+    any_positions: bool = False
+    # table(..., key_column=) can take keys from a column of the files (Parquet)
+    keys_from_column: bool = False
+
+    def read_payload(self, entry: ShardEntry) -> ShardPayload | None:
+        """This format's per-shard data of ``entry`` as stored (:attr:`ShardEntry.extra`, the keys of its
+        ``index.json`` object beyond core's; :attr:`ShardEntry.table_extra`, its part of the sample table
+        when attached), read and checked: raise :class:`ValueError` saying what is wrong. None: nothing
+        stored (the default: a format without per-shard data of its own)."""
+        return None
+
+    def whole_entry(self, entry: ShardEntry, data: bytes) -> ShardEntry | None:
+        """``entry`` (detached) completed from its whole shard's bytes ``data`` (checked against its size
+        and CRC32C by the caller), so a read of a whole shard needs no table; None: it cannot be (the
+        default). Called only for formats with :attr:`any_positions`."""
+        return None
+
+    def column_stats(self, entry: ShardEntry) -> dict[str, list[Any]]:
+        """``{column: [min, max, nulls]}`` of the whole shard, for filters to skip it unread (detached or
+        attached); ``{}`` when unknown (the default)."""
+        return {}
 
     def matches(self, name: str) -> bool:
         """Whether a file name is one of this format's shards."""
@@ -80,10 +117,16 @@ class ShardFormat(Protocol):
         ...
 
     def table(
-        self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+        self,
+        named: Sequence[tuple[str, str]],
+        *,
+        threads: int,
+        s3_config: S3Config | None,
+        key_column: str | None = None,
     ) -> tuple[DatasetIndex, list[Problem]]:
         """The index of foreign shards ``(url, name)`` (names relative to the index's folder), read once;
-        with problems the index is not to be used."""
+        with problems the index is not to be used. ``key_column``: only for formats with
+        :attr:`keys_from_column` (and passed only when given)."""
         ...
 
     def samples(
@@ -121,7 +164,10 @@ _FORMATS: dict[str, ShardFormat] = {}
 def register(fmt: ShardFormat, *, replace: bool = False) -> ShardFormat:
     """Add ``fmt`` to the registry (``replace``: over one of the same name); returns it."""
     if not isinstance(fmt, ShardFormat):
-        raise ConfigError(f"{fmt!r} does not implement fastload.formats.ShardFormat")
+        raise ConfigError(
+            f"{fmt!r} does not implement fastload.formats.ShardFormat (subclass it for the defaults of its "
+            "optional members)"
+        )
     if not fmt.name or not fmt.suffixes:
         raise ConfigError(f"format {fmt.name!r} needs a name and at least one suffix")
     if fmt.name in _FORMATS and not replace:
@@ -173,7 +219,7 @@ def sidecar_prefix(shard_format: str) -> str:
     beside the shards."""
     from fastload.core.index import SIDECAR_DIR
 
-    return f"{SIDECAR_DIR}/" if getattr(by_name(shard_format), "read_as_folder", False) else ""
+    return f"{SIDECAR_DIR}/" if by_name(shard_format).read_as_folder else ""
 
 
 def index_name(shard_format: str) -> str:
@@ -189,94 +235,6 @@ def table_path(shard_name: str, shard_format: str) -> str:
     from fastload.core.table import table_name
 
     return sidecar_prefix(shard_format) + table_name(shard_name)
-
-
-def check_index(index: DatasetIndex, *, where: str) -> ShardFormat:
-    """The format of ``index``, after checking each shard entry describes a shard of it; raises
-    :class:`~fastload.errors.IndexFormatError` naming ``where`` and the shard."""
-    from fastload.errors import IndexFormatError
-
-    fmt = _FORMATS.get(index.shard_format)
-    if fmt is None:
-        raise IndexFormatError(f"{where}: unknown shard_format {index.shard_format!r}")
-    for shard in index.shards:
-        if shard.detached:  # a v2 manifest entry: checked when its sample table is attached
-            continue
-        problem = fmt.check_entry(shard)
-        if problem is not None:
-            raise IndexFormatError(f"{where}: {fmt.name} shard {shard.name} {problem}")
-    return fmt
-
-
-def load_index(
-    dataset: str | os.PathLike[str], *, s3_config: S3Config | None = None, tables: bool = False
-) -> DatasetIndex:
-    """A dataset's ``index.json`` (:func:`fastload.storage.manifest.load_index`), checked against its
-    format (:func:`check_index`). With ``tables``, every shard's sample table is attached too
-    (:func:`attach_tables`): for tools and tests that need the per-sample data of a whole dataset; the
-    read path attaches only the shards it reads (:func:`full_entry`)."""
-    from fastload.core.index import INDEX_NAME
-    from fastload.storage import access as storage
-    from fastload.storage.manifest import load_index as read_index
-
-    index = read_index(dataset, s3_config=s3_config)
-    url = storage.normalise(dataset)
-    check_index(index, where=url if url.endswith(".json") else storage.join(url, INDEX_NAME))
-    if tables:
-        index = attach_tables(dataset_root(url), index, s3_config=s3_config)
-    return index
-
-
-def dataset_root(dataset: str | os.PathLike[str]) -> str:
-    """The folder or prefix a dataset's shard names are relative to (given it, or its ``index.json``)."""
-    from fastload.storage import access as storage
-
-    url = storage.normalise(dataset)
-    if not url.endswith(".json"):
-        return url
-    return url.rsplit("/", 1)[0] if storage.is_remote(url) else os.path.dirname(url)
-
-
-def attach_tables(
-    root: str, index: DatasetIndex, *, s3_config: S3Config | None = None, threads: int = 16
-) -> DatasetIndex:
-    """``index`` with every shard attached (:func:`full_entry`: its sidecar fetched and checked, ``threads``
-    at a time); an index whose shards are attached already (v1, in memory) as it is."""
-    import dataclasses
-    from concurrent.futures import ThreadPoolExecutor
-
-    if not index.detached:
-        return index
-
-    def attach(entry: ShardEntry) -> ShardEntry:
-        return full_entry(root, entry, shard_format=index.shard_format, s3_config=s3_config)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(index.shards)))) as pool:
-        shards = list(pool.map(attach, index.shards))
-    return dataclasses.replace(index, shards=shards)
-
-
-def full_entry(
-    root: str,
-    entry: ShardEntry,
-    *,
-    shard_format: str,
-    s3_config: S3Config | None = None,
-    cache: ShardCache | None = None,
-) -> ShardEntry:
-    """``entry`` with its per-sample columns (a v2 manifest entry: its sample table fetched and checked
-    by the format, :meth:`ShardFormat.check_entry`); an attached entry as it is."""
-    from fastload.errors import IndexFormatError
-    from fastload.storage.tables import fetch_table
-
-    if not entry.detached:
-        return entry
-    full = fetch_table(root, entry, s3_config=s3_config, cache=cache)
-    fmt = by_name(entry.format or shard_format)
-    problem = fmt.check_entry(full)
-    if problem is not None:
-        raise IndexFormatError(f"{root}: {fmt.name} shard {entry.name} {problem}; re-run `fastload index`")
-    return full
 
 
 def index_files(
@@ -321,8 +279,8 @@ def index_files(
     named = list(zip(urls, names, strict=True))
     if key_column is None:
         index, problems = fmt.table(named, threads=threads, s3_config=s3_config)
-    elif fmt.name == "parquet":
-        index, problems = fmt.table(named, threads=threads, s3_config=s3_config, key_column=key_column)  # type: ignore[call-arg]
+    elif fmt.keys_from_column:
+        index, problems = fmt.table(named, threads=threads, s3_config=s3_config, key_column=key_column)
     else:
         raise ConfigError(f"key_column={key_column!r} names a Parquet column; these are {fmt.label} files")
     if problems:

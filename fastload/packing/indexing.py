@@ -129,12 +129,12 @@ def build_index(
     ((name, files),) = by_format.items()
     report = IndexReport(root)
     threads = workers or min(8, os.cpu_count() or 1)
-    if key_column is not None and name != "parquet":
+    if key_column is not None and not formats.by_name(name).keys_from_column:
         raise ConfigError(
             f"--key-column names a Parquet column; {root} holds {formats.by_name(name).label} files"
         )
     if key_column is not None:
-        index, report.problems = formats.by_name(name).table(  # type: ignore[call-arg]
+        index, report.problems = formats.by_name(name).table(
             files, threads=threads, s3_config=s3_config, key_column=key_column
         )
     else:

@@ -27,8 +27,9 @@ import crc32c
 
 from fastload import formats
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, SIDECAR_DIR, DatasetIndex, ShardEntry
-from fastload.errors import FastloadError, VerifyError
+from fastload.core.index import INDEX_NAME, SIDECAR_DIR, DatasetIndex, ShardEntry, attach
+from fastload.core.table import decode_table
+from fastload.errors import FastloadError, IndexFormatError, VerifyError
 from fastload.formats import index_name, sidecar_prefix, table_path
 from fastload.packing.dest import Destination, destination
 from fastload.storage import access as storage
@@ -164,28 +165,30 @@ def rebuilt_table(
         )
     named = [(url, entry.name)]
     key_column = index.options.get("key_column")
-    if fmt.name == "parquet" and isinstance(key_column, str):
-        built, problems = fmt.table(named, threads=1, s3_config=s3_config, key_column=key_column)  # type: ignore[call-arg]
+    if fmt.keys_from_column and isinstance(key_column, str):
+        built, problems = fmt.table(named, threads=1, s3_config=s3_config, key_column=key_column)
     else:
         built, problems = fmt.table(named, threads=1, s3_config=s3_config)
     if problems:
         raise problems[0]
     (full,) = built.shards
     checksum = full.checksum or _whole_crc(url, s3_config)
-    layout = list(full.member_fields) if full.member_sizes else []
-    if (full.bytes, checksum, full.samples, layout) != (
-        entry.bytes,
-        entry.checksum,
-        entry.samples,
-        entry.member_fields,
-    ):
+    changed = (
+        "the shard changed since it was packed, so its table cannot be rebuilt; copy the dataset again "
+        "whole, or re-pack"
+    )
+    if (full.bytes, checksum, full.samples) != (entry.bytes, entry.checksum, entry.samples):
         raise VerifyError(
             f"{full.bytes} bytes with CRC32C {checksum}, {full.samples} samples; index.json says "
-            f"{entry.bytes} bytes with {entry.checksum}, {entry.samples} samples: the shard changed since "
-            "it was packed, so its table cannot be rebuilt; copy the dataset again whole, or re-pack",
+            f"{entry.bytes} bytes with {entry.checksum}, {entry.samples} samples: {changed}",
             shard=entry.name,
         )
-    return table_bytes(dataclasses.replace(full, name=entry.name, partition=entry.partition))
+    data = table_bytes(dataclasses.replace(full, name=entry.name, partition=entry.partition))
+    try:  # the format's part of the new table must agree with index.json's (tar: the member layout's fields)
+        formats.read_payload(fmt, attach(entry, decode_table(data, where=url), where=url), where=url)
+    except IndexFormatError as exc:
+        raise VerifyError(f"{exc}: {changed}", shard=entry.name) from None
+    return data
 
 
 def _whole_crc(url: str, s3_config: S3Config | None) -> str:

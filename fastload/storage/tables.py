@@ -102,6 +102,5 @@ def fetch_table(
     problem = table_problem(data, ref, url=url, shard=entry.name, root=root)
     if problem is not None:
         raise IndexFormatError(problem)
-    # (member_sizes rows come as tuples: tens of thousands of lists per table would reach the cyclic
-    # collector's oldest generation and trigger full collections, ~70 ms each once torch is imported)
+    # (the format's part of the table is read by the format: fastload.formats.read_payload)
     return attach(entry, decode_table(data, where=url), where=url)

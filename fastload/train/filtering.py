@@ -31,7 +31,7 @@ from fastload.config import S3Config
 from fastload.core import filters as F
 from fastload.core import selection
 from fastload.core.index import DatasetIndex, ShardEntry
-from fastload.errors import ConfigError
+from fastload.errors import ConfigError, IndexFormatError
 from fastload.storage import access as storage
 from fastload.storage.cache import ShardCache
 from fastload.storage.manifest import has_index
@@ -99,9 +99,16 @@ class FilteredView:
         return out
 
 
-def shard_stats(entry: ShardEntry) -> dict[str, F.ColumnStats]:
-    """The manifest's per-shard statistics of ``entry`` as :class:`~fastload.core.filters.ColumnStats`."""
-    return {c: F.ColumnStats(lo, hi, nulls, entry.samples) for c, (lo, hi, nulls) in entry.stats.items()}
+def shard_stats(fmt: formats.ShardFormat, entry: ShardEntry, *, where: str) -> dict[str, F.ColumnStats]:
+    """The per-shard statistics of ``entry`` its format knows (Parquet's, in the manifest:
+    :meth:`~fastload.formats.ShardFormat.column_stats`) as :class:`~fastload.core.filters.ColumnStats`."""
+    try:
+        stats = fmt.column_stats(entry)
+    except ValueError as exc:
+        raise IndexFormatError(
+            f"{where}: {fmt.name} shard {entry.name}: {exc}; re-run `fastload index`"
+        ) from None
+    return {c: F.ColumnStats(lo, hi, nulls, entry.samples) for c, (lo, hi, nulls) in stats.items()}
 
 
 def plan_filter(
@@ -114,6 +121,7 @@ def plan_filter(
     threads: int = 16,
 ) -> FilteredView:
     """The rows of ``index`` that ``flt`` keeps (see the module docstring)."""
+    fmt = formats.by_name(index.shard_format)
     types = F.partition_types(s.partition for s in index.shards)
     known = list(index.fields) + list(types) + ["__key__"]
     F.check_columns(flt, known, where=root)
@@ -121,7 +129,9 @@ def plan_filter(
     undecided: list[int] = []
     for i, shard in enumerate(index.shards):
         verdict = F.verdict(
-            flt, partition=F.partition_values(shard.partition, types), stats=shard_stats(shard)
+            flt,
+            partition=F.partition_values(shard.partition, types),
+            stats=shard_stats(fmt, shard, where=root),
         )
         if verdict == F.ALL:
             counts[i] = shard.samples
@@ -130,7 +140,7 @@ def plan_filter(
     view = FilteredView(counts, {})
     if not undecided:
         return view
-    if not getattr(formats.by_name(index.shard_format), "selects_rows", False):
+    if not fmt.selects_rows:
         cols = [c for c in F.columns_of(flt) if c not in types]
         raise ConfigError(
             f"filters on {', '.join(map(repr, cols))} need Parquet shards (their row statistics); this "

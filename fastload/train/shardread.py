@@ -83,10 +83,10 @@ class ShardReaders:
         self.tables_completed = 0  # full entries made for this pass (fetched, or kept by the view)
         # its shards' reads take any positions (Parquet): those that fit in a task are planned table-less
         fmt = formats.by_name(shard_format)
-        self._any_positions = bool(getattr(fmt, "any_positions", False))
+        self._any_positions = fmt.any_positions
         # a detached entry completed from its shard's whole bytes (Parquet): a whole-shard read needs no table
         self._whole_entry: Callable[[ShardEntry, bytes], ShardEntry | None] | None
-        self._whole_entry = getattr(fmt, "whole_entry", None) if self._any_positions else None
+        self._whole_entry = fmt.whole_entry if self._any_positions else None
 
     def tasks(
         self,

@@ -21,18 +21,21 @@ KEPT_FOOTER_BYTES = 64 << 20  # Parquet footers an in-memory index keeps (per pr
 
 
 def cap_footers(index: DatasetIndex, limit_bytes: int) -> int:
-    """Keep the footers read to index Parquet files (so reads and filters do not read them again) in the
-    index's first entries, up to ``limit_bytes`` in all; later entries drop theirs (a read of such a file
-    reads its footer from its tail once per open, filters plan from it then). Returns the bytes kept. An
-    index of 100,000 files with 50 KB footers would otherwise hold 5 GB in every process that opens it."""
+    """Keep the per-shard data read to index files (their formats' payloads: Parquet's footers, so reads
+    and filters do not read them again) in the index's first entries, up to ``limit_bytes`` in all; later
+    entries keep their payloads slimmed (:meth:`~fastload.core.index.ShardPayload.slim`: a Parquet file's
+    read then reads its footer from its tail once per open, filters plan from it then). Returns the bytes
+    kept. An index of 100,000 files with 50 KB footers would otherwise hold 5 GB in every process that
+    opens it."""
     kept = 0
     for i, entry in enumerate(index.shards):
-        if not entry.footer:
+        if entry.payload is None:
             continue
-        if kept + len(entry.footer) > limit_bytes:
-            index.shards[i] = dataclasses.replace(entry, footer=b"")
+        size = entry.payload.nbytes()
+        if kept + size > limit_bytes:
+            index.shards[i] = dataclasses.replace(entry, payload=entry.payload.slim())
         else:
-            kept += len(entry.footer)
+            kept += size
     return kept
 
 

@@ -22,7 +22,7 @@ BYTES_PER_SAMPLE = 320
 
 def entry_weight(entry: ShardEntry) -> int:
     """The estimated memory of a full (attached) entry, in bytes."""
-    return entry.samples * BYTES_PER_SAMPLE + len(entry.footer)
+    return entry.samples * BYTES_PER_SAMPLE + (entry.payload.nbytes() if entry.payload is not None else 0)
 
 
 class TableMemo:

@@ -15,9 +15,9 @@ import pytest
 
 import fastload
 from fastload.core.index import ShardEntry
-from fastload.core.layout import layout_problem, plain_member_bytes
 from fastload.errors import IndexFormatError, VerifyError
 from fastload.formats import native
+from fastload.formats.tar.layout import TarLayout, layout_problem, plain_member_bytes
 
 from .helpers import Packed, attached_index, pack_files, samples_of
 
@@ -172,17 +172,12 @@ def test_an_index_whose_layout_does_not_add_up_is_refused(mixed: Packed, tmp_pat
 
 
 def test_layout_problem_names_what_is_wrong() -> None:
-    entry = ShardEntry(
-        "s.tar", 0, "0", ["a", "b"], offsets=[0, 2048], sizes=[2048, 2560], member_fields=["x", "y"]
-    )
-    entry.member_sizes = [[10, 20], [10, 600]]
-    assert layout_problem(entry) is None
-    entry.member_sizes = [[10, 20], [10, 20]]
-    assert "row 1" in (layout_problem(entry) or "")
-    entry.member_sizes = [[10, 20]]
-    assert "one member_sizes row per sample" in (layout_problem(entry) or "")
-    entry.member_fields, entry.member_sizes = ["x", "x"], [[10, 20], [10, 600]]
-    assert "duplicates" in (layout_problem(entry) or "")
+    entry = ShardEntry("s.tar", 0, "0", ["a", "b"], offsets=[0, 2048], sizes=[2048, 2560])
+    assert layout_problem(TarLayout(["x", "y"], [[10, 20], [10, 600]]), entry) is None
+    assert "row 1" in (layout_problem(TarLayout(["x", "y"], [[10, 20], [10, 20]]), entry) or "")
+    problem = layout_problem(TarLayout(["x", "y"], [[10, 20]]), entry)
+    assert "one member_sizes row per sample" in (problem or "")
+    assert "duplicates" in (layout_problem(TarLayout(["x", "x"], [[10, 20], [10, 600]]), entry) or "")
 
 
 def test_the_direct_path_reads_through_the_c_reader_when_built(

@@ -20,6 +20,7 @@ from botocore.config import Config
 import fastload
 from fastload import formats
 from fastload.errors import VerifyError
+from fastload.formats.tar.layout import layout_of
 
 from .conftest import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, s3_env  # noqa: F401
 from .helpers import WORKER_TIMEOUT_S, Packed, pack_files, small_files
@@ -235,7 +236,9 @@ def damage(root: Path, index: int) -> tuple[str, int]:
         formats.full_entry(str(root), e, shard_format="tar") for e in ds.index.shards if e.name == shard
     ]
     at = entry.offsets[position] + 512  # the first member's data
-    for field, size in zip(entry.member_fields, entry.member_sizes[position], strict=True):
+    layout = layout_of(entry)
+    assert layout is not None
+    for field, size in zip(layout.fields, layout.sizes[position], strict=True):
         if field == "bin":
             at += size // 2
             break

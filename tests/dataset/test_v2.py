@@ -19,6 +19,7 @@ import fastload
 from fastload.core.index import ShardEntry
 from fastload.errors import FastloadError, NotFoundError, VerifyError
 from fastload.formats import native
+from fastload.formats.tar.layout import layout_of
 from fastload.packing.upgrade import upgrade_index
 from fastload.storage import tables
 from fastload.testing.s3serve import S3Server
@@ -61,7 +62,9 @@ def data_byte(root: Path, shard: int, sample: int) -> tuple[str, str, int, int]:
 
     full = formats.full_entry(str(root), entry, shard_format="tar")
     offset, size = full.offsets[sample], full.sizes[sample]
-    last = full.member_sizes[sample][-1]
+    layout = layout_of(full)
+    assert layout is not None
+    last = layout.sizes[sample][-1]
     data_end = offset + size - ((512 - last % 512) % 512)
     return full.name, full.keys[sample], offset, data_end - max(1, last // 2)
 

@@ -1,15 +1,23 @@
 """A format defined only here ("toy": a line ``key<TAB>field:size,...`` then the values, per sample),
 registered at test time, round-trips through ``fastload.pack``, ``ShardDataset``, ``fastload verify`` and
-``fastload inspect``: the proof that formats are chosen only through :mod:`fastload.formats`."""
+``fastload inspect``: the proof that formats are chosen only through :mod:`fastload.formats`.
+
+It has per-shard data of its own (:class:`ToyPayload`: a dialect name in ``index.json`` and each sample's
+header-line length, a column of its sample table, or listed in a v1 manifest), written at pack, carried by
+core unread and read back by the format, which reads samples by it: the proof that a format adds fields
+without core knowing them (``docs/INDEX-FORMAT.md``, "Index format note")."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import pytest
 from crc32c import crc32c
 
@@ -18,9 +26,51 @@ from fastload import cli, formats
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.keys import Sample
+from fastload.core.payload import ShardPayload
 from fastload.errors import IndexFormatError, VerifyError
 from fastload.formats.shard import ShardOutput, ShardResult, write_shard
 from fastload.storage.inputs import Input, Member, read_exactly, read_problem
+
+DIALECT = "tab-v1"
+
+
+@dataclass(frozen=True)
+class ToyPayload:
+    """The toy format's per-shard data: its dialect and each sample's header-line bytes."""
+
+    dialect: str
+    heads: list[int]
+
+    def manifest(self, *, listed: bool) -> dict[str, Any]:
+        return {"toy_dialect": self.dialect, **({"toy_heads": list(self.heads)} if listed else {})}
+
+    def table(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        return {"toy_dialect": self.dialect}, {"head_bytes": np.asarray(self.heads, dtype="<u4")}
+
+    def nbytes(self) -> int:
+        return 8 * len(self.heads)
+
+    def slim(self) -> ShardPayload | None:
+        return self
+
+
+def read_toy_payload(entry: ShardEntry) -> ToyPayload:
+    """The toy's reading of what core stored for it, checked."""
+    dialect = entry.extra.get("toy_dialect")
+    if dialect != DIALECT:
+        raise ValueError(f"toy_dialect {dialect!r}; this toy reads {DIALECT!r}")
+    stored = entry.table_extra
+    if stored is not None:
+        if stored.header.get("toy_dialect") != dialect or "head_bytes" not in stored.columns:
+            raise ValueError("its sample table has no head_bytes of this dialect")
+        heads = [int(h) for h in stored.columns["head_bytes"].tolist()]
+    else:
+        heads = [int(h) for h in entry.extra.get("toy_heads", [])]
+    if len(heads) != entry.samples or not all(
+        0 < h <= size for h, size in zip(heads, entry.sizes, strict=False)
+    ):
+        raise ValueError("head_bytes do not fit its samples")
+    return ToyPayload(dialect, heads)
 
 
 def _head(key: str, fields: Sequence[tuple[str, int]]) -> bytes:
@@ -58,8 +108,13 @@ class ToySamples:
         self, positions: Sequence[int], columns: Sequence[str] | None = None, *, defer: bool = False
     ) -> Callable[[], Iterable[dict[str, Any]]]:
         out = []
+        payload = self.entry.payload
+        if not isinstance(payload, ToyPayload):
+            raise VerifyError("no toy payload in the index (core dropped it?)", shard=self.entry.name)
         for i in positions:
             data = self._read(self.entry.offsets[i], self.entry.sizes[i])
+            if data[payload.heads[i] - 1 : payload.heads[i]] != b"\n":  # where the index says it ends
+                raise VerifyError("header line not where the index says", shard=self.entry.name, key=str(i))
             sample, _ = _parse(data, 0, shard=self.entry.name)
             if sample["__key__"] != self.entry.keys[i]:
                 raise VerifyError(
@@ -70,7 +125,7 @@ class ToySamples:
         return lambda: out
 
 
-class ToyFormat:
+class ToyFormat(formats.ShardFormat):
     name = "toy"
     label = "toy"
     suffixes: tuple[str, ...] = (".toy",)
@@ -101,8 +156,12 @@ class ToyFormat:
         on_sample: Callable[[int, int], None] | None = None,
         open_threads: int = 0,
     ) -> ShardResult:
+        heads: list[int] = []
+
         def write_sample(out: ShardOutput, key: str, members: Sequence[Member]) -> Any:
-            out.write(_head(key, [(m.field, m.size) for m in members]))
+            head = _head(key, [(m.field, m.size) for m in members])
+            out.write(head)
+            heads.append(len(head))
             for m in members:
                 buf = bytearray(m.size)
                 try:
@@ -114,12 +173,17 @@ class ToyFormat:
                 out.write(bytes(buf))
             return None
 
-        return write_shard(
+        result = write_shard(
             name, samples, tmp_path, write_sample, on_sample=on_sample, open_threads=open_threads
         )
+        result.entry.payload = ToyPayload(DIALECT, heads) if len(heads) == result.entry.samples else None
+        return result
 
     def check_entry(self, entry: ShardEntry) -> str | None:
         return None if len(entry.offsets) == entry.samples else "lacks per-sample offsets"
+
+    def read_payload(self, entry: ShardEntry) -> ToyPayload:
+        return read_toy_payload(entry)
 
     def table(
         self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
@@ -207,16 +271,20 @@ def written(tree: Tree, tmp_path: Path) -> Tree:
     keys = sorted(expected)
     shards = []
     for number, part in enumerate((keys[:25], keys[25:])):
-        data, offsets, sizes = b"", [], []
+        data, offsets, sizes, heads = b"", [], [], []
         for key in part:
             values = expected[key]
-            record = _head(key, [(f, len(v)) for f, v in values.items()]) + b"".join(values.values())
+            head = _head(key, [(f, len(v)) for f, v in values.items()])
+            record = head + b"".join(values.values())
+            heads.append(len(head))
             offsets.append(len(data))
             sizes.append(len(record))
             data += record
         name = f"shard-{number:06d}.toy"
         (dst / name).write_bytes(data)
-        shards.append(ShardEntry(name, len(data), f"{crc32c(data):08x}", part, offsets, sizes))
+        entry = ShardEntry(name, len(data), f"{crc32c(data):08x}", part, offsets, sizes)
+        entry.payload = ToyPayload(DIALECT, heads)  # (a v1 index: listed in index.json)
+        shards.append(entry)
     (dst / "index.json").write_bytes(DatasetIndex("toy", ["bin", "txt"], shards).to_json())
     return dst, expected
 
@@ -235,6 +303,31 @@ def test_toy_pack(toy: ToyFormat, tree: Tree, tmp_path: Path) -> None:
     assert {k for s in index.shards for k in s.keys} == set(expected)
     code, out = _cli("verify", str(dst))
     assert code == 0 and out.startswith("OK:"), out
+
+
+def test_toy_payload_round_trips_through_index_and_tables(toy: ToyFormat, tree: Tree, tmp_path: Path) -> None:
+    """The toy's own per-shard data, written at pack, comes back from index.json and the sample tables as
+    the toy wrote it (each header line's length, measured here from the shard bytes), and a value the toy
+    does not accept is refused by the toy, naming the shard."""
+    src, expected = tree
+    dst = tmp_path / "packed"
+    fastload.pack(src, dst, shard_format="toy", shard_size_bytes=4096, progress=False)
+    raw = json.loads((dst / "index.json").read_text())
+    assert raw["version"] == 2 and all(s["toy_dialect"] == DIALECT for s in raw["shards"])
+    index = formats.load_index(dst, tables=True)
+    for shard in index.shards:
+        data = (dst / shard.name).read_bytes()
+        heads = [data.index(b"\n", o) + 1 - o for o in shard.offsets]
+        assert shard.payload == ToyPayload(DIALECT, heads), shard.name
+    got = _read_all(dst)  # (the read path cuts each sample by its payload)
+    assert {k: {f: bytes(got[k][f]) for f in v} for k, v in expected.items()} == expected
+
+    raw["shards"][1]["toy_dialect"] = "comma-v0"
+    (dst / "index.json").write_text(json.dumps(raw))
+    with pytest.raises(
+        IndexFormatError, match=f"toy shard {raw['shards'][1]['name']}: toy_dialect 'comma-v0'"
+    ):
+        formats.load_index(dst, tables=True)
 
 
 def test_toy_shard_dataset(toy: ToyFormat, written: Tree) -> None:

@@ -20,6 +20,7 @@ import fastload
 from fastload.cli import main
 from fastload.errors import ConfigError, VerifyError
 from fastload.formats.parquet.foreign import RowKeys, partition_of
+from fastload.formats.parquet.payload import footer_of
 from fastload.packing.indexing import build_index
 
 
@@ -103,7 +104,7 @@ def test_fastload_index_then_no_warning_verify_and_inspect(
     assert all(s["table"]["name"] == f"_fastload/{s['name']}.fltable" for s in index["shards"])
     assert all((root / s["table"]["name"]).is_file() for s in index["shards"])
     tables = fastload.formats.load_index(str(root), tables=True)  # the footers read to index, kept
-    assert all(s.footer and s.footer == footer_bytes(root / s.name) for s in tables.shards)
+    assert all(footer_of(s) and footer_of(s) == footer_bytes(root / s.name) for s in tables.shards)
     samples, caught = read_all(root)
     assert caught == [] and [s["__key__"] for s in samples] == [r["id"] for r in hive.rows.values()]
     assert fastload.verify(root).ok
@@ -253,7 +254,7 @@ def test_footers_read_to_index_are_read_with_and_never_taken_for_another_files(t
     assert a.stat().st_size == b.stat().st_size
     for name, want in (("a", []), ("b", list(range(1005, 1010)))):
         ds = fastload.ShardDataset(tmp_path / name, filters=[("x", ">=", 1005)], decode=False)
-        assert ds.index.shards[0].checksum == "" and ds.index.shards[0].footer == footer_bytes(
+        assert ds.index.shards[0].checksum == "" and footer_of(ds.index.shards[0]) == footer_bytes(
             a.parent.parent / name / "part-0.parquet"
         )
         assert [s["x"] for s in ds] == want
@@ -267,7 +268,7 @@ def test_footers_read_to_index_are_read_with_and_never_taken_for_another_files(t
 
     source = PARQUET.samples(entry, read=read, file=None, fd=None)  # type: ignore[arg-type]
     assert [r["x"] for r in source.load([7, 2], ["x"])()] == [1007, 1002]
-    assert reads and all(o + n <= len(data) - len(entry.footer) - 8 for o, n in reads)  # (no tail)
+    assert reads and all(o + n <= len(data) - len(footer_of(entry)) - 8 for o, n in reads)  # (no tail)
 
 
 def test_an_in_memory_index_keeps_footers_up_to_a_cap(hive: Hive, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,10 +277,10 @@ def test_an_in_memory_index_keeps_footers_up_to_a_cap(hive: Hive, monkeypatch: p
     from fastload.train import source
 
     full, _ = opened(hive.root)
-    sizes = [len(s.footer) for s in full.index.shards]
+    sizes = [len(footer_of(s)) for s in full.index.shards]
     monkeypatch.setattr(source, "KEPT_FOOTER_BYTES", sizes[0])
     capped, _ = opened(hive.root)
-    assert [len(s.footer) for s in capped.index.shards] == [sizes[0], 0, 0]
+    assert [len(footer_of(s)) for s in capped.index.shards] == [sizes[0], 0, 0]
     got, want_samples = list(capped), list(full)
     assert [s["__key__"] for s in got] == [s["__key__"] for s in want_samples] == list(hive.rows)
     for a, b in zip(got, want_samples, strict=True):

@@ -10,8 +10,11 @@ import crc32c
 import numpy as np
 import pytest
 
+from fastload import formats
+from fastload.core.index import ShardEntry, attach
 from fastload.core.table import SampleTable, decode_table, encode_table
 from fastload.errors import IndexFormatError
+from fastload.formats.tar.layout import TarLayout, layout_of
 
 KEYS = ["a/0", "a/1", "b/10", "b/11", "c", "dd/ee/ff"]
 
@@ -21,12 +24,19 @@ def _table(keys: list[str]) -> SampleTable:
     return SampleTable(
         samples=n,
         keys=keys,
-        offsets=[1024 * i for i in range(n)],
-        sizes=[1024] * n,
+        offsets=[2048 * i for i in range(n)],
+        sizes=[2048] * n,  # (each sample: two members of one header and one block of data)
         crcs=list(range(n)),
-        member_fields=["cls", "jpg"],
-        member_sizes=[[1, 300 + i] for i in range(n)],
+        header={"fields": ["cls", "jpg"]} if n else {},  # (tar writes a layout for samples only)
+        columns={"member_sizes": np.asarray([[1, 300 + i] for i in range(n)], "<u8")} if n else {},
     )
+
+
+def _layout(table: SampleTable, *, fields: list[str]) -> TarLayout | None:
+    """The tar format's reading of ``table`` attached to a manifest entry listing ``fields``."""
+    entry = ShardEntry("s.tar", 0, "0", [], count=table.samples, extra={"fields": fields})
+    full = formats.read_payload(formats.by_name("tar"), attach(entry, table, where="t"), where="t")
+    return layout_of(full)
 
 
 @pytest.mark.parametrize("keys", [KEYS, ["é/0", "a/1", "ü/ü", "x"], []], ids=["ascii", "utf-8", "none"])
@@ -38,7 +48,9 @@ def test_key_slices_are_the_keys_one_by_one(keys: list[str]) -> None:
         for b in range(-1, n + 2):
             assert got.keys[a:b] == keys[a:b]
     assert got.keys[::2] == keys[::2]
-    assert got.member_sizes == [(1, 300 + i) for i in range(n)]  # rows as tuples
+    layout = _layout(got, fields=["cls", "jpg"] if n else [])  # the format's part: core carries, tar reads
+    assert layout is None if not n else layout.fields == ["cls", "jpg"]
+    assert n == 0 or (layout is not None and layout.sizes == [(1, 300 + i) for i in range(n)])  # as tuples
 
 
 def _patched(data: bytes, column: str, values: np.ndarray) -> bytes:
@@ -67,5 +79,8 @@ def test_damage_the_column_checks_catch() -> None:
     meta["fields"] = ["cls", "jpg", "txt"]  # rows of 2 sizes for 3 fields
     header = json.dumps(meta, separators=(",", ":")).encode()
     wider = data[:8] + struct.pack("<I", len(header)) + header + data[12 + hlen :]
+    table = decode_table(wider, where="t")  # (core does not read the format's columns: tar does)
     with pytest.raises(IndexFormatError, match="member_sizes rows do not match fields"):
-        decode_table(wider, where="t")
+        _layout(table, fields=["cls", "jpg", "txt"])
+    with pytest.raises(IndexFormatError, match=r"fields .* differ from index.json's"):
+        _layout(decode_table(data, where="t"), fields=["cls"])

@@ -29,6 +29,7 @@ from fastload.config import S3Config
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.errors import ConfigError, FastloadError, VerifyError
 from fastload.formats.parquet.footer import row_groups_of
+from fastload.formats.parquet.payload import ParquetShard
 from fastload.formats.parquet.values import KEY_COLUMN, column_values
 from fastload.storage import access as storage
 from fastload.storage.rangedfile import RangedFile
@@ -147,7 +148,7 @@ class Footer:
     meta: Any
     schema: pa.Schema
     file: SparseFile
-    raw: bytes  # the footer (Thrift FileMetaData, without its length and magic): ShardEntry.footer
+    raw: bytes  # the footer (Thrift FileMetaData, without its length and magic): its ParquetShard's
 
     def row_groups(self) -> list[tuple[int, int, int]]:
         """Each row group's ``(first byte, bytes, rows)`` (:func:`.footer.row_groups_of`)."""
@@ -252,7 +253,7 @@ def _entry(footer: Footer, key_column: str | None) -> ShardEntry:
         row_groups=row_groups,
         partition=partition_of(footer.name),
         format="parquet",
-        footer=footer.raw,
+        payload=ParquetShard(footer.raw) if footer.raw else None,
     )
 
 

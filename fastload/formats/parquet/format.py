@@ -24,7 +24,9 @@ from fastload.core.projection import GAP_BYTES, coalesce
 from fastload.core.readplan import runs
 from fastload.errors import VerifyError
 from fastload.formats.parquet import footer
+from fastload.formats.parquet.payload import ParquetShard, footer_of, read_parquet_payload, stats_of
 from fastload.formats.parquet.sparse import SparseFile
+from fastload.formats.registry import ShardFormat
 
 FETCH_THREADS = 8  # column-chunk ranges of one load fetched at once
 
@@ -73,8 +75,9 @@ class ParquetSamples:
         meta = self.__dict__.get("_meta")
         if meta is None:
             e = self.entry
-            key = footer.cache_key(e.name, e.bytes, e.checksum, e.footer)
-            meta = self._meta = footer.metadata(key, e.bytes, e.footer, self._read, where=e.name)
+            raw = footer_of(e)
+            key = footer.cache_key(e.name, e.bytes, e.checksum, raw)
+            meta = self._meta = footer.metadata(key, e.bytes, raw, self._read, where=e.name)
         return meta
 
     def select(self, flt: Filter, partition: Mapping[str, Any]) -> tuple[list[tuple[int, int]], int]:
@@ -199,7 +202,7 @@ class ParquetSamples:
         return sample_rows(table, rows=rows, positions=positions, keys=self.entry.keys, keep_nulls=keep_nulls)
 
 
-class ParquetFormat:
+class ParquetFormat(ShardFormat):
     """``shard_format="parquet"``: a row per sample, a ``__key__`` column and a binary column per field."""
 
     name = "parquet"
@@ -213,6 +216,7 @@ class ParquetFormat:
     # ParquetSamples.load takes any positions in any order (it reads their row groups): a shard that fits in
     # one read task is planned without its sample table (core.readplan.iter_reads(whole=))
     any_positions = True
+    keys_from_column = True  # table(..., key_column=): keys from a column of foreign files
 
     def matches(self, name: str) -> bool:
         return name.endswith(self.suffixes)
@@ -252,6 +256,12 @@ class ParquetFormat:
         if sum(rg[2] for rg in entry.row_groups) != entry.samples:
             return "lacks row groups; re-run `fastload pack`"
         return None
+
+    def read_payload(self, entry: ShardEntry) -> ParquetShard | None:
+        return read_parquet_payload(entry)  # its footer (sample table) and column statistics (index.json)
+
+    def column_stats(self, entry: ShardEntry) -> dict[str, list[Any]]:
+        return stats_of(entry)
 
     def table(
         self,
@@ -293,7 +303,8 @@ class ParquetFormat:
                 "run `fastload verify` and re-pack",
                 shard=entry.name,
             )
-        return dataclasses.replace(entry, keys=keys, count=None, row_groups=groups, footer=raw)
+        payload = ParquetShard(raw, stats_of(entry))
+        return dataclasses.replace(entry, keys=keys, count=None, row_groups=groups, payload=payload)
 
     def verify(self, file: BinaryIO, shard: ShardEntry) -> list[VerifyError]:
         from fastload.formats.parquet.check import verify_parquet

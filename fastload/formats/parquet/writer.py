@@ -20,6 +20,7 @@ from fastload.core.keys import Sample
 from fastload.core.plan import plan_row_groups
 from fastload.errors import Skip, write_error
 from fastload.formats.parquet.footer import row_groups_of, tail_footer
+from fastload.formats.parquet.payload import ParquetShard
 from fastload.formats.parquet.stats import STATS_MAX_VALUE_BYTES, shard_stats
 from fastload.formats.shard import DEFAULT_BUFFER_BYTES, ShardResult, crc32c
 from fastload.storage.inputs import (
@@ -209,11 +210,11 @@ def finish_entry(entry: ShardEntry, tmp_path: str, rows_per_group: list[int]) ->
     try:
         crc, entry.bytes = file_crc32c(tmp_path)
         meta = pq.read_metadata(tmp_path)
-        entry.footer = tail_footer(tmp_path)
+        raw = tail_footer(tmp_path)
     except OSError as exc:
         raise write_error(exc, tmp_path) from exc
     entry.checksum = f"{crc:08x}"
-    entry.stats = shard_stats(meta)
+    entry.payload = ParquetShard(raw, shard_stats(meta))
     groups = row_groups_of(meta)  # the rows as written; the file must have exactly those groups
     entry.row_groups.extend(
         (first, size, rows) for (first, size, _), rows in zip(groups, rows_per_group, strict=True)

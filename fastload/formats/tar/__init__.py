@@ -8,4 +8,5 @@
 
 Imports ``fastload.core``, ``fastload.storage``, ``fastload.formats.native`` and ``fastload.errors``.
 
-Also ``format`` (the :class:`ShardFormat` adapter), ``check`` (verify) and ``crcs`` (each sample's CRC32C)."""
+Also ``format`` (the :class:`ShardFormat` adapter), ``check`` (verify), ``crcs`` (each sample's CRC32C)
+and ``layout`` (the member layout: tar's per-shard payload in the index)."""

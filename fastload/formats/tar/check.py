@@ -18,6 +18,7 @@ from fastload.formats.checks import crc_problem
 from fastload.formats.shard import ChecksumReader
 from fastload.formats.tar.header import Member, TarFormatError
 from fastload.formats.tar.index import SampleCrcReader
+from fastload.formats.tar.layout import layout_of
 from fastload.formats.tar.scan import iter_members
 from fastload.storage import access as storage
 
@@ -74,6 +75,7 @@ def check_tar_samples(reader: ChecksumReader, shard: ShardEntry) -> list[VerifyE
     problems: list[VerifyError] = []
     i = 0
     got_crcs: list[int] = []  # each sample's CRC32C, when the reader computes them
+    layout = layout_of(shard)
     walk = iter_members(reader)
     if isinstance(reader, SampleCrcReader) and shard.crcs:
         walk = _tracked(reader, walk, got_crcs)
@@ -115,9 +117,9 @@ def check_tar_samples(reader: ChecksumReader, shard: ShardEntry) -> list[VerifyE
                         "re-pack the shard"
                     )
                 )
-            if shard.member_fields:
+            if layout is not None:
                 found = [(m.name[len(key) + 1 :], m.size) for m in members]
-                listed = list(zip(shard.member_fields, shard.member_sizes[i], strict=True))
+                listed = list(zip(layout.fields, layout.sizes[i], strict=True))
                 if found != listed:
                     problems.append(
                         problem(f"members (field, size) are {found}, the index's layout says {listed}")

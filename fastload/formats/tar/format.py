@@ -12,7 +12,9 @@ from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.readplan import runs
 from fastload.errors import VerifyError
 from fastload.formats.checks import offsets_problem
+from fastload.formats.registry import ShardFormat
 from fastload.formats.tar.header import END_OF_ARCHIVE, member_size
+from fastload.formats.tar.layout import TarLayout, layout_of, read_layout
 from fastload.formats.tar.reader import pieces as tar_pieces
 from fastload.formats.tar.reader import read_run, span
 
@@ -44,7 +46,7 @@ class TarSamples:
         in I/O that releases the GIL. ``defer`` with a local shard whose index has the member layout: the
         I/O too (the direct reader reads each big member straight into its own bytes)."""
         entry, fd, name = self.entry, self._fd, self.entry.name
-        if defer and fd is not None and entry.member_fields:
+        if defer and fd is not None and layout_of(entry) is not None:
             spans = runs(positions)
             return lambda: itertools.chain.from_iterable(
                 read_run(fd, entry, first, stop, shard=name) for first, stop in spans
@@ -57,7 +59,7 @@ class TarSamples:
         return lambda: [s for a, b, data in pieces for s in read_run(data, entry, a, b, shard=name)]
 
 
-class TarFormat:
+class TarFormat(ShardFormat):
     """``shard_format="tar"``: each sample's members ``key.field`` adjacent in a tar archive."""
 
     name = "tar"
@@ -96,8 +98,16 @@ class TarFormat:
     def check_entry(self, entry: ShardEntry) -> str | None:
         return offsets_problem(entry)
 
+    def read_payload(self, entry: ShardEntry) -> TarLayout | None:
+        return read_layout(entry)  # the member layout (fields, each sample's member sizes), checked
+
     def table(
-        self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+        self,
+        named: Sequence[tuple[str, str]],
+        *,
+        threads: int,
+        s3_config: S3Config | None,
+        key_column: str | None = None,
     ) -> tuple[DatasetIndex, list[VerifyError]]:
         from fastload.formats.tar.index import index_tar_shards
 

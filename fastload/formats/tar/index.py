@@ -18,10 +18,10 @@ from crc32c import crc32c
 from fastload.config import S3Config
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.keys import KeyRuleError, split_key
-from fastload.core.layout import set_layout
 from fastload.errors import ConfigError, VerifyError
 from fastload.formats.shard import ChecksumReader
 from fastload.formats.tar.header import Member, TarFormatError, UnsupportedMember
+from fastload.formats.tar.layout import set_layout
 from fastload.formats.tar.scan import iter_members
 from fastload.storage import access as storage
 
@@ -83,7 +83,7 @@ def index_tar_shard(url: str, name: str, *, config: S3Config | None = None) -> t
     crcs: list[int] = []
     fields: set[str] = set()
     seen: set[str] = set()
-    layouts: list[tuple[list[str], list[int]] | None] = []  # see core.index.set_layout
+    layouts: list[tuple[list[str], list[int]] | None] = []  # see .layout.set_layout
     with storage.open_read(url, config=config) as f:
         reader = SampleCrcReader(f)
         try:

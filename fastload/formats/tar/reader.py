@@ -40,6 +40,7 @@ from fastload.formats import native
 from fastload.formats.shard import short_read
 from fastload.formats.tar.crcs import check_crcs
 from fastload.formats.tar.header import BLOCK, Member, TarFormatError, UnsupportedMember, is_header_of
+from fastload.formats.tar.layout import TarLayout, layout_of
 from fastload.formats.tar.scan import BufferCursor, iter_members
 
 RawSample = dict[str, Any]
@@ -63,11 +64,12 @@ def read_run(
     match the index.
     """
     if isinstance(source, int):
-        if entry.member_fields and native.layout_run is not None:
+        layout = layout_of(entry)
+        if layout is not None and native.layout_run is not None:
             # the C reader's batches chained in C: no Python frame resumed per sample
-            return itertools.chain.from_iterable(_native_batches(source, entry, first, stop, shard))
-        if entry.member_fields:
-            return _direct_run(source, entry, first, stop, shard)
+            return itertools.chain.from_iterable(_native_batches(source, entry, layout, first, stop, shard))
+        if layout is not None:
+            return _direct_run(source, entry, layout, first, stop, shard)
         return _file_run(source, entry, first, stop, shard)
     return samples_of_bytes(source, entry, first, stop, shard=shard)
 
@@ -151,16 +153,17 @@ def samples_of_bytes(data: bytes, entry: ShardEntry, first: int, stop: int, *, s
 
 
 def _structured(data: bytes, entry: ShardEntry, first: int, stop: int, shard: str) -> list[RawSample]:
-    if entry.member_fields:
-        samples = slice_by_layout(data, entry, first, stop)
+    layout = layout_of(entry)
+    if layout is not None:
+        samples = slice_by_layout(data, entry, layout, first, stop)
         if samples is not None:
             return samples
     samples = samples_of_run(data, entry, first, stop, shard=shard)
-    if entry.member_fields:  # well-formed, but does it hold what the index says?
+    if layout is not None:  # well-formed, but does it hold what the index says?
         for sample in samples:
             i = sample["__index__"]
             found = [(k, len(v)) for k, v in sample.items() if not k.startswith("__")]
-            if found != list(zip(entry.member_fields, entry.member_sizes[i], strict=True)):
+            if found != list(zip(layout.fields, layout.sizes[i], strict=True)):
                 raise VerifyError(
                     f"the shard's members of this sample ({found}) are not the fields and sizes the "
                     "index lists; the shard was changed after packing: run `fastload verify`",
@@ -279,11 +282,13 @@ def _elsewhere(
     )
 
 
-def slice_by_layout(data: bytes, entry: ShardEntry, first: int, stop: int) -> list[RawSample] | None:
+def slice_by_layout(
+    data: bytes, entry: ShardEntry, layout: TarLayout, first: int, stop: int
+) -> list[RawSample] | None:
     """Samples ``first..stop-1`` cut out of ``data`` (their bytes, from sample ``first``'s offset) using the
     index's member layout, each member's header checked against it (:func:`is_header_of`); None at the
     first header that does not match (the caller's general parser then names the problem)."""
-    keys, rows, fields = entry.keys, entry.member_sizes, entry.member_fields
+    keys, rows, fields = entry.keys, layout.sizes, layout.fields
     dots = _dotted(fields)
     base = entry.offsets[first]
     out: list[RawSample] = []
@@ -318,7 +323,7 @@ def _file_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -> 
 
 
 def _native_batches(
-    fd: int, entry: ShardEntry, first: int, stop: int, shard: str
+    fd: int, entry: ShardEntry, layout: TarLayout, first: int, stop: int, shard: str
 ) -> Iterator[Iterable[RawSample]]:
     """:func:`_direct_run` in C: lists of samples, each from one ``preadv`` of about ``NATIVE_BATCH_BYTES``
     (a batch is dropped before the next is read, so the allocator hands the same, cached, memory back);
@@ -326,7 +331,7 @@ def _native_batches(
     layout_run = native.layout_run
     if layout_run is None:
         raise RuntimeError("fastload._native is not in use")  # (read_run calls this only with it)
-    dots = _dotted(entry.member_fields)
+    dots = _dotted(layout.fields)
     keys: list[str] | tuple[bytes, list[int]]
     if isinstance(entry.keys, Keys):  # a v2 table's: each key decoded in C as its sample is made
         keys, key_base = entry.keys.parts(), 0
@@ -340,8 +345,8 @@ def _native_batches(
             entry.offsets,
             keys,
             key_base,
-            entry.member_sizes,
-            entry.member_fields,
+            layout.sizes,
+            layout.fields,
             dots,
             crcs,
             i,
@@ -355,7 +360,9 @@ def _native_batches(
             return
 
 
-def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -> Iterator[RawSample]:
+def _direct_run(
+    fd: int, entry: ShardEntry, layout: TarLayout, first: int, stop: int, shard: str
+) -> Iterator[RawSample]:
     """Samples ``first..stop-1`` of a local tar shard whose index has the member layout, read with no
     header parsing: each member's header is checked against the index (:func:`is_header_of`), small
     members are cut from one read of the headers around them, and each big member's bytes are read
@@ -363,8 +370,8 @@ def _direct_run(fd: int, entry: ShardEntry, first: int, stop: int, shard: str) -
     At the first header that does not match, the rest of the run goes through the parsing reader,
     which names the problem."""
     # (with the C reader built, read_run uses _native_batches instead: the same, a batch per call)
-    keys, offsets, sizes, rows = entry.keys, entry.offsets, entry.sizes, entry.member_sizes
-    fields, crcs = entry.member_fields, entry.crcs
+    keys, offsets, sizes, rows = entry.keys, entry.offsets, entry.sizes, layout.sizes
+    fields, crcs = layout.fields, entry.crcs
     dots = _dotted(fields)
     pread = os.pread
     run_end = offsets[stop - 1] + sizes[stop - 1]

@@ -8,11 +8,11 @@ from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 from fastload.core.keys import Sample
-from fastload.core.layout import set_layout
 from fastload.errors import DestinationWriteError, Skip
 from fastload.formats import native
 from fastload.formats.shard import DEFAULT_BUFFER_BYTES, ShardOutput, ShardResult, write_shard
 from fastload.formats.tar.header import BLOCK, END_OF_ARCHIVE, member_header, padded
+from fastload.formats.tar.layout import set_layout
 from fastload.storage.inputs import (
     CHANGED_WHILE_READ,
     READ_ATTEMPTS,

@@ -10,6 +10,7 @@ from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.readplan import runs
 from fastload.errors import VerifyError
 from fastload.formats.checks import crc_problem, offsets_problem
+from fastload.formats.registry import ShardFormat
 from fastload.formats.shard import ChecksumReader
 from fastload.formats.tfrecord.codec import SUFFIXES, is_gzip_name, is_tfrecord_name
 
@@ -44,8 +45,9 @@ class TFRecordSource:
         return lambda: samples
 
 
-class TFRecordFormat:
-    """``shard_format="tfrecord"``: one ``tf.train.Example`` record per sample."""
+class TFRecordFormat(ShardFormat):
+    """``shard_format="tfrecord"``: one ``tf.train.Example`` record per sample (no per-shard data beyond
+    core's: byte ranges and CRC32Cs, so no payload)."""
 
     name = "tfrecord"
     label = "TFRecord"
@@ -85,7 +87,12 @@ class TFRecordFormat:
         return offsets_problem(entry)
 
     def table(
-        self, named: Sequence[tuple[str, str]], *, threads: int, s3_config: S3Config | None
+        self,
+        named: Sequence[tuple[str, str]],
+        *,
+        threads: int,
+        s3_config: S3Config | None,
+        key_column: str | None = None,
     ) -> tuple[DatasetIndex, list[VerifyError]]:
         from fastload.formats.tfrecord.index import scan_tfrecord_files
 
