@@ -17,6 +17,7 @@ import fastload
 from fastload.core.keys import Sample
 from fastload.formats import native
 from fastload.formats.tar import writer
+from fastload.formats.tar.layout import layout_of
 from fastload.formats.tar.writer import write_tar_shard
 from fastload.storage.inputs import Input
 from fastload.storage.listing import FileEntry, LocalSource
@@ -87,12 +88,13 @@ def test_the_c_loop_writes_the_python_loops_bytes(tmp_path: Path, monkeypatch: p
     _same(c, py, tmp_path / "c.tar", tmp_path / "py.tar")
     assert c.entry.keys == [s.key for s in samples] and not c.skipped
     assert len(c.entry.crcs) == len(samples)
-    assert not c.entry.member_fields  # (the pax-headed samples: no layout, in both)
+    assert layout_of(c.entry) is None  # (the pax-headed samples: no layout, in both)
     plain = [s for s in samples if s.key.isascii() and len(s.key) < 90]
     c = _write(plain, tmp_path / "c2.tar", monkeypatch, c=True)
     py = _write(plain, tmp_path / "py2.tar", monkeypatch, c=False)
     _same(c, py, tmp_path / "c2.tar", tmp_path / "py2.tar")
-    assert c.entry.member_fields == ["jpg", "txt"] and len(c.entry.member_sizes) == len(plain)
+    layout = layout_of(c.entry)
+    assert layout is not None and layout.fields == ["jpg", "txt"] and len(layout.sizes) == len(plain)
 
 
 def test_real_faults_of_sources_are_the_same_skips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
