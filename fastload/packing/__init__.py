@@ -12,7 +12,8 @@
   into ``memshard`` jobs -> ``shardwriter``: ``fastload.ShardWriter``; ``parts``: several writers, one
   dataset, and their merge);
 - all run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
-  into a ``dest`` (local folder, ``s3dest``, ``gcsdest`` or ``azdest``) and keep a ``journal`` for resume;
+  into a ``dest`` (local folder, ``s3dest``, or ``storedest``: ``gs://`` and ``az://``) and keep a
+  ``journal`` for resume;
 - ``append`` (``pack --append``: any plan of files or rows appended as a new version);
 - ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.
 

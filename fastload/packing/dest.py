@@ -111,14 +111,11 @@ def write_failed(dest: Destination, exc: OSError, path: str) -> DestinationWrite
 
 def destination(url: str, state_dir: str, *, config: S3Config | None = None) -> Destination:
     """The destination for a local path, an ``s3://``, ``gs://`` or ``az://`` URL."""
-    if url.startswith("az://"):
-        from fastload.packing.azdest import AzureDestination
+    if url.startswith(("az://", "gs://")):
+        from fastload.packing.storedest import StoreDestination, azure_ops, gcs_ops
 
-        return AzureDestination(url, config=config or S3Config.from_env())
-    if url.startswith("gs://"):
-        from fastload.packing.gcsdest import GcsDestination
-
-        return GcsDestination(url, config=config or S3Config.from_env())
+        ops = azure_ops() if url.startswith("az://") else gcs_ops()
+        return StoreDestination(url, config=config or S3Config.from_env(), ops=ops)
     if url.startswith("s3://"):
         from fastload.packing.s3dest import S3Destination
 
