@@ -37,6 +37,8 @@ from fastload.storage.locks import FileLock, LockHeld
 PUBLISH_ATTEMPTS = 20  # conditional PUTs lost to other appenders before giving up
 LOCK_WAIT_S = 120.0  # how long a local append waits for another's publishing of index.json
 
+GS_AZ_APPEND = "append into a local folder or s3:// and copy it with fastload cp, or pack a new dataset there"
+
 
 def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -107,13 +109,8 @@ class AppendPlan(Plan[R]):
 
     def open(self) -> tuple[Destination, PackJournal, dict[int, ShardResult] | None]:
         t = self.target
-        scheme = t.url.split("://", 1)[0] if "://" in t.url else ""
-        if scheme in ("gs", "az"):  # their conditional writes (generation match, If-Match) are not wired yet
-            raise ConfigError(
-                f"fastload pack --append into {scheme}:// is not supported yet (an append publishes "
-                "index.json by a conditional write, done for local folders and s3:// only); append into a "
-                f"local folder or s3:// and copy it with fastload cp, or pack a new dataset into {scheme}://"
-            )
+        if t.url.startswith(("gs://", "az://")):  # (index.json's conditional write: local and s3:// only)
+            raise ConfigError(f"fastload pack --append into {t.url[:5]} is not supported yet: {GS_AZ_APPEND}")
         url = t.url if t.url.startswith("s3://") else os.path.abspath(t.url)
         dest = destination(url, self.folder, config=t.s3_config)
         if dest.exists_as_file():

@@ -24,7 +24,7 @@ class StoreOps:
 
     scheme: str
     parse: Callable[[str], tuple[str, str]]
-    list_objects: Callable[[str, S3Config], list[tuple[str, int]]]
+    list_urls: Callable[[str, S3Config], list[tuple[str, int]]]
     open_object: Callable[[str, S3Config], Any]
     size: Callable[[str, str, S3Config], int | None]
     upload: Callable[[Any, str, str, S3Config], Any]
@@ -70,7 +70,7 @@ class StoreDestination:
         return f"{self.ops.scheme}://{self.bucket}/{key}"
 
     def is_empty(self) -> bool:
-        return not self.ops.list_objects(self._url(self.prefix), self.config)
+        return not self.ops.list_urls(self._url(self.prefix), self.config)
 
     def exists_as_file(self) -> bool:
         return False
@@ -109,7 +109,7 @@ class StoreDestination:
     def list(self, prefix: str) -> list[str]:
         root = self._url(self._name(prefix.rstrip("/")))
         start = len(self._url(self.prefix))
-        return [url[start:] for url, _size in self.ops.list_objects(root, self.config)]
+        return [url[start:] for url, _size in self.ops.list_urls(root, self.config)]
 
     def remove(self, name: str) -> None:
         self.ops.delete(self.bucket, self._name(name), self.config)
