@@ -315,20 +315,24 @@ class AppendPlan(Plan[R]):
         try:
             raw = dest.read_bytes(name)
             current = None if raw is None else parse_index(raw, where=f"{dest.url}/{name}")
-            checked = self._checked_current(current, index, dest)
-            if checked is None and current is not None:
-                return self._landed(current)
-            merged = joined(
-                checked,
-                index,
-                created=now_utc(),
-                fingerprint=fingerprint_digest(self.target.fingerprint),
-                layout=self.target.layout,
-            )
+            merged, landed = self._join(current, index, dest)
+            if landed:
+                return self._landed(merged)
             dest.write_bytes(name, merged.to_json())
         finally:
             lock.release(remove=True)
         return self._landed(merged)
+
+    def _join(
+        self, current: DatasetIndex | None, index: DatasetIndex, dest: Destination
+    ) -> tuple[DatasetIndex, bool]:
+        """``index`` joined to ``current`` (the dataset's index as it is now) as the next version, or
+        ``(current, True)`` when this append has landed there already."""
+        checked = self._checked_current(current, index, dest)
+        if checked is None and current is not None:
+            return current, True
+        fp = fingerprint_digest(self.target.fingerprint)
+        return joined(checked, index, created=now_utc(), fingerprint=fp, layout=self.target.layout), False
 
     def _publish_s3(self, dest: Destination, index: DatasetIndex, name: str) -> DatasetIndex:
         from fastload.s3.conditional import get_with_etag, put_if
@@ -339,16 +343,9 @@ class AppendPlan(Plan[R]):
         for _ in range(PUBLISH_ATTEMPTS):
             found = get_with_etag(bucket, key, config=config)
             current = None if found is None else parse_index(found[0], where=f"s3://{bucket}/{key}")
-            checked = self._checked_current(current, index, dest)
-            if checked is None and current is not None:
-                return self._landed(current)
-            merged = joined(
-                checked,
-                index,
-                created=now_utc(),
-                fingerprint=fingerprint_digest(self.target.fingerprint),
-                layout=self.target.layout,
-            )
+            merged, landed = self._join(current, index, dest)
+            if landed:
+                return self._landed(merged)
             try:
                 put_if(bucket, key, merged.to_json(), etag=None if found is None else found[1], config=config)
             except PreconditionFailedError:
