@@ -204,8 +204,10 @@ class HttpPools:
     direct transport shares; signing, if any, is the caller's)."""
 
     def __init__(self, config: S3Config, verify: str | None) -> None:
-        self._config = config
-        self._context = ssl.create_default_context(cafile=verify)
+        self._config, self._verify = config, verify
+        # built on the first https pool: loading the CA store costs ~10 ms and OpenSSL's locks in every
+        # DataLoader worker, which a plain-http endpoint never needs
+        self._context: ssl.SSLContext | None = None
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._lock = threading.Lock()
 
@@ -215,7 +217,11 @@ class HttpPools:
         with self._lock:
             pool = self._pools.get(ident)
             if pool is None:
-                context = self._context if scheme == "https" else None
+                context = None
+                if scheme == "https":
+                    if self._context is None:
+                        self._context = ssl.create_default_context(cafile=self._verify)
+                    context = self._context
                 pool = self._pools[ident] = _Pool(scheme, host, port, self._config, context)
             return pool
 

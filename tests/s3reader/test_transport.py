@@ -141,6 +141,26 @@ def test_connections_are_reused(
     assert pool.created <= 4 + 1 + hedges, (pool.created, requests, hedges)
 
 
+def test_a_plain_http_endpoint_never_loads_the_tls_context(
+    proxy: FaultProxy,
+    make_config: Callable[..., fastload.S3Config],
+    objects: dict[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CA store is loaded for the first https pool only: every DataLoader worker of an http endpoint
+    would pay its ~10-300 ms (and OpenSSL's process-wide locks, inherited over fork) for nothing."""
+
+    def refused(*args: object, **kwargs: object) -> ssl.SSLContext:
+        raise AssertionError("an SSL context was built for a plain-http endpoint")
+
+    config = make_config(proxy)
+    monkeypatch.setattr(ssl, "create_default_context", refused)
+    transport = s3get.HttpPools(config, None)
+    assert transport.pool(proxy.endpoint_url).scheme == "http"
+    monkeypatch.undo()
+    assert transport.pool("https://127.0.0.1:9/x").scheme == "https"
+
+
 def test_a_connection_closed_while_idle_is_not_reused(
     proxy: FaultProxy, make_config: Callable[..., fastload.S3Config], objects: dict[str, bytes]
 ) -> None:

@@ -4,6 +4,7 @@ indexed dataset is."""
 
 from __future__ import annotations
 
+import faulthandler
 import warnings
 from pathlib import Path
 
@@ -36,9 +37,17 @@ def test_brace_urls_are_read_exactly_once_across_ranks_and_workers(www: Path, we
         with pytest.warns(UserWarning, match="A web server holds no index"):
             ds = fastload.ShardDataset(web.url(PATTERN), seed=1, rank=rank, world_size=2, batch_size=4)
         assert len(ds.view.index.shards) == 5
-        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=list, timeout=60)
+        loader = torch.utils.data.DataLoader(
+            ds, batch_size=4, num_workers=2, collate_fn=list, timeout=60, worker_init_fn=_dump_if_stuck
+        )
         seen += [s["__key__"] for batch in loader for s in batch]
     assert sorted(seen) == sorted(local)
+
+
+def _dump_if_stuck(worker_id: int) -> None:
+    """A worker that makes no progress for 50 s prints its threads' stacks (one CI run timed out here
+    once; the stacks say where, should it happen again)."""
+    faulthandler.dump_traceback_later(50, exit=False)
 
 
 def test_brace_urls_give_the_same_samples_as_the_packed_dataset(www: Path, web: WebServer) -> None:
