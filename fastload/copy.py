@@ -50,6 +50,7 @@ class CopyReport:
     bytes: int = 0
     copied: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # unfinished downloads left out of an upload
+    journal: list[str] = field(default_factory=list)  # an append's journal (.fastload-pack/) left out
     same: list[str] = field(default_factory=list)
     same_bytes: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
@@ -74,6 +75,12 @@ class CopyReport:
             text += (
                 f"; skipped {len(self.skipped)} unfinished download(s) of fastload cp (.NAME.XXXXXXXX.part, "
                 f"e.g. {self.skipped[0]}): delete them, or download again to have them removed"
+            )
+        if self.journal:
+            text += (
+                f"; left out {len(self.journal)} file(s) of a pack journal (.fastload-pack/) beside the "
+                "source's index.json: an append runs or was killed there; the copy holds the dataset its "
+                "index.json lists (copy again once the append has finished)"
             )
         return text
 
@@ -232,7 +239,7 @@ def copy(
     recursive = recursive or src.endswith("/")
     report = CopyReport(dry_run=dry_run, server_side=src_remote and dst_remote)
     ends = list_ends(src, dst, recursive=recursive, config=config)
-    report.skipped = ends.unfinished
+    report.skipped, report.journal = ends.unfinished, ends.journal
     items, src_bucket, dst_bucket = ends.items, ends.src_bucket, ends.dst_bucket
     if ends.unlisted:  # one object to a local path, copied without a request to decide
         steps = [Step(items[0].name, True, ends.unlisted)]

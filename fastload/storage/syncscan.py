@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from crc32c import crc32c
 
 from fastload.config import S3Config
-from fastload.core.index import INDEX_NAME, SIDECAR_DIR
+from fastload.core.index import INDEX_NAME, INDEX_NAMES, SIDECAR_DIR
 from fastload.core.syncplan import (
     Check,
     Found,
@@ -36,6 +36,7 @@ from fastload.core.syncplan import (
 )
 from fastload.errors import AccessDeniedError, ConfigError, NotFoundError
 from fastload.storage import access as storage
+from fastload.storage.manifest import JOURNAL_DIR
 
 PART = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.part")  # a download's temporary name (mkstemp's letters)
 CHUNK_BYTES = 8 << 20
@@ -66,6 +67,18 @@ class Ends:
     dst_prefix: str  # the destination prefix listed for a sync (S3)
     unlisted: str = ""  # one object to a local path copied without a request to decide: why
     unfinished: list[str] = field(default_factory=list)  # downloads' .part files left out of an upload
+    journal: list[str] = field(default_factory=list)  # an append's journal left out (:func:`_journal_apart`)
+
+
+def _journal_apart(items: list[Item]) -> tuple[list[Item], list[str]]:
+    """``items`` less the files of a pack journal (``.fastload-pack/``) beside a dataset's ``index.json``:
+    an append running or killed at the source. Copied, they would make the destination look like an append
+    of its own in progress; without an ``index.json`` (a first pack unfinished) the journal is what says the
+    folder is unfinished, so it is copied then."""
+    if not any(i.name in INDEX_NAMES for i in items):
+        return items, []
+    mine = [i for i in items if i.name.split("/", 1)[0] == JOURNAL_DIR]
+    return [i for i in items if i.name.split("/", 1)[0] != JOURNAL_DIR], [i.src for i in mine]
 
 
 def list_ends(src: str, dst: str, *, recursive: bool, config: S3Config) -> Ends:
@@ -124,7 +137,8 @@ def list_ends(src: str, dst: str, *, recursive: bool, config: S3Config) -> Ends:
                     raise ConfigError(f"refusing to write {item.dst}: it resolves outside {dst}")
         if not items:
             raise NotFoundError(f"no objects under {src}", path=src)
-        return Ends(items, src_bucket, dst_bucket, to)
+        items, journal = _journal_apart(items)
+        return Ends(items, src_bucket, dst_bucket, to, journal=journal)
     assert dst_bucket is not None  # (local to local is refused before)
     if not recursive:
         if not os.path.isfile(src):
@@ -146,7 +160,8 @@ def list_ends(src: str, dst: str, *, recursive: bool, config: S3Config) -> Ends:
     for f in files:
         rel = os.path.relpath(f, base).replace(os.sep, "/")
         items.append(Item(rel, f, prefix + rel, os.path.getsize(f)))
-    return Ends(items, None, dst_bucket, prefix, unfinished=unfinished)
+    items, journal = _journal_apart(items)
+    return Ends(items, None, dst_bucket, prefix, unfinished=unfinished, journal=journal)
 
 
 def scan(

@@ -297,3 +297,45 @@ def test_credentials_that_may_write_but_not_list_copy_everything_as_before(
     assert "not listed (ListObjectsV2 denied)" in report.summary()
     one = copy(f"s3://{BUCKET}/a/index.json", str(dataset / "index.json"), config=config, progress=False)
     assert one.files == 1 and "not listed" in one.summary()
+
+
+def test_the_journal_of_an_append_killed_at_the_source_is_left_out(dataset, proxy, tmp_path, monkeypatch):
+    """An append that failed half-way leaves its journal (``.fastload-pack/append-*``) beside index.json:
+    copied, it would make the copy look like an append of its own in progress; it is left out, and said."""
+    from fastload.packing import append as append_module
+
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    for i in range(30):
+        (extra / f"y{i:03d}.bin").write_bytes(random.Random(i).randbytes(900 + i))
+    real = append_module.AppendedJob.write
+    calls = {"n": 0}
+
+    def failing(self, tmp, **kw):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(5, "injected failure")
+        return real(self, tmp, **kw)
+
+    with monkeypatch.context() as patched, pytest.raises(OSError, match="injected"):
+        patched.setattr(append_module.AppendedJob, "write", failing)
+        fastload.pack(extra, dataset, shard_size_bytes=8 << 10, workers=1, append=True, progress=False)
+    journal = sorted(p.relative_to(dataset).as_posix() for p in (dataset / ".fastload-pack").rglob("*"))
+    assert [p for p in journal if (dataset / p).is_file()], journal  # the run left its journal
+
+    config = _config(proxy)
+    up = copy(str(dataset), f"s3://{BUCKET}/j/", recursive=True, config=config, progress=False)
+    assert up.journal and all("/.fastload-pack/" in p for p in up.journal), up.journal
+    assert "pack journal (.fastload-pack/)" in up.summary()
+    assert not [c for c in up.copied if "/.fastload-pack/" in c], up.copied
+    down = tmp_path / "down"
+    back = copy(f"s3://{BUCKET}/j/", str(down), recursive=True, config=config, progress=False)
+    assert not back.journal and not (down / ".fastload-pack").exists()
+    want = [s["__key__"] for s in fastload.ShardDataset(dataset, decode=False)]
+    assert [s["__key__"] for s in fastload.ShardDataset(down, decode=False)] == want
+
+    # the same from S3: a journal uploaded by an older fastload is left out of a download too
+    shutil.copytree(dataset / ".fastload-pack", tmp_path / "jr" / ".fastload-pack")
+    copy(str(tmp_path / "jr"), f"s3://{BUCKET}/j/", recursive=True, config=config, progress=False)
+    again = copy(f"s3://{BUCKET}/j/", str(tmp_path / "down2"), recursive=True, config=config, progress=False)
+    assert again.journal and not (tmp_path / "down2" / ".fastload-pack").exists()
