@@ -18,7 +18,8 @@
 - ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.
 
 Also: ``options`` (what of a PackConfig decides the bytes), ``staging`` (local staging folders of packs to
-S3), ``tokenizer_hook`` (``--tokenizer``), ``upgrade`` (``fastload index --upgrade``).
+S3), ``tokenizer_hook`` (``--tokenizer``), ``upgrade`` (``fastload index --upgrade``), ``guarded`` (its
+rewrite of ``index.json`` refused when an append published meanwhile).
 
 ``optimize`` (``fastload.optimize``: a function of each input run in worker processes, ``fanout``: the
 ordered chunked map, its samples written in input order; ``optimize_journal``: where each shard ends in the

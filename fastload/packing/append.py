@@ -30,6 +30,7 @@ from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination, destination, read_index_bytes
 from fastload.packing.driver import Plan, R, Retry, run
 from fastload.packing.engine import Advance, Engine, ShardJob
+from fastload.packing.guarded import INDEX_LOCK
 from fastload.packing.journal import STATE_DIR, PackJournal, kept_shards
 from fastload.packing.options import append_problems
 from fastload.storage.locks import FileLock, LockHeld
@@ -302,7 +303,7 @@ class AppendPlan(Plan[R]):
         name = self.index_at or index_name(index.shard_format)
         if dest.url.startswith("s3://"):
             return self._publish_s3(dest, index, name)
-        lock = FileLock(os.path.join(dest.url, STATE_DIR, "index.lock"), timeout_s=LOCK_WAIT_S)
+        lock = FileLock(os.path.join(dest.url, INDEX_LOCK), timeout_s=LOCK_WAIT_S)
         try:
             lock.acquire()
         except LockHeld as held:

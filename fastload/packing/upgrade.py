@@ -32,6 +32,7 @@ from fastload.core.table import decode_table
 from fastload.errors import FastloadError, IndexFormatError, VerifyError
 from fastload.formats import index_name, sidecar_prefix, table_path
 from fastload.packing.dest import Destination, destination
+from fastload.packing.guarded import Put, publish_if_unchanged
 from fastload.storage import access as storage
 from fastload.storage.manifest import read_manifest
 from fastload.storage.tables import split_entry, table_bytes, table_ref
@@ -125,12 +126,16 @@ def write_v2(
     return v2
 
 
-def publish_index(dest: Destination, index: DatasetIndex) -> None:
-    """Write ``index`` where a dataset of its format keeps it (:func:`fastload.formats.index_name`) and,
-    when that is ``_fastload/index.json`` (Parquet), remove an ``index.json`` at the root left by an
-    older fastload (which readers would find first)."""
+def publish_index(dest: Destination, index: DatasetIndex, put: Put | None = None) -> None:
+    """Write ``index`` where a dataset of its format keeps it (:func:`fastload.formats.index_name`; with
+    ``put(url, data)`` if given: :func:`~fastload.packing.guarded.publish_if_unchanged`) and, when that is
+    ``_fastload/index.json`` (Parquet), remove an ``index.json`` at the root left by an older fastload
+    (which readers would find first)."""
     name = index_name(index.shard_format)
-    dest.write_bytes(name, index.to_json())
+    if put is None:
+        dest.write_bytes(name, index.to_json())
+    else:
+        put(storage.join(dest.url, name), index.to_json())
     if name != INDEX_NAME:
         dest.remove(INDEX_NAME)
 
@@ -290,14 +295,21 @@ def upgrade_index(
     root = storage.normalise(target)
     if storage.is_remote(root):
         s3_config = s3_config or S3Config.from_env()
+    seen = read_manifest(root, s3_config=s3_config)  # what is rewritten, if no append published meanwhile
     index = formats.load_index(root, s3_config=s3_config)
     if index.detached:
         fresh, rebuilt, moved = refresh_tables(root, index, s3_config=s3_config, threads=threads)
-        found = read_manifest(root, s3_config=s3_config)
-        misplaced = found is not None and found[0] != storage.join(root, index_name(index.shard_format))
+        misplaced = seen is not None and seen[0] != storage.join(root, index_name(index.shard_format))
         if not (rebuilt or moved or misplaced):
             return UpgradeReport(root, index, upgraded=False)
-        publish_index(destination(root, STATE_DIR, config=s3_config), fresh)
+        dest = destination(root, STATE_DIR, config=s3_config)
+        publish_if_unchanged(
+            root,
+            seen,
+            lambda put: publish_index(dest, fresh, put),
+            what="`fastload index --upgrade`",
+            s3_config=s3_config,
+        )
         remove_stale_tables(root, index, fresh, state_dir=STATE_DIR, s3_config=s3_config)
         return UpgradeReport(
             root, fresh, tables_rebuilt=rebuilt, moved=moved, seconds=time.monotonic() - began
