@@ -245,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         import os
 
         os.environ["FASTLOAD_S3_UNSIGNED"] = "1"
+    if getattr(args, "header", None):  # (so are these)
+        import os
+
+        os.environ["FASTLOAD_HTTP_HEADERS"] = "\n".join(args.header)
     try:
         for name, value in vars(args).items():  # a mistyped or unknown URL would be taken as a local path
             if name in _NOT_PATHS:

@@ -88,6 +88,23 @@ class PackConfig:
         return self.partition_name or f"level{self.partition_level}"
 
 
+def parse_header_lines(text: str) -> dict[str, str]:
+    """``Name: value`` lines (``--header``, ``FASTLOAD_HTTP_HEADERS``) as a dict; :class:`ConfigError` for a
+    line without a name and a colon (the value is never shown: it is often a token)."""
+    headers: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not name.strip() or name != name.strip():
+            raise ConfigError(  # (the line is not shown: it may be a token given without its name)
+                f"a header of {len(line)} characters is not 'Name: value' with no space before the colon "
+                '(e.g. --header "Authorization: Bearer $TOKEN")'
+            )
+        headers[name] = value.strip()
+    return headers
+
+
 @dataclass(frozen=True, kw_only=True)
 class S3Config:
     """How fastload talks to S3 (or an S3-compatible store).
@@ -202,7 +219,8 @@ class S3Config:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> S3Config:
         """Settings from the standard AWS variables (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``,
         ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_PROFILE``), ``FASTLOAD_S3_ADDRESSING_STYLE`` and
-        ``FASTLOAD_S3_TRANSPORT``, ``FASTLOAD_S3_UNSIGNED`` (``--no-sign-request``),
+        ``FASTLOAD_S3_TRANSPORT``, ``FASTLOAD_S3_UNSIGNED`` (``--no-sign-request``), ``FASTLOAD_HTTP_HEADERS``
+        (``--header``: ``Name: value`` lines),
         ``HF_TOKEN`` (or ``HUGGING_FACE_HUB_TOKEN``) and ``HF_ENDPOINT``; explicit ``overrides`` win."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -220,6 +238,8 @@ class S3Config:
             values["transport"] = env["FASTLOAD_S3_TRANSPORT"]
         if env.get("FASTLOAD_S3_UNSIGNED", "").lower() in ("1", "true", "yes"):
             values["unsigned"] = True
+        if env.get("FASTLOAD_HTTP_HEADERS"):
+            values["headers"] = parse_header_lines(env["FASTLOAD_HTTP_HEADERS"])
         token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN")
         if token:
             values["hf_token"] = token

@@ -27,7 +27,8 @@ def fail_fast_url_error(failure: Failure, url: str) -> S3Error:
                 "set HF_TOKEN to a token that may read this repository (and accept its terms on the Hub, "
                 "if gated)"
                 if hub
-                else "give the headers the server wants, e.g. S3Config(headers={'Authorization': ...})"
+                else "give the headers the server wants: --header 'Authorization: ...' on the command line, "
+                "S3Config(headers={'Authorization': ...}) in Python"
             ),
             bucket="",
             key=url,

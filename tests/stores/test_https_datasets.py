@@ -70,3 +70,21 @@ def test_a_web_folder_without_index_says_to_give_shards_by_brace_pattern(web: We
     assert "{000000..000099}" in str(caught.value)
     proc = run_cli("cp", "-r", web.url("wds"), "/tmp/never", check=1)
     assert "has no index.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_header_on_the_command_line_reaches_a_server_that_requires_it(www: Path, tmp_path: Path) -> None:
+    """``--header "Authorization: Bearer T"`` (repeatable, as curl's ``-H``) goes with every request to the
+    URL's host; without it the server's 401 is reported; a malformed one is refused without echoing it."""
+    with WebServer(www, require={"Authorization": "Bearer s3cr3t", "X-Team": "vision"}) as server:
+        url = server.url("ds")
+        headers = ("--header", "Authorization: Bearer s3cr3t", "--header", "X-Team: vision")
+        out = run_cli("inspect", url, *headers).stdout
+        assert "120" in out and "s3cr3t" not in out
+        run_cli("cp", "-r", url, tmp_path / "copy", *headers)
+        run_cli("verify", tmp_path / "copy")
+        denied = run_cli("inspect", url, "--header", "X-Team: vision", check=1)
+        assert "401" in denied.stderr or "denied" in denied.stderr.lower(), denied.stderr
+        bad = run_cli("inspect", url, "--header", "Bearer s3cr3t", check=2)
+        assert "not 'Name: value'" in bad.stderr and "s3cr3t" not in bad.stderr, bad.stderr
+        seen = [h for m, p, h in server.requests if p.startswith("/ds/") and h.get("Authorization")]
+        assert seen and all(h["X-Team"] == "vision" for h in seen)
