@@ -39,7 +39,13 @@ def web(www: Path) -> Iterator[WebServer]:
 
 @pytest.fixture(autouse=True)
 def fresh_runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "FASTLOAD_S3_UNSIGNED", "FASTLOAD_HTTP_HEADERS"):
+    for name in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_ENDPOINT",
+        "FASTLOAD_S3_UNSIGNED",
+        "FASTLOAD_HTTP_HEADERS",
+    ):
         monkeypatch.delenv(name, raising=False)
     runtime.reset()
     yield
