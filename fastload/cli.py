@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from fastload import formats
 from fastload.cli_args import build_parser
 from fastload.config import PackConfig
+from fastload.core.weburls import has_braces
 from fastload.errors import ConfigError, FastloadError, SkippedInputError
 from fastload.storage.urls import check_url
 
@@ -70,7 +71,19 @@ def _pack(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     from fastload.packing.verify import verify
+    from fastload.storage import access as storage
 
+    if storage.is_remote(args.target) and has_braces(args.target):
+        from fastload.train.source import open_index
+
+        _, index = open_index(args.target)  # every byte read, every tar header's checksum checked
+        print(
+            f"read {len(index.shards)} shard(s) whole ({index.bytes:,} bytes, {index.samples:,} samples): "
+            "each parsed end to end (tar headers' checksums, TFRecord record CRCs); without an index.json "
+            "there are no checksums of the bytes to compare with (copy the shards with `fastload cp` and "
+            "run `fastload index` there for that)"
+        )
+        return 0
     report = verify(args.target, workers=args.workers, progress=None if not args.quiet else False)
     print(report.summary())
     return 0 if report.ok else 1
@@ -89,6 +102,19 @@ def _inspect(args: argparse.Namespace) -> int:
     from fastload.summary import describe, describe_file, describe_versions, list_shard
 
     url = storage.normalise(args.target)
+    if storage.is_remote(url) and has_braces(url):  # index-less shards, indexed in memory as readers do
+        from fastload.train.source import open_index
+
+        root, index = open_index(url)
+        if args.versions:
+            raise ConfigError(f"{args.target} names shards without an index.json: they have no versions")
+        shown = (
+            describe(index)
+            if args.shard is None
+            else list_shard(index, args.shard, limit=args.limit or None, root=root)
+        )
+        print(shown)
+        return 0
     named_like_a_shard = formats.for_path(url) is not None or not storage.is_remote(url)
     if not url.endswith(".json") and named_like_a_shard and is_one_file(url):
         if args.shard is not None:

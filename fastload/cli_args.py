@@ -51,14 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         "needed (FASTLOAD_S3_UNSIGNED=1; S3Config(unsigned=True) in Python)",
     )
 
-    s3_options.add_argument(
-        "--header",
-        action="append",
-        default=None,
-        metavar="'NAME: VALUE'",
-        help="a header for every http(s):// and hf:// request to the URL's host (repeatable, as curl's -H), "
-        'e.g. --header "Authorization: Bearer $TOKEN" (FASTLOAD_HTTP_HEADERS: one per line)',
-    )
+    header_help = "a header for every http(s)/hf request to the URL's host (repeatable, as curl's -H)"
+    s3_options.add_argument("--header", action="append", metavar="'NAME: VALUE'", help=header_help)
 
     _pack(sub, s3_options)
     _verify(sub, s3_options)

@@ -30,7 +30,7 @@ from io import RawIOBase
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
 from fastload.core.syncplan import Step
-from fastload.core.weburls import is_web, lists_folders
+from fastload.core.weburls import expand_braces, has_braces, is_web, lists_folders
 from fastload.errors import AccessDeniedError, ConfigError, FastloadError, NotFoundError, write_error
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
@@ -360,7 +360,9 @@ def _copy_web(
 
     shown = sys.stderr.isatty() if progress is None else progress
     report = CopyReport()
-    if not (recursive or src.endswith("/")):
+    if has_braces(src):  # shard-{000000..000099}.tar: each shard into the folder dst, as laid out there
+        root, names = storage.split_root(expand_braces(src))
+    elif not (recursive or src.endswith("/")):
         name = src.rsplit("/", 1)[-1]
         target = os.path.join(dst, name) if dst.endswith("/") or os.path.isdir(dst) else dst
         with _bar(0, 1, shown) as bar:
@@ -369,8 +371,9 @@ def _copy_web(
             )
         report.files, report.copied = 1, [target]
         return report
-    root = src.rstrip("/")
-    names = _web_names(root, config)
+    else:
+        root = src.rstrip("/")
+        names = _web_names(root, config)
     for name in names:
         problem = unsafe_key_part(name)
         if problem:

@@ -16,6 +16,8 @@ from fastload.core.weburls import expand_braces
 from fastload.errors import ConfigError, NotFoundError
 from fastload.testing.httpserve import WebServer
 
+from .helpers import run_cli
+
 PATTERN = "wds/shard-{000000..000004}.tar"
 
 
@@ -63,3 +65,25 @@ def test_brace_urls_give_the_same_samples_as_the_packed_dataset(www: Path, web: 
 def test_a_missing_shard_of_a_pattern_is_named(web: WebServer) -> None:
     with pytest.raises(NotFoundError, match=r"shard-000005\.tar"):
         fastload.ShardDataset(web.url("wds/shard-{000003..000005}.tar"))
+
+
+def test_commands_take_a_brace_pattern(www: Path, web: WebServer, tmp_path: Path) -> None:
+    """``ls`` (each shard's size), ``inspect`` (and ``--shard``), ``verify`` (every shard parsed end to end)
+    and ``cp`` (each shard into a folder) of a pattern, as ShardDataset reads one."""
+    pattern = web.url("wds/shard-{000001..000003}.tar")
+    shards = [f"shard-{i:06d}.tar" for i in (1, 2, 3)]
+    listed = run_cli("ls", pattern).stdout.splitlines()
+    sizes = [(www / "wds" / name).stat().st_size for name in shards]
+    want = [[str(n), name] for n, name in zip(sizes, shards, strict=True)]
+    assert [line.split() for line in listed] == want
+    described = run_cli("inspect", pattern)
+    assert "72" in described.stdout and "no index.json" in described.stderr, described
+    one = run_cli("inspect", pattern, "--shard", "1").stdout
+    assert "shard-000002.tar" in one
+    checked = run_cli("verify", pattern).stdout
+    assert "read 3 shard(s) whole" in checked and "72 samples" in checked, checked
+    run_cli("cp", pattern, tmp_path / "got")
+    assert sorted(p.name for p in (tmp_path / "got").iterdir()) == shards
+    assert all((tmp_path / "got" / n).read_bytes() == (www / "wds" / n).read_bytes() for n in shards)
+    missing = run_cli("verify", web.url("wds/shard-{000004..000005}.tar"), check=1)
+    assert "shard-000005.tar" in missing.stderr, missing.stderr
