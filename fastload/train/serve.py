@@ -119,7 +119,9 @@ class Served:
             raise ConfigError(f"feeder_timeout_s={feeder_timeout_s} must be > 0")
         self.dataset = ShardDataset(source, **options)
         self.batch_size, self.drop_last = batch_size, drop_last
-        self._source, self._options = source, {**options, "version": self.dataset.view.version}
+        rank, world = self.dataset.rank_world()  # this process's (torch.distributed's): feeders have none
+        self._source = source
+        self._options = {**options, "version": self.dataset.view.version, "rank": rank, "world_size": world}
         self._collate = collate_fn or torch.utils.data.default_collate
         self._order = self.dataset.order_fingerprint()  # what every feeder must see
         self._feeders, self._cpus, self._address = feeders, feeder_cpus, ray_address
