@@ -282,8 +282,7 @@ def test_closing_or_collecting_a_loader_stops_its_feeders(ray_cluster: Any, data
         assert len(alive_feeders(ray_cluster)) == 2
     assert alive_feeders(ray_cluster, wait_s=15) == []
     assert ray_cluster.is_initialized()  # a Ray this process started before serve is left running
-    s = served(dataset)
-    next(iter(s))
+    same(list(s), local(dataset))  # a closed loader starts anew, with new feeders
     assert len(alive_feeders(ray_cluster)) == 2
     del s
     gc.collect()
