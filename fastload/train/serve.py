@@ -33,8 +33,9 @@ INSTALL_HINT = "pip install 'fastload[ray]'"
 
 
 class _Ray:
-    """This process's Ray connection as serve sees it: whether serve started it (``ray.init`` without a
-    cluster to join) and how many :class:`Served` use it; the last of them to close shuts it down."""
+    """This process's Ray connection as serve sees it: whether serve made it (its ``ray.init``: a new local
+    cluster, or a connection to a running one) and how many :class:`Served` use it; the last of them to
+    close shuts it down (stops the local cluster, or disconnects)."""
 
     started = False
     users = 0
@@ -167,9 +168,10 @@ class Served:
         self._start(self._connect())
 
     def close(self) -> None:
-        """Stop every feeder (they are kept between epochs otherwise) and, if ``serve`` started Ray in
-        this process (no cluster to join) and no other open :class:`Served` uses it, shut Ray down. Done
-        as well when this object is garbage-collected; iterating again afterwards starts anew."""
+        """Stop every feeder (they are kept between epochs otherwise) and, if ``serve`` connected this
+        process to Ray (``ray.init`` was not called before) and no other open :class:`Served` uses it,
+        ``ray.shutdown()``. Done as well when this object is garbage-collected; iterating again
+        afterwards starts anew."""
         self._finalizer()
         self._starting.clear()
         self._ready.clear()
