@@ -3,80 +3,42 @@ exactly once, in ``fastload.DataLoader``'s order, resumable.
 
 Batch ``i`` of a rank's epoch is a pure function of the dataset, its settings and ``(epoch, rank, world,
 i)``: a feeder opens the dataset itself and makes the batch with fastload's own read, check, decode,
-``map=`` and collate (:func:`make_batch`), so any feeder makes the same one. The training process keeps a
-:class:`~fastload.core.serveplan.ServeLedger` (what each feeder owes, back-pressure, order); a feeder that
-dies has its batches made again by a new one; its position (batches delivered) is saved and restored with
-the dataset's own ``state_dict()``. Ray is imported when a :class:`Served` starts its first epoch.
+``map=`` and collate (:mod:`fastload.train.feeder`), so any feeder makes the same one. The training
+process keeps a :class:`~fastload.core.serveplan.ServeLedger` (what each feeder owes, back-pressure,
+order); a feeder that dies has its batches made again by a new one; its position (batches delivered) is
+saved and restored with the dataset's own ``state_dict()``. Ray is imported when a :class:`Served` starts
+its first epoch; one that started Ray shuts it down when closed or collected (:func:`_release`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch.utils.data
 
 from fastload.core.serveplan import ServeLedger
-from fastload.errors import ConfigError, FastloadError, WorkerDiedError
-from fastload.train.chunks import ChunkCollate, chunks_of
+from fastload.core.telemetry import merge, zeros
+from fastload.errors import ConfigError, WorkerDiedError
 from fastload.train.dataset import ShardDataset
-from fastload.train.position import Iteration
-from fastload.train.reading import read_samples
+from fastload.train.feeder import Feeder, Job, from_wire
+from fastload.train.telemetry import Tally, clock_ns
+from fastload.train.telemetry import report as telemetry_report
 
 INSTALL_HINT = "pip install 'fastload[ray]'"
-Job = tuple[int, tuple[int, int] | None, int, int, int, int]  # epoch, resumed, span, start, total, size
 
 
-def make_batch(
-    dataset: ShardDataset, job: Job, index: int, collate: Callable[[list[Any]], Any]
-) -> tuple[Any, int, int, FastloadError | None]:
-    """Batch ``index`` of ``job`` read from ``dataset`` (positions ``[start + index*size, ...)`` of the
-    rank's order): ``(batch or None if every sample was skipped, samples, skipped, error)``."""
-    epoch, resumed, span, start, total, size = job
-    first = start + index * size
-    stop = min(total, first + size)
-    refs = dataset.refs_of(first, stop, epoch=epoch, resumed=resumed, span=span)
-    progress = Iteration(epoch, first, resumed, 0, 1, None)
-    samples = read_samples(
-        refs,
-        dataset.view,
-        decoding=dataset.decoding,
-        prefetch=dataset.prefetch,
-        progress=progress,
-        mark_skipped=True,
-    )
-    try:
-        chunk = next(chunks_of(samples, len(refs), max(1, len(refs)), worker=None))
-        batch, count, skipped, _, _, _ = ChunkCollate(collate)(chunk)
-        return batch, count, skipped, None
-    except FastloadError as exc:  # a value: it reaches the trainer with its type and data
-        return None, stop - first, 0, exc
-    finally:
-        samples.close()
+class _Ray:
+    """This process's Ray connection as serve sees it: whether serve made it (its ``ray.init``: a new local
+    cluster, or a connection to a running one) and how many :class:`Served` use it; the last of them to
+    close shuts it down (stops the local cluster, or disconnects)."""
 
-
-class Feeder:
-    """What a Ray actor runs: the dataset opened in its own process, batches made on request."""
-
-    def __init__(
-        self, source: Any, options: dict[str, Any], collate: Callable[[list[Any]], Any], order: str
-    ) -> None:
-        self.dataset = ShardDataset(source, **options)
-        self.collate = collate
-        if self.dataset.order_fingerprint() != order:  # another dataset under the same name, here
-            raise ConfigError(
-                f"fastload.serve: the feeder on {os.uname().nodename} sees another dataset at {source!r} "
-                f"(order fingerprint {self.dataset.order_fingerprint()}, the trainer's {order}); give "
-                "every machine the same dataset"
-            )
-
-    def make(self, job: Job, index: int) -> tuple[Any, int, int, FastloadError | None]:
-        return make_batch(self.dataset, job, index, self.collate)
-
-    def pid(self) -> int:
-        return os.getpid()
+    started = False
+    users = 0
 
 
 def _ray(address: str | None) -> Any:
@@ -87,7 +49,46 @@ def _ray(address: str | None) -> Any:
         raise ConfigError(f"fastload.serve needs Ray, which is not installed: {INSTALL_HINT}") from None
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+        _Ray.started, _Ray.users = True, 0  # (a new local cluster, or a connection to a running one)
     return ray
+
+
+def _release(actors: dict[int, Any], lease: list[bool]) -> None:
+    """Stop ``actors`` and give back a :class:`Served`'s use of Ray (``lease[0]``): what its ``close()``
+    and its garbage collection do."""
+    if not actors and not lease[0]:
+        return  # (never connected)
+    import ray
+
+    if ray.is_initialized():
+        for actor in actors.values():
+            with contextlib.suppress(Exception):  # already gone, or Ray going down: nothing to stop
+                ray.kill(actor)
+    actors.clear()
+    if lease[0]:
+        lease[0] = False
+        _Ray.users -= 1
+        if _Ray.users <= 0 and _Ray.started and ray.is_initialized():
+            ray.shutdown()
+            _Ray.started = False
+
+
+def _check_source(source: Any) -> None:
+    if isinstance(source, (str, os.PathLike)) or (
+        isinstance(source, Sequence) and all(isinstance(s, (str, os.PathLike)) for s in source)
+    ):
+        return
+    kind = type(source).__name__
+    if kind in ("Mix", "PackedSequences"):
+        raise ConfigError(
+            f"fastload.serve does not serve a fastload.{kind} yet (docs/serve.md, Limits): read it with "
+            "fastload.DataLoader, or serve each of its sources"
+        )
+    raise ConfigError(
+        f"fastload.serve takes a dataset's location (a path, URL or list of them) and ShardDataset's "
+        f"keywords, not a {kind}: each feeder opens the dataset itself (pass the location and keywords "
+        "you would give fastload.ShardDataset)"
+    )
 
 
 class Served:
@@ -117,9 +118,12 @@ class Served:
             raise ConfigError(f"feeders={feeders} must be >= 1")
         if not feeder_timeout_s > 0:
             raise ConfigError(f"feeder_timeout_s={feeder_timeout_s} must be > 0")
+        _check_source(source)
         self.dataset = ShardDataset(source, **options)
         self.batch_size, self.drop_last = batch_size, drop_last
-        self._source, self._options = source, {**options, "version": self.dataset.view.version}
+        rank, world = self.dataset.rank_world()  # this process's (torch.distributed's): feeders have none
+        self._source = source
+        self._options = {**options, "version": self.dataset.view.version, "rank": rank, "world_size": world}
         self._collate = collate_fn or torch.utils.data.default_collate
         self._order = self.dataset.order_fingerprint()  # what every feeder must see
         self._feeders, self._cpus, self._address = feeders, feeder_cpus, ray_address
@@ -133,6 +137,20 @@ class Served:
         self._completed: int | None = None
         self._epoch_chosen = False
         self.skipped = self.repeated_batches = self.feeder_deaths = 0
+        self._tally = Tally()  # this process's: batches received, their hand-over (Ray's get)
+        self._telemetry: dict[int, tuple[int, dict[int, int]]] = {}  # feeder -> its latest (stamp, cells)
+        self._lease = [False]  # whether this Served counts among Ray's users (_Ray)
+        self._finalizer = weakref.finalize(self, _release, self.actors, self._lease)
+
+    def _connect(self) -> Any:
+        """The ``ray`` module, connected; this Served counted among its users until :meth:`close`."""
+        ray = _ray(self._address)
+        if not self._lease[0]:
+            self._lease[0] = True
+            _Ray.users += 1
+            if not self._finalizer.alive:  # closed before: released again when collected
+                self._finalizer = weakref.finalize(self, _release, self.actors, self._lease)
+        return ray
 
     # -- feeders ------------------------------------------------------------------------------------------
 
@@ -147,18 +165,22 @@ class Served:
 
     def add_feeder(self) -> None:
         """One more feeder, now: it gets the next batches assigned (the stream is unchanged)."""
-        ray = _ray(self._address)
-        self._start(ray)
+        self._start(self._connect())
 
     def close(self) -> None:
-        """Stop every feeder (they are kept between epochs otherwise)."""
-        if self.actors:
-            ray = _ray(self._address)
-            for actor in self.actors.values():
-                ray.kill(actor)
-            self.actors.clear()
-            self._starting.clear()
-            self._ready.clear()
+        """Stop every feeder (they are kept between epochs otherwise) and, if ``serve`` connected this
+        process to Ray (``ray.init`` was not called before) and no other open :class:`Served` uses it,
+        ``ray.shutdown()``. Done as well when this object is garbage-collected; iterating again
+        afterwards starts anew."""
+        self._finalizer()
+        self._starting.clear()
+        self._ready.clear()
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- the loop's side ----------------------------------------------------------------------------------
 
@@ -209,7 +231,7 @@ class Served:
 
     def _batches(self, job: Job) -> Iterator[tuple[Any, int, int]]:
         """``(batch, samples, skipped)`` of ``job``'s batches, in order, from the feeders."""
-        ray = _ray(self._address)
+        ray = self._connect()
         _, _, _, start, total, size = job
         ledger: ServeLedger[int] = ServeLedger(
             -(-(total - start) // size), max_in_flight=self._max_in_flight, window=self._window
@@ -242,16 +264,21 @@ class Served:
                     self._started(ray, ledger, ref)
                     continue
                 name, index = sent.pop(ref)
+                got = clock_ns()
                 try:
-                    batch, count, skipped, error = ray.get(ref)
+                    batch, count, skipped, error, (stamp, cells) = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:
                     if name in self.actors:
                         self._lost(ray, ledger, name, exc)
                     continue
+                if stamp > self._telemetry.get(name, (0, {}))[0]:
+                    self._telemetry[name] = (stamp, cells)
                 if error is not None:
                     raise error
                 if ledger.arrived(name, index):
-                    made[index] = (batch, count, skipped)
+                    made[index] = (from_wire(batch), count, skipped)
+                    self._tally.stage("handover", clock_ns() - got)
+                    self._tally.count("batches")
 
     def _started(self, ray: Any, ledger: ServeLedger[int], ref: Any) -> None:
         """A feeder's start ended: it joins the ledger, or (it died starting) is replaced."""
@@ -286,6 +313,31 @@ class Served:
         self._ready.discard(name)
         ledger.lose(name)
         self._start(ray)
+
+    # -- telemetry ----------------------------------------------------------------------------------------
+
+    def feeder_vectors(self) -> dict[str, list[int]]:
+        """Each feeder's own telemetry (:mod:`fastload.core.telemetry` vectors) as of its last batch to
+        arrive, by name (``feeder0``, ``feeder1``, ...; a replaced feeder keeps its entry)."""
+        out: dict[str, list[int]] = {}
+        for name, (_, cells) in sorted(self._telemetry.items()):
+            vector = out[f"feeder{name}"] = zeros()
+            for i, v in cells.items():
+                vector[i] = v
+        return out
+
+    def telemetry_vector(self) -> list[int]:
+        """Every feeder's telemetry and this process's (batches received, their hand-over) summed."""
+        total = self._tally.peek()
+        for vector in self.feeder_vectors().values():
+            merge(total, vector)
+        return total
+
+    def report(self) -> dict[str, Any]:
+        """Per-stage telemetry as :meth:`fastload.DataLoader.report`'s, summed over the feeders, with
+        ``feeders``: each feeder's own summary by name (:meth:`feeder_vectors`)."""
+        feeders = {name: telemetry_report(v) for name, v in self.feeder_vectors().items()}
+        return telemetry_report(self.telemetry_vector(), feeders=feeders)
 
     # -- position -----------------------------------------------------------------------------------------
 
@@ -343,4 +395,4 @@ def serve(
     )
 
 
-__all__ = ["Feeder", "Served", "make_batch", "serve"]
+__all__ = ["Served", "serve"]
