@@ -290,13 +290,14 @@ class ShardDataset(PositionMethods, TelemetryMethods, torch.utils.data.IterableD
         from a checkpoint taken under another world size, else None."""
         return self._shared.resumed_from()
 
-    def order_fingerprint(self, world_size: int | None = None) -> str:
+    def order_fingerprint(self, world_size: int | None = None, *, span: int | None = None) -> str:
         """A digest of everything that decides the sample order (shards, counts, seed, policies, world size
         (default: this run's), and the order's algorithm where it changed: ``even="split"`` without a seed
-        rotates its cut with the epoch from this version on: :func:`~fastload.core.sharding.split_rotation`).
+        rotates its cut with the epoch from this version on: :func:`~fastload.core.sharding.split_rotation`);
+        ``span``: over the first shards only (an older version's; default: those the current epoch reads).
         """
         world = self.rank_world()[1] if world_size is None else world_size
-        return self._fingerprint(world, legacy=False)
+        return self._fingerprint(world, legacy=False, span=span)
 
     def _span(self, epoch: int) -> int:
         """How many shards ``epoch`` reads: all, or the first ones of the older version a checkpoint of

@@ -33,7 +33,13 @@ from fastload.train.chunks import chunks_of
 from fastload.train.dataset import ShardDataset
 from fastload.train.mixplan import MixPlan, Source, plan_epoch
 from fastload.train.mixread import interleave, source_samples
-from fastload.train.mixstate import mixture_parts, mixture_refusal
+from fastload.train.mixstate import (
+    VersionSpans,
+    checkpoint_spans,
+    mixture_parts,
+    mixture_refusal,
+    versions_read,
+)
 from fastload.train.mixweights import Weights, sample_weights, tokens_per_sample
 from fastload.train.position import Iteration, PositionMethods, SharedPosition
 from fastload.train.reading import SKIPPED
@@ -105,6 +111,7 @@ class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[di
         self.steps = tuple(steps)
         self.stop, self.seed, self.batch_size = stop, seed, batch_size
         self._plans = [Source.of(name, d) for name, d in named.items()]
+        self._spans = VersionSpans(len(self._plans))  # a restored epoch read over older versions
         self._shared = SharedPosition()
         self._telemetry = SharedCounters()  # per-stage counters, summed over workers (report())
         self._pending: Iteration | None = None  # a worker-level restore, for this process's next pass
@@ -165,13 +172,14 @@ class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[di
 
     def _plan(self, epoch: int, resumed: tuple[int, int] | None) -> MixPlan:
         rank, world = self.rank_world()
-        key = (epoch, resumed, rank, world, self._step_size())
+        key = (epoch, resumed, rank, world, self._step_size(), tuple(self._spans.of(epoch).items()))
         cached = self.__dict__.get("_plan_cache")
         if cached is not None and cached[0] == key:
             return cached[1]  # type: ignore[no-any-return]
         schedule = self.schedule(epoch)
+        sources = self._spans.sources(self._plans, epoch)
         plan = plan_epoch(
-            self._plans, schedule, epoch=epoch, rank=rank, world=world, stop=self.stop, resumed=resumed
+            sources, schedule, epoch=epoch, rank=rank, world=world, stop=self.stop, resumed=resumed
         )
         self._plan_cache = (key, plan)
         return plan
@@ -204,13 +212,14 @@ class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[di
         report["skipped_samples"] = self.skipped_samples
         rank, world = self.rank_world()
         e = self.epoch if epoch is None else epoch
+        plans = self._spans.sources(self._plans, e)
         sources = {}
         for s, name in enumerate(self.names):
             got, passes, size = counts[name] - int(plan.drawn[s]), plan.passes[s], len(plan.firsts[s])
             while got > size:
                 got -= size
                 passes += 1
-                size = self._plans[s].length(e, passes, rank, world)
+                size = plans[s].length(e, passes, rank, world)
             weights = [p.quota[s] / p.period for p in plan.schedule.patterns]
             sources[name] = {"samples": counts[name], "passes": passes + 1, "weights": weights}
         report["sources"] = sources
@@ -218,11 +227,15 @@ class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[di
 
     # -- the Stateful protocol ----------------------------------------------------------------------------
 
-    def fingerprint(self, world_size: int | None = None) -> str:
+    def fingerprint(self, world_size: int | None = None, *, epoch: int | None = None) -> str:
         """A digest of what decides the stream: names, weights and schedule, stop rule, seed, batch size
-        when a schedule needs it, and each source's order at ``world_size`` (default: this run's)."""
+        when a schedule needs it, and each source's order at ``world_size`` (default: this run's) as epoch
+        ``epoch`` (default: the current one) reads it."""
         world = self.rank_world()[1] if world_size is None else world_size
-        orders = [d.order_fingerprint(world) for d in self.sources]
+        return self._digest(world, self._spans.of(self.epoch if epoch is None else epoch))
+
+    def _digest(self, world: int, spans: Mapping[int, int]) -> str:
+        orders = [d.order_fingerprint(world, span=spans.get(s)) for s, d in enumerate(self.sources)]
         size = self._step_size() if len(self.steps) > 1 else None
         settings = repr((self.names, self.steps, self.stop, self.seed, size, orders))
         return hashlib.sha256(settings.encode()).hexdigest()[:16]
@@ -249,13 +262,11 @@ class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[di
             "delivered": at,
             "world_size": world,
             "rank": rank,
-            "order": self.fingerprint(),
-            **mixture_parts(self),
+            "order": self._digest(world, self._spans.of(epoch)),
+            **mixture_parts(self, spans=self._spans.of(epoch)),
             "sources": dict(zip(self.names, (int(c) for c in counts), strict=True)),
         }
-        grown = {
-            n: d.view.version for n, d in zip(self.names, self.sources, strict=True) if d.view.version > 1
-        }
+        grown = versions_read(self, self._spans.of(epoch))
         if grown:  # the versions read where not 1 (what a checkpoint without them read: kept small)
             state["source_versions"] = grown
         if resumed is not None:
@@ -274,9 +285,17 @@ class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[di
             raise ConfigError("this state is not a fastload.Mix's; restore it into what saved it")
         _, world = self.rank_world()
         old_world = int(state["world_size"])
-        if state.get("order") != self.fingerprint(old_world):
+        spans = checkpoint_spans(self, state)  # sources grown since: their epoch ends over the old version
+        if state.get("order") != self._digest(old_world, spans):
             raise mixture_refusal(self, state, old_world)
         epoch, delivered = int(state["epoch"]), int(state["delivered"])
+        with self._spans.kept_unless_done(epoch, spans):
+            self._checked_restore(state, epoch, delivered, old_world, world)
+
+    def _checked_restore(
+        self, state: dict[str, Any], epoch: int, delivered: int, old_world: int, world: int
+    ) -> None:
+        """:meth:`load_state_dict` once the checkpoint's mixture is this one: check its position, restore."""
         resumed = self._resumed_by(state, old_world, world)
         if old_world != world:
             uneven = [n for n, d in zip(self.names, self.sources, strict=True) if d.even == "none"]
@@ -325,9 +344,10 @@ class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[di
         if plan.end is not None:
             first = min(first, plan.end)
         rank, world = self.rank_world()
+        sources = self._spans.sources(self._plans, plan.epoch)
         streams = []
         for s, (name, d) in enumerate(zip(self.names, self.sources, strict=True)):
-            next_pass = functools.partial(self._plans[s].order, plan.epoch, rank=rank, world=world)
+            next_pass = functools.partial(sources[s].order, plan.epoch, rank=rank, world=world)
             streams.append(
                 source_samples(
                     d,

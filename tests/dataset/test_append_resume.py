@@ -186,34 +186,78 @@ def test_sigkill_then_append_then_resume(grown: tuple[Path, Path], tmp_path: Pat
     assert final["delivered"] == len(full) and final["version"] == 1
 
 
-def test_a_mix_whose_source_grew_says_which_version_to_open(grown: tuple[Path, Path]) -> None:
+def _mix(grows: Path, other: Path, **grows_kw: Any) -> fastload.Mix:
+    sources = {
+        "grows": fastload.ShardDataset(grows, **KW, **grows_kw),
+        "other": fastload.ShardDataset(other, seed=1),
+    }
+    return fastload.Mix(sources, seed=3, batch_size=4)
+
+
+def test_a_mix_whose_source_grew_finishes_the_epoch_over_the_version_its_checkpoint_read(
+    grown: tuple[Path, Path],
+) -> None:
+    """As a ShardDataset does: the restored epoch reads the grown source's old version (same samples, same
+    order as without the append), the next epoch the newest; a checkpoint taken meanwhile records the
+    version it reads, and restores again."""
     v1, v2 = grown
-    other = fastload.ShardDataset(v1, seed=1)
-    mix = fastload.Mix({"grows": fastload.ShardDataset(v1, **KW), "other": other}, seed=3)
+    mix = _mix(v1, v1)
     mix.set_epoch(1)
     stream = iter(mix)
     [next(stream) for _ in range(10)]
-    state = mix.state_dict()
+    state = json.loads(json.dumps(mix.state_dict()))
     assert "source_versions" not in state  # (all read version 1: what a checkpoint without it means)
     assert fastload.Mix({"g": fastload.ShardDataset(v2, **KW)}).state_dict()["source_versions"] == {"g": 2}
-    later = fastload.Mix(
-        {"grows": fastload.ShardDataset(v2, **KW), "other": fastload.ShardDataset(v1, seed=1)}, seed=3
-    )
-    with pytest.raises(
-        ConfigError, match=r"'grows': the checkpoint read its version 1.*open grows: version=1"
-    ):
-        later.load_state_dict(state)
-    pinned = fastload.Mix(
-        {"grows": fastload.ShardDataset(v2, version=1, **KW), "other": fastload.ShardDataset(v1, seed=1)},
-        seed=3,
-    )
-    pinned.load_state_dict(state)  # finishes the epoch over version 1
-    rest = [s["__key__"] for s in pinned]
-    whole = fastload.Mix(
-        {"grows": fastload.ShardDataset(v1, **KW), "other": fastload.ShardDataset(v1, seed=1)}, seed=3
-    )
+    whole = _mix(v1, v1)
     whole.set_epoch(1)
-    assert [s["__key__"] for s in whole][10:] == rest
+    want = [s["__key__"] for s in whole]
+    after = _mix(v2, v1)  # the job restarts after the append: the source opens version 2
+    after.load_state_dict(state)
+    assert [s["__key__"] for s in after] == want[10:]
+    newest = _mix(v2, v1)
+    newest.set_epoch(2)
+    assert [s["__key__"] for s in after] == [s["__key__"] for s in newest]  # the next epoch: version 2
+    assert any(k.startswith("b/") for k in (s["__key__"] for s in newest))
+
+    again = _mix(v2, v1)
+    again.load_state_dict(state)
+    stream = iter(again)
+    [next(stream) for _ in range(5)]
+    mid = json.loads(json.dumps(again.state_dict()))
+    stream.close()
+    assert "source_versions" not in mid  # this epoch reads version 1 of "grows" (v2's own says 2)
+    third = _mix(v2, v1)
+    third.load_state_dict(mid)
+    assert [s["__key__"] for s in third] == want[15:]
+    pinned = _mix(v2, v1, version=1)  # pinned to version 1: the same epoch, and the next one stays there
+    pinned.load_state_dict(state)
+    assert [s["__key__"] for s in pinned] == want[10:]
+
+
+@pytest.mark.parametrize(("workers_before", "workers_after"), [(2, 0), (0, 2)])
+def test_a_mix_resumed_across_an_append_with_loader_workers(
+    grown: tuple[Path, Path], workers_before: int, workers_after: int
+) -> None:
+    v1, v2 = grown
+    whole = _mix(v1, v1)
+    whole.set_epoch(1)
+    want = [s["__key__"] for s in whole]
+    mix = _mix(v1, v1)
+    dl = fastload.DataLoader(
+        mix, batch_size=4, num_workers=workers_before, timeout=60 if workers_before else 0
+    )
+    mix.set_epoch(1)
+    iterator = iter(dl)
+    before = keys_of(take(iterator, 3))
+    state = json.loads(json.dumps(dl.state_dict()))
+    iterator.close()
+    later = _mix(v2, v1)
+    dl2 = fastload.DataLoader(
+        later, batch_size=4, num_workers=workers_after, timeout=60 if workers_after else 0
+    )
+    dl2.load_state_dict(state)
+    assert before + keys_of(dl2) == want
+    assert any(k.startswith("b/") for k in keys_of(dl2))  # the next epoch reads the appended samples
 
 
 def test_torchrun_two_ranks_resume_across_an_append(grown: tuple[Path, Path], tmp_path: Path) -> None:
