@@ -21,6 +21,12 @@ The live tuner's rules, applied to one window of measurements (:class:`Window`) 
   ``prefetch_bytes`` raised to hold them; and ``task_bytes`` while a fetch's first byte is at least
   ``LATENCY_BOUND_SHARE`` (30%) of its time (each request mostly waits: bigger reads amortise that), up to
   ``Limits.max_task_bytes``.
+- **No gain, no raise.** A raise is a trial (:class:`Trial`): when the window after it, still
+  loader-bound, delivers less than ``MIN_GAIN`` (5%) more samples/s than the window before it, the I/O
+  settings go back to what they were and the tuner settles there (the caller passes ``explore=False``);
+  it tries one raise again after ``REPROBE_WINDOWS`` (20) windows, kept only if it gains. More
+  concurrency than a store or a loaded machine can serve costs throughput; this finds where it stops
+  paying.
 
 Memory: every change keeps ``workers x (prefetch_bytes + task_bytes) <= Limits.memory_bytes`` (the bytes
 read ahead and the read in use in each worker, :class:`~fastload.train.options.PrefetchConfig`'s bound).
@@ -41,6 +47,9 @@ HEADROOM = 1.2
 DOMINANT_SHARE = 0.40
 CPU_BOUND_SHARE = 0.75
 LATENCY_BOUND_SHARE = 0.30
+MIN_GAIN = 0.05
+REPROBE_WINDOWS = 20
+IO_KNOBS = ("prefetch_bytes", "concurrency", "task_bytes")
 MIB = 1 << 20
 CPU_STAGES = ("parse", "decode", "map", "collate", "handover")
 
@@ -146,6 +155,11 @@ class Window:
         total = self.wait_s + self.step_s
         return self.wait_s / total if total > 0 else 0.0
 
+    @property
+    def rate(self) -> float:
+        """Samples/s delivered."""
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
     @classmethod
     def of(
         cls, now: Sequence[int], before: Sequence[int], *, wall_s: float, wait_s: float, step_s: float
@@ -194,13 +208,24 @@ class Change:
 
 
 @dataclass(frozen=True)
+class Trial:
+    """A raise being tried: the settings before it and the samples/s they delivered."""
+
+    before: Settings
+    rate: float
+
+
+@dataclass(frozen=True)
 class Decision:
-    """The settings to use next, the changes that lead there (none: keep them), and the limits that held
-    a knob back (``held``: knob -> which limit)."""
+    """The settings to use next, the changes that lead there (none: keep them), the limits that held
+    a knob back (``held``: knob -> which limit), the raise now on trial (pass it to the next
+    :func:`decide`) and whether a raise that gained nothing was undone (``reverted``: settle)."""
 
     settings: Settings
     changes: tuple[Change, ...] = ()
     held: tuple[tuple[str, str], ...] = ()
+    trial: Trial | None = None
+    reverted: bool = False
 
 
 def _show(knob: str, value: int) -> str:
@@ -219,8 +244,11 @@ def _memory_room(settings: Settings, limits: Limits) -> int:
     return limits.memory_bytes // max(1, settings.workers) - settings.task_bytes
 
 
-def decide(window: Window, settings: Settings, limits: Limits) -> Decision:
-    """The settings for the next window (see the module docstring for the rules)."""
+def decide(
+    window: Window, settings: Settings, limits: Limits, *, trial: Trial | None = None, explore: bool = True
+) -> Decision:
+    """The settings for the next window (see the module docstring for the rules). ``trial``: the last
+    decision's; ``explore``: False while settled (nothing is raised)."""
     if window.throttles > 0:
         if settings.concurrency == 1:
             return Decision(settings)
@@ -230,6 +258,17 @@ def decide(window: Window, settings: Settings, limits: Limits) -> Decision:
             replace(settings, concurrency=new), (Change("concurrency", settings.concurrency, new, why),)
         )
     if window.samples == 0 or not loader_bound(window.wait_share):
+        return Decision(settings)
+    if trial is not None and window.rate < trial.rate * (1 + MIN_GAIN):
+        why = f"the last raise gained nothing ({window.rate:,.0f} samples/s against {trial.rate:,.0f} before)"
+        back = replace(settings, **{k: getattr(trial.before, k) for k in IO_KNOBS})
+        undone = tuple(
+            Change(k, getattr(settings, k), getattr(back, k), why)
+            for k in IO_KNOBS
+            if getattr(settings, k) != getattr(back, k)
+        )
+        return Decision(back, undone, reverted=True)
+    if not explore:
         return Decision(settings)
     busy = cpu_share(window, settings.workers)
     if busy >= CPU_BOUND_SHARE:
@@ -255,7 +294,8 @@ def decide(window: Window, settings: Settings, limits: Limits) -> Decision:
         and now.task_bytes < limits.max_task_bytes
     ):
         new = min(limits.max_task_bytes, 2 * now.task_bytes)
-        if (now.concurrency + 1) * new <= limits.memory_bytes // max(1, now.workers):
+        ahead = max(now.prefetch_bytes, now.concurrency * new)  # what prefetch will hold, at least
+        if ahead + new <= limits.memory_bytes // max(1, now.workers):
             why = (
                 f"{waiting}; a fetch's first byte ({window.first_byte_s * 1e3:.0f} ms) is "
                 f"{window.first_byte_s / fetch_s:.0%} of its time: bigger reads"
@@ -274,7 +314,7 @@ def decide(window: Window, settings: Settings, limits: Limits) -> Decision:
             now = replace(now, prefetch_bytes=new)
         if new < wanted:
             held.append(("prefetch_bytes", f"memory_bytes={limits.memory_bytes}"))
-    return Decision(now, tuple(changes), tuple(held))
+    return Decision(now, tuple(changes), tuple(held), Trial(settings, window.rate) if changes else None)
 
 
 def decide_workers(
@@ -315,10 +355,13 @@ __all__ = [
     "HEADROOM",
     "LATENCY_BOUND_SHARE",
     "LOADER_BOUND_SHARE",
+    "MIN_GAIN",
+    "REPROBE_WINDOWS",
     "Change",
     "Decision",
     "Limits",
     "Settings",
+    "Trial",
     "Window",
     "covers",
     "cpu_share",

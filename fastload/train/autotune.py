@@ -127,6 +127,8 @@ class Tuner:
         self._wait = self._step = 0.0
         self._batches = 0
         self._window = self._epoch = self._mark()
+        self._trial: rules.Trial | None = None  # the last raise, judged by the next window
+        self._settled: int | None = None  # windows since a raise that gained nothing was undone
         self.write()
 
     def _mark(self) -> tuple[float, list[int], float, float, int]:
@@ -162,6 +164,7 @@ class Tuner:
         self._wait = self._step = 0.0
         self._batches = 0
         self._window = self._epoch = self._mark()
+        self._trial = None  # (a new pass's first window pays for its start: it judges no raise)
 
     def timed(self, batches: Iterable[Any]) -> Generator[Any, None, None]:
         """``batches``, timing the loop's wait for each and its time away, deciding every ``interval_s``."""
@@ -189,7 +192,17 @@ class Tuner:
         )
 
     def _decide(self, now: float) -> None:
-        decision = rules.decide(self._window_since(self._window, now), self.settings, self.limits)
+        settled = self._settled
+        explore = settled is None or settled >= rules.REPROBE_WINDOWS
+        window = self._window_since(self._window, now)
+        decision = rules.decide(window, self.settings, self.limits, trial=self._trial, explore=explore)
+        if decision.reverted:
+            self._settled = 0
+        elif self._trial is not None and window.samples:  # the raise paid: explore on
+            self._settled = None
+        elif settled is not None:
+            self._settled = settled + 1
+        self._trial = decision.trial
         self._apply(decision, now)
         self._window = self._mark()
 

@@ -149,8 +149,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                     "autotune= tunes the reads of a fastload.ShardDataset; a fastload.Mix is not tuned: "
                     "leave autotune off, or tune each source's prefetch_bytes by hand (docs/observe.md)"
                 )
-            start = starting(chunks.prefetch, self.num_workers)
-            self.tuner = Tuner(tuning, start, chunks._telemetry, self.telemetry_vector, batch_size=batch_size)
+            start = starting(dataset.prefetch, self.num_workers)  # (the handle shares its block)
+            self.tuner = Tuner(
+                tuning, start, dataset._telemetry, self.telemetry_vector, batch_size=batch_size
+            )
 
     def __del__(self) -> None:
         # persistent workers outlive each epoch: when the loader goes, they stop first, then the files of

@@ -50,6 +50,35 @@ def test_io_bound_raises_concurrency_task_size_and_the_prefetch_to_hold_them() -
         assert "\n" not in line
 
 
+def test_a_raise_that_gains_nothing_is_undone_and_the_tuner_settles() -> None:
+    first = decide(io_bound(), POOR, LIMITS)
+    assert first.trial == autotune.Trial(POOR, 1000.0)
+    # the next window delivers 1030 samples/s: under 5% more, so back to where it was
+    d = decide(io_bound(samples=1030), first.settings, LIMITS, trial=first.trial)
+    assert d.reverted and d.settings == POOR and d.trial is None
+    assert {(c.knob, c.old, c.new) for c in d.changes} == {
+        ("concurrency", 2, 1),
+        ("task_bytes", 2 * MIB, MIB),
+        ("prefetch_bytes", 8 * MIB, MIB),
+    }
+    assert all("gained nothing (1,030 samples/s against 1,000 before)" in c.reason for c in d.changes)
+    # settled: nothing raised; a raise that pays is kept and judged again
+    assert decide(io_bound(), POOR, LIMITS, explore=False).changes == ()
+    kept = decide(io_bound(samples=1500), first.settings, LIMITS, trial=first.trial)
+    assert (
+        not kept.reverted
+        and kept.settings.concurrency == 4
+        and kept.trial == autotune.Trial(first.settings, 1500.0)
+    )
+    # a loop that stopped waiting keeps the raise that got it there
+    assert (
+        decide(
+            io_bound(samples=900, wait_s=0.01, step_s=0.99), first.settings, LIMITS, trial=first.trial
+        ).changes
+        == ()
+    )
+
+
 def test_prefetch_that_holds_fewer_tasks_than_concurrency_is_raised_first() -> None:
     start = Settings(prefetch_bytes=2 * MIB, concurrency=8, task_bytes=MIB, workers=2)
     d = decide(io_bound(first_byte_s=0.001), start, LIMITS)  # not latency-bound: task size stays
@@ -126,11 +155,12 @@ def test_tuning_never_leaves_the_memory_and_machine_limits(
     if max(1, s.workers) * (s.prefetch_bytes + s.task_bytes) > limits.memory_bytes:
         return
     w = io_bound(wait_s=wait, step_s=1 - wait, busy_s=busy, first_byte_s=first_byte, throttles=throttles)
-    for _ in range(rounds):
-        d = decide(w, s, limits)
+    trial = None
+    for i in range(rounds):
+        d = decide(w if i % 3 else io_bound(samples=1), s, limits, trial=trial)
         if not d.changes:
             assert d.settings == s
-        s = d.settings
+        s, trial = d.settings, d.trial
         assert max(1, s.workers) * (s.prefetch_bytes + s.task_bytes) <= limits.memory_bytes
         assert 1 <= s.concurrency <= limits.max_concurrency and s.task_bytes <= limits.max_task_bytes
     d = decide_workers(w, s, limits, batch_size=8, batches=10)

@@ -1,0 +1,170 @@
+"""Does a loader that tunes itself find a good configuration, and how soon (issue 33)?
+
+A dataset of ``--samples`` (6,000) samples of ``--sample-kib`` (256 KiB) random bytes, packed into 64 MiB
+tar shards, served by the embedded S3 endpoint (``fastload.testing.s3serve``, in this process) with
+``--latency-ms`` (20 ms) before each response's first byte. ``fastload.DataLoader(batch_size=16,
+num_workers=2, decode=False)``, the loop doing nothing but counting (the loader alone: what it can
+deliver).
+
+1. **Grid.** The first ``--grid-samples`` (2,000) of an epoch with each of a small grid of hand-set configurations (prefetch bytes x read tasks
+   fetched at once: ``prefetch_threads``, S3 ``max_concurrency`` the same), untuned: samples/s each, and
+   the best.
+2. **Autotune.** One epoch started with the poorest of them (prefetch 1 MiB, one fetch at a time, S3
+   ``max_concurrency=1``) and ``autotune=True`` (its defaults: a decision every 0.5 s). Each batch's
+   arrival time is kept; the rate over a trailing window of 5% of the epoch's samples says when the tuned
+   loader first reaches 0.9x the best grid rate (as a share of the epoch); the rate over the rest of the
+   epoch after 20% of it, against the best, is the target's figure (>= 0.9x). The changes the tuner made
+   are printed with the time and share of the epoch at which it made them.
+
+Rates are counted from the first batch on (the workers' start is left out of every figure). Repeated
+``--reps`` times (grid and autotune interleaved); figures are medians with their range.
+
+    python benchmarks/autotune.py                 # ~100 s on 2 loaded cores (40 s of it making the data)
+    python benchmarks/autotune.py --samples 3000 --reps 2 --json /tmp/autotune.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import fastload
+from fastload.testing.s3serve import S3Server
+
+MIB = 1 << 20
+GRID = [  # (prefetch bytes, fetches at once): the first is the poor start
+    (1 * MIB, 1),
+    (16 * MIB, 4),
+    (64 * MIB, 8),
+    (256 * MIB, 32),
+]
+WORKERS = 2
+BATCH = 16
+
+
+def make_dataset(base: Path, samples: int, kib: int) -> Path:
+    src, dst = base / "src", base / "ds"
+    for i in range(samples):
+        folder = src / f"{i // 1000:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:06d}.bin").write_bytes(os.urandom(kib << 10))
+    fastload.pack(src, dst, shard_size_bytes=64 * MIB, progress=False)
+    return dst
+
+
+def epoch(
+    endpoint: str, prefetch: int, fetches: int, autotune: bool, limit: int | None = None
+) -> tuple[float, list[float], Any]:
+    """Samples/s over one epoch (its first ``limit`` samples), each sample's arrival (seconds from the
+    start), the tuner's report."""
+    config = fastload.S3Config(endpoint_url=endpoint, max_concurrency=fetches)
+    ds = fastload.ShardDataset(
+        "s3://bench/", s3_config=config, decode=False, prefetch_bytes=prefetch, prefetch_threads=fetches
+    )
+    dl = fastload.DataLoader(ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=len, autotune=autotune)
+    arrivals: list[float] = []
+    started = time.perf_counter()
+    for n in dl:
+        now = time.perf_counter() - started
+        arrivals.extend([now] * n)
+        if limit is not None and len(arrivals) >= limit:
+            break
+    tuned = dl.report()["autotune"] if autotune else None
+    return rate_after(arrivals, 0.0), arrivals, tuned
+
+
+def reached(arrivals: list[float], target: float, window_share: float = 0.05) -> float | None:
+    """The share of the epoch's samples after which the rate over the trailing ``window_share`` of them
+    first reaches ``target`` samples/s (None: never)."""
+    n = len(arrivals)
+    w = max(2, int(n * window_share))
+    for end in range(w, n, max(1, w // 10)):
+        span = arrivals[end - 1] - arrivals[end - w]
+        if span > 0 and (w - 1) / span >= target:
+            return end / n
+    return None
+
+
+def rate_after(arrivals: list[float], share: float) -> float:
+    """Samples/s from the first batch after ``share`` of the samples to the last (so the workers' start,
+    before the first batch, counts in no figure)."""
+    n = len(arrivals)
+    first = int(n * share)
+    first = (
+        next(i for i in range(first, n) if arrivals[i] > arrivals[first])
+        if arrivals[first] < arrivals[-1]
+        else first
+    )
+    span = arrivals[-1] - arrivals[first]
+    return (n - first) / span if span > 0 else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=6000)
+    parser.add_argument("--grid-samples", type=int, default=2000, help="samples timed per grid epoch")
+    parser.add_argument("--sample-kib", type=int, default=256)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(name, "bench")  # (the embedded endpoint accepts any; workers inherit them)
+    grid: dict[str, list[float]] = {f"{p // MIB}MiB/{c}": [] for p, c in GRID}
+    tuned_rates: list[float] = []
+    reach: list[float | None] = []
+    after: list[float] = []
+    changes: list[Any] = []
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="fastload-autotune-") as tmp:
+        root = make_dataset(Path(tmp), args.samples, args.sample_kib)
+        with S3Server(os.fspath(root), bucket="bench", latency_s=args.latency_ms / 1e3) as server:
+            epoch(server.endpoint_url, *GRID[1], False)  # untuned warm-up: imports, the page cache
+            for _ in range(args.reps):
+                for (p, c), name in zip(GRID, grid, strict=True):
+                    grid[name].append(epoch(server.endpoint_url, p, c, False, args.grid_samples)[0])
+                best = max(statistics.median(v) for v in grid.values())
+                rate, arrivals, report = epoch(server.endpoint_url, *GRID[0], True)
+                tuned_rates.append(rate)
+                reach.append(reached(arrivals, 0.9 * best))
+                after.append(rate_after(arrivals, 0.2) / best)
+                total = arrivals[-1]
+                changes.append(
+                    [
+                        {**c, "epoch_share": round(sum(a <= c["at_s"] for a in arrivals) / len(arrivals), 3)}
+                        for c in report["changes"]
+                    ]
+                    + [{"final": report["settings"], "epoch_s": round(total, 2)}]
+                )
+    best_name = max(grid, key=lambda k: statistics.median(grid[k]))
+    best = statistics.median(grid[best_name])
+    result = {
+        "machine": {"cores": os.cpu_count(), "load_avg_before": [round(x, 2) for x in load_before]},
+        "dataset": {"samples": args.samples, "sample_kib": args.sample_kib, "latency_ms": args.latency_ms},
+        "grid_samples_per_s": {
+            k: {"median": round(statistics.median(v)), "range": [round(min(v)), round(max(v))]}
+            for k, v in grid.items()
+        },
+        "best": best_name,
+        "autotune_epoch_samples_per_s": {
+            "median": round(statistics.median(tuned_rates)),
+            "range": [round(min(tuned_rates)), round(max(tuned_rates))],
+        },
+        "reached_0.9x_best_at_epoch_share": reach,
+        "rate_after_20pct_vs_best": [round(x, 3) for x in after],
+        "changes": changes,
+        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
