@@ -6,9 +6,9 @@ tar shards, served by the embedded S3 endpoint (``fastload.testing.s3serve``, in
 num_workers=2, decode=False)``, the loop doing nothing but counting (the loader alone: what it can
 deliver).
 
-1. **Grid.** The first ``--grid-samples`` (2,000) of an epoch with each of a small grid of hand-set configurations (prefetch bytes x read tasks
-   fetched at once: ``prefetch_threads``, S3 ``max_concurrency`` the same), untuned: samples/s each, and
-   the best.
+1. **Grid.** The first ``--grid-samples`` (2,000) of an epoch with each of a small grid of hand-set
+   configurations (prefetch bytes x read tasks fetched at once: ``prefetch_threads``, S3
+   ``max_concurrency`` the same), untuned: samples/s each, and the best.
 2. **Autotune.** One epoch started with the poorest of them (prefetch 1 MiB, one fetch at a time, S3
    ``max_concurrency=1``) and ``autotune=True`` (its defaults: a decision every 0.5 s). Each batch's
    arrival time is kept; the rate over a trailing window of 5% of the epoch's samples says when the tuned
@@ -26,6 +26,7 @@ Rates are counted from the first batch on (the workers' start is left out of eve
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -95,14 +96,10 @@ def rate_after(arrivals: list[float], share: float) -> float:
     """Samples/s from the first batch after ``share`` of the samples to the last (so the workers' start,
     before the first batch, counts in no figure)."""
     n = len(arrivals)
-    first = int(n * share)
-    first = (
-        next(i for i in range(first, n) if arrivals[i] > arrivals[first])
-        if arrivals[first] < arrivals[-1]
-        else first
-    )
-    span = arrivals[-1] - arrivals[first]
-    return (n - first) / span if span > 0 else 0.0
+    t0 = arrivals[int(n * share)]
+    done = bisect.bisect_right(arrivals, t0)  # samples that had arrived by then (their batch included)
+    span = arrivals[-1] - t0
+    return (n - done) / span if span > 0 else 0.0
 
 
 def main() -> None:
