@@ -20,13 +20,15 @@ The live tuner's rules, applied to one window of measurements (:class:`Window`) 
   ``concurrency`` (read tasks fetched at once per worker, up to ``Limits.max_concurrency``), with
   ``prefetch_bytes`` raised to hold them; and ``task_bytes`` while a fetch's first byte is at least
   ``LATENCY_BOUND_SHARE`` (30%) of its time (each request mostly waits: bigger reads amortise that), up to
-  ``Limits.max_task_bytes``.
-- **No gain, no raise.** A raise is a trial (:class:`Trial`): when the window after it, still
-  loader-bound, delivers less than ``MIN_GAIN`` (5%) more samples/s than the window before it, the I/O
-  settings go back to what they were and the tuner settles there (the caller passes ``explore=False``);
-  it tries one raise again after ``REPROBE_WINDOWS`` (20) windows, kept only if it gains. More
-  concurrency than a store or a loaded machine can serve costs throughput; this finds where it stops
-  paying.
+  ``Limits.max_task_bytes``. After a raise that gained ``FAST_GAIN`` (1.5x) samples/s or more, the next
+  one multiplies by 4 instead of 2.
+- **No gain, no raise.** A raise is a trial (:class:`Trial`), judged by the window after it, still
+  loader-bound, against the window before it: ``MIN_GAIN`` (10%) more samples/s or better, the tuner
+  goes on; within 10% either way, it keeps the raise and settles (the caller passes ``explore=False``);
+  10% fewer or worse in two windows running, the I/O settings go back to what they were and it settles
+  there. Settled, it tries
+  one raise again after ``REPROBE_WINDOWS`` (20) windows. More concurrency than a store or a loaded
+  machine can serve costs throughput; this finds where it stops paying.
 
 Memory: every change keeps ``workers x (prefetch_bytes + task_bytes) <= Limits.memory_bytes`` (the bytes
 read ahead and the read in use in each worker, :class:`~fastload.train.options.PrefetchConfig`'s bound).
@@ -47,7 +49,8 @@ HEADROOM = 1.2
 DOMINANT_SHARE = 0.40
 CPU_BOUND_SHARE = 0.75
 LATENCY_BOUND_SHARE = 0.30
-MIN_GAIN = 0.05
+MIN_GAIN = 0.10
+FAST_GAIN = 1.5
 REPROBE_WINDOWS = 20
 IO_KNOBS = ("prefetch_bytes", "concurrency", "task_bytes")
 MIB = 1 << 20
@@ -213,19 +216,20 @@ class Trial:
 
     before: Settings
     rate: float
+    strikes: int = 0  # windows that measured a loss so far (one more is asked for before undoing it)
 
 
 @dataclass(frozen=True)
 class Decision:
     """The settings to use next, the changes that lead there (none: keep them), the limits that held
     a knob back (``held``: knob -> which limit), the raise now on trial (pass it to the next
-    :func:`decide`) and whether a raise that gained nothing was undone (``reverted``: settle)."""
+    :func:`decide`) and whether to stop raising (``settle``: the last raise gained nothing)."""
 
     settings: Settings
     changes: tuple[Change, ...] = ()
     held: tuple[tuple[str, str], ...] = ()
     trial: Trial | None = None
-    reverted: bool = False
+    settle: bool = False
 
 
 def _show(knob: str, value: int) -> str:
@@ -260,20 +264,28 @@ def decide(
     if window.samples == 0 or not loader_bound(window.wait_share):
         return Decision(settings)
     if trial is not None and window.rate < trial.rate * (1 + MIN_GAIN):
-        why = f"the last raise gained nothing ({window.rate:,.0f} samples/s against {trial.rate:,.0f} before)"
+        if window.rate >= trial.rate * (1 - MIN_GAIN):  # neither gain nor loss: keep it, raise no more
+            return Decision(settings, settle=True)
+        if trial.strikes == 0:  # a loss: measured once more before undoing (one slow window is noise)
+            return Decision(settings, trial=replace(trial, strikes=1))
+        why = (
+            f"the last raise cost throughput ({window.rate:,.0f} samples/s against {trial.rate:,.0f} before)"
+        )
         back = replace(settings, **{k: getattr(trial.before, k) for k in IO_KNOBS})
         undone = tuple(
             Change(k, getattr(settings, k), getattr(back, k), why)
             for k in IO_KNOBS
             if getattr(settings, k) != getattr(back, k)
         )
-        return Decision(back, undone, reverted=True)
+        return Decision(back, undone, settle=True)
     if not explore:
         return Decision(settings)
     busy = cpu_share(window, settings.workers)
     if busy >= CPU_BOUND_SHARE:
         return Decision(settings)  # more workers, at the next epoch boundary (decide_workers)
     waiting = f"the loop waits {window.wait_share:.0%} of its time and the workers are {busy:.0%} busy"
+    # the last raise paid well: the next one goes further (as a TCP slow start does)
+    step = 4 if trial is not None and window.rate >= FAST_GAIN * trial.rate else 2
     changes: list[Change] = []
     held: list[tuple[str, str]] = []
     now = settings
@@ -281,7 +293,7 @@ def decide(
         if settings.concurrency >= limits.max_concurrency:
             held.append(("concurrency", f"max_concurrency={limits.max_concurrency}"))
         else:
-            new = min(limits.max_concurrency, 2 * settings.concurrency)
+            new = min(limits.max_concurrency, step * settings.concurrency)
             changes.append(
                 Change("concurrency", settings.concurrency, new, f"{waiting}: more fetches at once")
             )
@@ -293,7 +305,7 @@ def decide(
         and window.first_byte_s >= LATENCY_BOUND_SHARE * fetch_s
         and now.task_bytes < limits.max_task_bytes
     ):
-        new = min(limits.max_task_bytes, 2 * now.task_bytes)
+        new = min(limits.max_task_bytes, step * now.task_bytes)
         ahead = max(now.prefetch_bytes, now.concurrency * new)  # what prefetch will hold, at least
         if ahead + new <= limits.memory_bytes // max(1, now.workers):
             why = (
@@ -352,6 +364,7 @@ def decide_workers(
 __all__ = [
     "CPU_BOUND_SHARE",
     "DOMINANT_SHARE",
+    "FAST_GAIN",
     "HEADROOM",
     "LATENCY_BOUND_SHARE",
     "LOADER_BOUND_SHARE",

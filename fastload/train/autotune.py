@@ -28,6 +28,7 @@ from fastload.train.telemetry import SharedCounters
 log = logging.getLogger("fastload.autotune")
 MEMORY_SHARE = 0.25  # of the memory available when tuning starts, by default
 MAX_CHANGES = 1000  # kept in Tuner.changes (the oldest dropped)
+SETTLE_SHARE = 0.5  # of interval_s: after a change, left out of the window that judges it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,16 +105,21 @@ class Tuner:
         vector: Callable[[], list[int]],
         *,
         batch_size: int,
+        round_bytes: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``round_bytes``: what one round of a read's concurrent GETs covers (``part_size_bytes x
+        max_concurrency`` of a remote dataset's S3 config): a bigger task would pay the first byte again,
+        so it caps the task size too."""
         cores, available = machine()
+        most_task = config.max_task_bytes if round_bytes is None else min(config.max_task_bytes, round_bytes)
         use = max(1, settings.workers) * (settings.prefetch_bytes + settings.task_bytes)
         memory = config.memory_bytes if config.memory_bytes is not None else int(MEMORY_SHARE * available)
         self.limits = rules.Limits(
             memory_bytes=max(memory, use),
             cores=cores,
             max_concurrency=max(config.max_concurrency, settings.concurrency),
-            max_task_bytes=max(config.max_task_bytes, settings.task_bytes),
+            max_task_bytes=max(most_task, settings.task_bytes),
         )
         self.config = config
         self.settings = settings
@@ -128,7 +134,8 @@ class Tuner:
         self._batches = 0
         self._window = self._epoch = self._mark()
         self._trial: rules.Trial | None = None  # the last raise, judged by the next window
-        self._settled: int | None = None  # windows since a raise that gained nothing was undone
+        self._settled: int | None = None  # windows since a raise gained nothing
+        self._settle_until: float | None = None  # after a change: the next window starts then
         self.write()
 
     def _mark(self) -> tuple[float, list[int], float, float, int]:
@@ -164,7 +171,7 @@ class Tuner:
         self._wait = self._step = 0.0
         self._batches = 0
         self._window = self._epoch = self._mark()
-        self._trial = None  # (a new pass's first window pays for its start: it judges no raise)
+        self._trial = self._settle_until = None  # (a new pass's first window pays for its start)
 
     def timed(self, batches: Iterable[Any]) -> Generator[Any, None, None]:
         """``batches``, timing the loop's wait for each and its time away, deciding every ``interval_s``."""
@@ -179,10 +186,15 @@ class Tuner:
             got = clock()
             self._wait += got - asked
             self._batches += 1
+            if self._batches == 1:  # the first window starts at the first batch, not the workers' start
+                self._window = self._mark()
             yield item
             back = clock()
             self._step += back - got
-            if back - self._window[0] >= self.config.interval_s:
+            if self._settle_until is not None:
+                if back >= self._settle_until:  # (reads planned before the change are through)
+                    self._window, self._settle_until = self._mark(), None
+            elif back - self._window[0] >= self.config.interval_s:
                 self._decide(back)
 
     def _window_since(self, mark: tuple[float, list[int], float, float, int], now: float) -> rules.Window:
@@ -196,15 +208,17 @@ class Tuner:
         explore = settled is None or settled >= rules.REPROBE_WINDOWS
         window = self._window_since(self._window, now)
         decision = rules.decide(window, self.settings, self.limits, trial=self._trial, explore=explore)
-        if decision.reverted:
+        if decision.settle:
             self._settled = 0
         elif self._trial is not None and window.samples:  # the raise paid: explore on
             self._settled = None
         elif settled is not None:
             self._settled = settled + 1
         self._trial = decision.trial
-        self._apply(decision, now)
+        self._apply(decision, now, window.rate)
         self._window = self._mark()
+        if decision.changes:  # the next window measures the new settings, not the switch to them
+            self._settle_until = now + SETTLE_SHARE * self.config.interval_s
 
     def end_epoch(self) -> None:
         """A complete pass: more workers for the next one, if its measurements ask for them."""
@@ -216,9 +230,9 @@ class Tuner:
         decision = rules.decide_workers(
             window, self.settings, self.limits, batch_size=self._batch_size, batches=batches
         )
-        self._apply(decision, now)
+        self._apply(decision, now, window.rate)
 
-    def _apply(self, decision: rules.Decision, now: float) -> None:
+    def _apply(self, decision: rules.Decision, now: float, rate: float) -> None:
         for knob, limit in decision.held:
             if self.held.get(knob) != limit:
                 log.info("autotune: %s stays at its limit (%s)", knob, limit)
@@ -229,12 +243,13 @@ class Tuner:
         self.write()
         for change in decision.changes:
             log.info(change.line())
-            self.changes.append({**change.as_dict(), "at_s": round(now - self._began, 3)})
+            at = {"at_s": round(now - self._began, 3), "samples_per_s": round(rate, 1)}
+            self.changes.append({**change.as_dict(), **at})
         del self.changes[:-MAX_CHANGES]
 
     def report(self) -> dict[str, Any]:
         """The settings now, every change so far (knob, old, new, reason, seconds since the loader was
-        built) and the limits that hold a knob back."""
+        built, samples/s of the window measured before it) and the limits that hold a knob back."""
         return {
             "settings": self.settings.as_dict(),
             "changes": list(self.changes),

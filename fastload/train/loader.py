@@ -20,9 +20,11 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from fastload.config import S3Config
 from fastload.core.telemetry import merge
 from fastload.errors import ConfigError, WorkerDiedError
 from fastload.s3 import runtime
+from fastload.storage.access import is_remote
 from fastload.train.autotune import AutotuneConfig, Tuner, config_of, starting
 from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
@@ -150,8 +152,14 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                     "leave autotune off, or tune each source's prefetch_bytes by hand (docs/observe.md)"
                 )
             start = starting(dataset.prefetch, self.num_workers)  # (the handle shares its block)
+            s3 = dataset.s3_config or S3Config()
             self.tuner = Tuner(
-                tuning, start, dataset._telemetry, self.telemetry_vector, batch_size=batch_size
+                tuning,
+                start,
+                dataset._telemetry,
+                self.telemetry_vector,
+                batch_size=batch_size,
+                round_bytes=s3.part_size_bytes * s3.max_concurrency if is_remote(dataset.root) else None,
             )
 
     def __del__(self) -> None:

@@ -57,7 +57,10 @@ def test_tuned_stream_equals_the_untuned_one(
     assert report["changes"], "the tuner changed nothing: this test would not show order is unaffected"
     assert report["settings"] == dl.state_dict()["tuned"]
     for change in report["changes"]:
-        assert set(change) == {"knob", "old", "new", "reason", "at_s"} and change["old"] != change["new"]
+        assert (
+            set(change) == {"knob", "old", "new", "reason", "at_s", "samples_per_s"}
+            and change["old"] != change["new"]
+        )
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("autotune: ")]
     assert len([m for m in logged if "->" in m]) == len(report["changes"])
     assert any("fetches at once" in m or "read tasks" in m or "bigger reads" in m for m in logged)
