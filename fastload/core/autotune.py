@@ -26,9 +26,8 @@ The live tuner's rules, applied to one window of measurements (:class:`Window`) 
   loader-bound, against the window before it: ``MIN_GAIN`` (10%) more samples/s or better, the tuner
   goes on; within 10% either way, it keeps the raise and settles (the caller passes ``explore=False``);
   10% fewer or worse in two windows running, the I/O settings go back to what they were and it settles
-  there. Settled, it tries
-  one raise again after ``REPROBE_WINDOWS`` (20) windows. More concurrency than a store or a loaded
-  machine can serve costs throughput; this finds where it stops paying.
+  there. Settled, it tries one raise again after ``REPROBE_WINDOWS`` (20) windows. More concurrency than
+  a store or a loaded machine can serve costs throughput; this finds where it stops paying.
 
 Memory: every change keeps ``workers x (prefetch_bytes + task_bytes) <= Limits.memory_bytes`` (the bytes
 read ahead and the read in use in each worker, :class:`~fastload.train.options.PrefetchConfig`'s bound).
