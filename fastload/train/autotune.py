@@ -186,8 +186,8 @@ class Tuner:
             got = clock()
             self._wait += got - asked
             self._batches += 1
-            if self._batches == 1:  # the first window starts at the first batch, not the workers' start
-                self._window = self._mark()
+            if self._batches == 1:  # the windows start at the first batch, not at the workers' start
+                self._window = self._epoch = self._mark()
             yield item
             back = clock()
             self._step += back - got

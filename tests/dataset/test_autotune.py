@@ -129,3 +129,43 @@ def test_autotune_refuses_what_it_cannot_tune(served: fastload.S3Config) -> None
         fastload.loader(list(range(10)), batch_size=2, num_workers=0, autotune=True)
     with pytest.raises(fastload.errors.ConfigError, match="autotune="):
         loader(served, "yes")
+
+
+def _slow_map(sample: dict) -> dict:
+    import time
+
+    time.sleep(0.01)
+    return sample
+
+
+def test_workers_grow_between_epochs_when_the_loop_waits_for_busy_workers(
+    small: Packed, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One worker spends its time in ``map=`` while the loop waits: at the epoch's end the tuner asks for
+    more workers (at most the cores less one: 4 cores here, by a stand-in for the machine), the next epoch
+    starts with them (persistent workers restarted), and its batches are those of an untuned loader."""
+    import fastload.train.autotune as tuning
+
+    monkeypatch.setattr(tuning, "machine", lambda: (4, 8 << 30))
+
+    def make(autotune: Any) -> fastload.DataLoader:
+        ds = fastload.ShardDataset(small.root, seed=1, map=_slow_map)
+        return fastload.DataLoader(
+            ds,
+            batch_size=3,
+            num_workers=1,
+            collate_fn=list,
+            autotune=autotune,
+            persistent_workers=True,
+            timeout=WORKER_TIMEOUT_S,
+        )
+
+    plain = epochs(make(False), 2)
+    caplog.set_level(logging.INFO, logger="fastload.autotune")
+    dl = make(FAST)
+    first = batch_keys(dl)
+    assert dl.tuner is not None and dl.tuner.settings.workers == 3
+    assert [c["knob"] for c in dl.tuner.changes if c["knob"] == "workers"] == ["workers"]
+    assert any("autotune: workers 1 -> 3" in r.getMessage() for r in caplog.records)
+    assert [first, batch_keys(dl)] == plain
+    assert dl.num_workers == 3 and dl.state_dict()["tuned"]["workers"] == 3
