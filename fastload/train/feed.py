@@ -22,6 +22,7 @@ import torch.utils.data
 from fastload.core.gpuutil import GpuTimeline
 from fastload.core.telemetry import merge
 from fastload.errors import ConfigError
+from fastload.train.autotune import AutotuneConfig
 from fastload.train.device import DevicePrefetcher, timed_copy
 from fastload.train.device import to_device as to_device  # (where it always was)
 from fastload.train.gpumon import GpuMonitor
@@ -276,7 +277,7 @@ def loader(
     monitor_gpu: bool = False,
     telemetry: Any = None,
     telemetry_every: int | None = None,
-    autotune: Any = False,
+    autotune: bool | AutotuneConfig = False,
     **dataset_kwargs: Any,
 ) -> Loader:
     """A ready-to-train :class:`Loader` over ``source``: a dataset folder or ``s3://`` prefix (opened as a
