@@ -19,6 +19,7 @@ from fastload.storage.opener import open
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutotuneConfig",
     "DataLoader",
     "DatasetIndex",
     "DevicePrefetcher",
@@ -63,6 +64,10 @@ def __getattr__(name: str) -> object:
         from fastload.train import mapview
 
         return mapview.MapDataset
+    if name == "AutotuneConfig":
+        from fastload.train import autotune
+
+        return autotune.AutotuneConfig
     if name == "DataLoader":
         from fastload.train import loader
 

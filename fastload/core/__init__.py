@@ -16,5 +16,6 @@ out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuu
 ``fastload cp`` copies or skips (``syncplan``), web store URLs (``weburls``: brace patterns, ``hf://``
 to the Hub's routes), a growing dataset's versions and appended shard names (``versions``), stable
 digests of functions and input values (``fingerprint``, for ``optimize``'s resume check), loader
-telemetry: counters, latency sketches and straggler causes (``telemetry``), and the ledger of
+telemetry: counters, latency sketches and straggler causes (``telemetry``), the rules of a loader that
+tunes itself, shared with the bench advice (``autotune``), and the ledger of
 ``fastload.serve``'s remote feeders (``serveplan``)."""

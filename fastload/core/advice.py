@@ -1,7 +1,9 @@
 """Plain-words advice from measured loader figures: is the training loop waiting for data, and what would fix
 it. Pure: figures in, sentences out (``fastload bench`` measures; this decides what to say).
 
-The rules, in order:
+The thresholds and the loader-bound, dominant-stage and workers-cover rules are
+:mod:`fastload.core.autotune`'s, which the live tuner (``autotune=True``) applies to the same kind of
+figures while a loop runs: the advice and the tuner cannot disagree on them. The rules, in order:
 
 - **Verdict.** ``loader-bound`` when at least ``LOADER_BOUND_SHARE`` (10%) of wall time waits for data,
   otherwise ``compute-bound`` (the loader keeps up).
@@ -33,12 +35,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fastload.core.autotune import (
+    DOMINANT_SHARE,
+    HEADROOM,
+    LOADER_BOUND_SHARE,
+    covers,
+    demand,
+    dominant_stage,
+    loader_bound,
+    serial_wait_share,
+)
 from fastload.core.gpuutil import read_pattern
 
-LOADER_BOUND_SHARE = 0.10
-HEADROOM = 1.2
 NEAR_BEST = 0.95
-DOMINANT_SHARE = 0.40
 PACK_WORTH = 1.2
 
 STAGES = ("fetch", "parse", "decode", "collate", "to_device")
@@ -135,11 +144,6 @@ class Advice:
         return "\n".join(self.lines)
 
 
-def demand(batch_size: int, step_s: float) -> float | None:
-    """Samples/s the training step consumes (None when there is no step)."""
-    return batch_size / step_s if step_s > 0 else None
-
-
 def fastest_workers(throughput_by_workers: Mapping[int, float]) -> int | None:
     """The fewest workers within ``NEAR_BEST`` of the best measured throughput."""
     if not throughput_by_workers:
@@ -157,19 +161,6 @@ def loop_rate(workers: int, rate: float, needed: float | None) -> float:
     if workers == 0:
         return 1.0 / (1.0 / rate + 1.0 / needed) if rate > 0 else 0.0
     return min(rate, needed)
-
-
-def serial_wait_share(rate: float, needed: float) -> float:
-    """The share of the loop's time spent loading with 0 workers (loading in series with the step)."""
-    return needed / (needed + rate) if rate > 0 else 1.0
-
-
-def covers(workers: int, rate: float, needed: float) -> bool:
-    """Whether ``workers`` measured at ``rate`` would keep a step consuming ``needed`` samples/s fed: with
-    ``HEADROOM`` to spare, or at 0 workers a loop waiting under ``LOADER_BOUND_SHARE``."""
-    if workers == 0:
-        return serial_wait_share(rate, needed) < LOADER_BOUND_SHARE
-    return rate >= needed * HEADROOM
 
 
 def suggest_workers(
@@ -270,12 +261,10 @@ def _workers_line(facts: Facts, needed: float | None, loader_bound: bool) -> tup
 
 def _stage_line(stages: StageTimes, *, remote: bool, per_file: bool) -> str | None:
     shares = stages.shares()
-    if not shares:
+    stage = dominant_stage(shares)
+    if stage is None:
         return None
-    stage = max(shares, key=lambda s: shares[s])
     share = shares[stage]
-    if share < DOMINANT_SHARE:
-        return None
     micros = (stages.seconds(stage) or 0.0) * 1e6
     what = f"{stage.replace('_', '-')} takes {_pct(share)} of the loader's time per sample ({micros:,.0f} µs)"
     fixes = {
@@ -284,7 +273,8 @@ def _stage_line(stages: StageTimes, *, remote: bool, per_file: bool) -> str | No
         "fetch": (
             "pack the files into shards (few large reads instead of one request per file)"
             if per_file
-            else "prefetch further ahead (more prefetch_bytes), or keep a local shard cache (cache_dir=)"
+            else "prefetch further ahead (more prefetch_bytes, or autotune=True to let the loader find it), "
+            "or keep a local shard cache (cache_dir=)"
             if remote
             else "move the shards to faster local storage"
         ),
@@ -326,7 +316,7 @@ def advise(facts: Facts) -> Advice:
     if facts.step_s <= 0:
         verdict = "loader-alone"
         lines.append("no training step was simulated: these are the loader's own limits")
-    elif facts.wait_share >= LOADER_BOUND_SHARE:
+    elif loader_bound(facts.wait_share):
         verdict = "loader-bound"
         lines.append(
             f"loader-bound: {_pct(facts.wait_share)} of the step waits for data "

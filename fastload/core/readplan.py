@@ -80,7 +80,7 @@ def iter_reads(
     refs: Sequence[tuple[int, int]],
     entry_of: Callable[[int], ShardEntry],
     *,
-    max_task_bytes: int,
+    max_task_bytes: int | Callable[[], int],
     ahead: Callable[[int], None] | None = None,
     depth: int = 1,
     whole: Callable[[int], int | None] | None = None,
@@ -98,14 +98,18 @@ def iter_reads(
 
     ``hold_bytes`` > 0: a shard read by row groups whose references are not one run (or one run that is
     neither such a whole shard nor consecutive positions in order) is planned by :class:`GroupReads`
-    instead: one task per row group read, serving later references too (``ReadTask.serves``)."""
-    if max_task_bytes < 1 or depth < 1:
-        raise ValueError(f"need max_task_bytes={max_task_bytes} >= 1 and depth={depth} >= 1")
+    instead: one task per row group read, serving later references too (``ReadTask.serves``).
+
+    ``max_task_bytes`` may be a function, asked again for each task planned (a tuned size, see
+    :mod:`fastload.core.autotune`): tasks are the same references in the same order whatever their size."""
+    cap = max_task_bytes if callable(max_task_bytes) else _fixed(max_task_bytes)
+    if cap() < 1 or depth < 1:
+        raise ValueError(f"need max_task_bytes={cap()} >= 1 and depth={depth} >= 1")
     groups = GroupReads(refs, hold_bytes=hold_bytes) if hold_bytes > 0 else None
 
     def size_of(shard: int) -> int | None:
         size = whole(shard) if whole is not None else None
-        return size if size is not None and size <= max_task_bytes else None
+        return size if size is not None and size <= cap() else None
 
     def grouped(shard: int, i: int, stop: int) -> bool:
         if groups is None:
@@ -129,11 +133,11 @@ def iter_reads(
         shard, i, stop = window.popleft()
         size = size_of(shard)
         if groups is not None and grouped(shard, i, stop):
-            yield from groups.plan(shard, i, stop, entry_of, max_task_bytes)
+            yield from groups.plan(shard, i, stop, entry_of, max(1, cap()))
         elif size is not None:
             yield ReadTask(shard, tuple(p for _, p in refs[i:stop]), size)
         else:
-            yield from _plan_run(refs, i, stop, shard, entry_of(shard), max_task_bytes)
+            yield from _plan_run(refs, i, stop, shard, entry_of(shard), cap)
         following = next(pending, None)
         if following is not None:
             window.append(following)
@@ -198,7 +202,7 @@ class GroupReads:
             if entry is None:
                 entry = entry_of(shard)
                 if entry.offsets or not entry.row_groups:  # not read by row groups: the usual tasks
-                    yield from _plan_run(self._refs, t, stop, shard, entry, max_task_bytes)
+                    yield from _plan_run(self._refs, t, stop, shard, entry, _fixed(max_task_bytes))
                     self._done_a[t:stop] = 1
                     return
                 starts = _row_group_starts(entry)
@@ -230,17 +234,28 @@ class GroupReads:
         return ReadTask(shard, tuple(self._positions[serves].tolist()), size, tuple(serves.tolist()))
 
 
+def _fixed(max_task_bytes: int) -> Callable[[], int]:
+    return lambda: max_task_bytes
+
+
 def _plan_run(
-    refs: Sequence[tuple[int, int]], i: int, stop: int, shard: int, entry: ShardEntry, max_task_bytes: int
+    refs: Sequence[tuple[int, int]],
+    i: int,
+    stop: int,
+    shard: int,
+    entry: ShardEntry,
+    cap: Callable[[], int],
 ) -> Iterator[ReadTask]:
-    """The tasks of ``refs[i:stop]``, all references to ``shard`` (see :func:`plan_reads`)."""
+    """The tasks of ``refs[i:stop]``, all references to ``shard`` (see :func:`plan_reads`), each cut at
+    ``cap()`` bytes as it is planned."""
     if entry.offsets:
         positions = list(map(itemgetter(1), refs[i:stop]))
         first = positions[0]
         if positions == list(range(first, first + len(positions))):  # one stretch (compared in C)
-            yield from _plan_stretch(shard, first, first + len(positions), entry.sizes, max_task_bytes)
+            yield from _plan_stretch(shard, first, first + len(positions), entry.sizes, cap)
             return
         while i < stop:
+            max_task_bytes = cap()
             first = refs[i][1]
             end = first + 1
             nbytes = entry.sizes[first]
@@ -257,6 +272,7 @@ def _plan_run(
         return
     starts = _row_group_starts(entry)
     while i < stop:
+        max_task_bytes = cap()
         groups: set[int] = set()
         nbytes = 0
         j = i
@@ -274,14 +290,14 @@ def _plan_run(
 
 
 def _plan_stretch(
-    shard: int, a: int, b: int, sizes: Sequence[int], max_task_bytes: int
+    shard: int, a: int, b: int, sizes: Sequence[int], cap: Callable[[], int]
 ) -> Iterator[ReadTask]:
     """:func:`_plan_run`'s tasks for positions ``a..b-1`` in order: each from a running total of sizes."""
     ends = list(itertools.accumulate(sizes[a:b]))
     k = 0
     while k < len(ends):
         base = ends[k - 1] if k else 0
-        j = max(k + 1, bisect.bisect_right(ends, base + max_task_bytes, lo=k))
+        j = max(k + 1, bisect.bisect_right(ends, base + cap(), lo=k))
         yield ReadTask(shard, tuple(range(a + k, a + j)), ends[j - 1] - base)
         k = j
 

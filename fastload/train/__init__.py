@@ -17,5 +17,5 @@ checkpoint checks (``statecheck``), shared-memory files (``shmfiles``), PackedSe
 (``packdocs``), state (``packstate``) and equal steps (``packsync``), GPU decode (``gpudecode``) and
 utilisation (``gpumon``), the device prefetcher (``device``), per-stage telemetry summed over workers
 (``telemetry``), published every N steps and compared across ranks (``publish``) to its exporters
-(``exporters``), and ``fastload.serve``: batches made by remote feeders, Ray actors (``serve``; what a
-feeder runs and how a batch travels: ``feeder``)."""
+(``exporters``), ``DataLoader(autotune=True)``'s tuner (``autotune``), and ``fastload.serve``: batches
+made by remote feeders, Ray actors (``serve``; what a feeder runs and how a batch travels: ``feeder``)."""

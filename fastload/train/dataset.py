@@ -605,6 +605,7 @@ class ShardDataset(PositionMethods, TelemetryMethods, torch.utils.data.IterableD
             on_skip=lambda: self.count_skipped(1),  # (a worker of a torch DataLoader too, under a lock)
             report=self.note_skipped,
             tally=tally,
+            tuning=self._telemetry.tuning,  # (None until fastload.DataLoader(autotune=True) tunes it)
         )
         if self._chunked:  # fastload.DataLoader counts what it delivers and rewinds at the end
             size = live.chunk or len(refs) or 1

@@ -22,6 +22,7 @@ import torch.utils.data
 from fastload.core.gpuutil import GpuTimeline
 from fastload.core.telemetry import merge
 from fastload.errors import ConfigError
+from fastload.train.autotune import AutotuneConfig
 from fastload.train.device import DevicePrefetcher, timed_copy
 from fastload.train.device import to_device as to_device  # (where it always was)
 from fastload.train.gpumon import GpuMonitor
@@ -130,6 +131,9 @@ class Loader:
         extra: dict[str, Any] = {"loop": self.stats.as_dict()}
         if self.publisher is not None:
             extra["stragglers"] = self.publisher.stragglers
+        tuner = getattr(self.dataloader, "tuner", None)
+        if tuner is not None:
+            extra["autotune"] = tuner.report()
         return telemetry_report(self.telemetry_vector(), **extra)
 
     @property
@@ -273,6 +277,7 @@ def loader(
     monitor_gpu: bool = False,
     telemetry: Any = None,
     telemetry_every: int | None = None,
+    autotune: bool | AutotuneConfig = False,
     **dataset_kwargs: Any,
 ) -> Loader:
     """A ready-to-train :class:`Loader` over ``source``: a dataset folder or ``s3://`` prefix (opened as a
@@ -288,7 +293,9 @@ def loader(
     ``loader.report()``: per-stage telemetry over the workers. ``telemetry``: where to export it (a folder
     for JSON lines, a file per rank, or exporters of :mod:`fastload.train.exporters`), every
     ``telemetry_every`` steps (default 100), which also compares the ranks' data waits and names a
-    straggler (docs/observe.md).
+    straggler (docs/observe.md). ``autotune=True`` (or a ``fastload.AutotuneConfig``): the
+    ``fastload.DataLoader`` tunes its prefetch depth, fetches at once, read task size and workers as it runs
+    (a ShardDataset only; docs/observe.md, "A loader that tunes itself").
     """
     from fastload.train.dataset import ShardDataset
     from fastload.train.loader import DataLoader
@@ -335,9 +342,14 @@ def loader(
         kwargs["persistent_workers"] = True if persistent_workers is None else persistent_workers
     if isinstance(dataset, (ShardDataset, Mix)):
         dl: Iterable[Any] = DataLoader(
-            dataset, batch_size, collate_fn=collate_fn, drop_last=drop_last, **kwargs
+            dataset, batch_size, collate_fn=collate_fn, drop_last=drop_last, autotune=autotune, **kwargs
         )
     else:
+        if autotune:
+            raise ConfigError(
+                "autotune= tunes a fastload.ShardDataset's reads (through fastload.DataLoader); this "
+                f"source is a {type(dataset).__name__}: leave autotune off"
+            )
         dl = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last, **kwargs
         )

@@ -20,9 +20,12 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from fastload.config import S3Config
 from fastload.core.telemetry import merge
 from fastload.errors import ConfigError, WorkerDiedError
 from fastload.s3 import runtime
+from fastload.storage.access import is_remote
+from fastload.train.autotune import AutotuneConfig, Tuner, config_of, starting
 from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
 from fastload.train.mix import Mix
@@ -103,6 +106,11 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     Epochs: each new pass after a complete one reads the next epoch (its own order), unless
     :meth:`set_epoch` chose one (as with ``DistributedSampler``); a pass cut short and started again, or a
     restored position, continues the same epoch.
+
+    ``autotune=True`` (or a :class:`~fastload.AutotuneConfig`): prefetch depth, fetches at once and read
+    task size are adjusted while the loop runs, and ``num_workers`` between epochs, from the measured
+    stage times (:mod:`fastload.train.autotune`; each change logged, in ``report()["autotune"]`` and in
+    ``state_dict()["tuned"]``). The samples and their order are the same as without it.
     """
 
     def __init__(
@@ -112,6 +120,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         *,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
+        autotune: bool | AutotuneConfig = False,
         **kwargs: Any,
     ) -> None:
         if not isinstance(dataset, (ShardDataset, Mix)):
@@ -134,6 +143,24 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._completed: int | None = None  # the epoch the last complete pass read
         self._epoch_chosen = False  # set_epoch/load_state_dict since then: no automatic advance
         self._slots = MainSlots(pin_memory=bool(self.pin_memory) and torch.cuda.is_available())
+        self.tuner: Tuner | None = None
+        tuning = config_of(autotune)
+        if tuning is not None:
+            if isinstance(dataset, Mix):
+                raise ConfigError(
+                    "autotune= tunes the reads of a fastload.ShardDataset; a fastload.Mix is not tuned: "
+                    "leave autotune off, or tune each source's prefetch_bytes by hand (docs/observe.md)"
+                )
+            start = starting(dataset.prefetch, self.num_workers)  # (the handle shares its block)
+            s3 = dataset.s3_config or S3Config()
+            self.tuner = Tuner(
+                tuning,
+                start,
+                dataset._telemetry,
+                self.telemetry_vector,
+                batch_size=batch_size,
+                round_bytes=s3.part_size_bytes * s3.max_concurrency if is_remote(dataset.root) else None,
+            )
 
     def __del__(self) -> None:
         # persistent workers outlive each epoch: when the loader goes, they stop first, then the files of
@@ -177,6 +204,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             dataset.set_epoch(self._completed + 1)  # a new pass after a complete one: the next epoch
             # (unless the epoch was chosen since: here, or on the dataset as with DistributedSampler)
         self._epoch_chosen = False
+        tuner = self.tuner
+        if tuner is not None:
+            self._set_workers(tuner.settings.workers)
+            tuner.begin()
         total = dataset.epoch_samples() if isinstance(dataset, Mix) else len(dataset.plan().samples)
         start = dataset.start
         if total is None:  # an endless Mix
@@ -191,7 +222,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             workers = super().__iter__()
             watched = _workers_watched(workers, slots)
             tally = self._tally
-            for batch, size, skipped, error, slot, s3 in watched:
+            for batch, size, skipped, error, slot, s3 in watched if tuner is None else tuner.timed(watched):
                 if s3 is not None:  # the worker's S3 counters since its last batch: s3_stats() here sums all
                     runtime.current().stats.merge(s3)
                     tally.s3_delta(s3)
@@ -239,6 +270,20 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         dataset.rewind()
         self._delivered = 0
         self._completed = dataset.epoch
+        if tuner is not None:
+            tuner.end_epoch()
+
+    def _set_workers(self, workers: int) -> None:
+        """Start the next pass with ``workers`` DataLoader workers (the tuner's; from 1 up, never to or
+        from 0): persistent workers of another count are stopped first."""
+        if workers == self.num_workers or workers < 1 or self.num_workers < 1:
+            return
+        running = self.__dict__.get("_iterator")
+        if running is not None:
+            _shut_down(running)
+            self._iterator = None
+            self._slots.remove_dead_children()
+        self.num_workers = workers
 
     def _repeat(self, batch: Any) -> Any:
         self.repeated_batches += 1
@@ -262,7 +307,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         ``map=``, collate, shared-memory hand-over; cache hits and misses; the workers' S3 requests,
         bytes, retries, throttles, hedges and first-byte latency) with ``s3``: this process's
         ``fastload.s3_stats()`` (the workers' included). See :func:`fastload.core.telemetry.summary`."""
-        return telemetry_report(self.telemetry_vector(), s3=runtime.current().stats.snapshot())
+        extra: dict[str, Any] = {"s3": runtime.current().stats.snapshot()}
+        if self.tuner is not None:
+            extra["autotune"] = self.tuner.report()
+        return telemetry_report(self.telemetry_vector(), **extra)
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state (epoch, what must match on restore), with ``delivered`` the samples of the
@@ -275,6 +323,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         state = dataset.state_dict()
         state["delivered"] = dataset.start + self._delivered
         state["batch_size"] = self.fastload_batch_size
+        if self.tuner is not None:  # the tuned settings, restored with the position
+            state["tuned"] = self.tuner.settings.as_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -288,3 +338,5 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
         self._delivered = 0
         self._epoch_chosen = True
+        if self.tuner is not None and isinstance(state.get("tuned"), dict):
+            self.tuner.restore(state["tuned"])

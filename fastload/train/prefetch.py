@@ -26,6 +26,11 @@ class Prefetcher(Generic[T]):
     or fetching but not yet consumed, and always at least one. ``max_bytes=0`` fetches each task in the
     consumer's thread when it is reached (no prefetch). ``release(task)`` is called after the consumer
     is done with a task's result (before the next one is handed over).
+
+    ``limits``: a function giving ``(max_bytes, concurrency)`` now (a tuned loader's,
+    :mod:`fastload.train.autotune`), asked before tasks are let in: it replaces ``max_bytes`` and caps the
+    fetches running at once at ``concurrency`` (``threads`` is then the most it may ask for). Tasks are
+    fetched ahead, at least one, even at 0 bytes. Results still come back in task order.
     """
 
     def __init__(
@@ -37,6 +42,7 @@ class Prefetcher(Generic[T]):
         max_tasks: int = 64,
         threads: int = 8,
         release: Callable[[ReadTask], None] | None = None,
+        limits: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         if max_bytes < 0 or max_tasks < 1 or threads < 1:
             raise ValueError(f"{max_bytes=} must be >= 0, {max_tasks=} and {threads=} >= 1")
@@ -45,13 +51,14 @@ class Prefetcher(Generic[T]):
         self._max_bytes, self._max_tasks = max_bytes, max_tasks
         self._threads = threads
         self._release = release
+        self._limits = limits
         self._stop = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[tuple[ReadTask, Future[T]]] = deque()
 
     def __iter__(self) -> Iterator[tuple[ReadTask, T]]:
         try:
-            if self._max_bytes == 0:
+            if self._max_bytes == 0 and self._limits is None:
                 for task in self._tasks:
                     yield task, self._fetch(task, self._stop)
                     self._done(task)
@@ -61,10 +68,18 @@ class Prefetcher(Generic[T]):
             failed: list[Exception] = []  # planning the next task failed: raised after the tasks before it
             nxt = _next(tasks, failed)
             in_flight = 0
+            max_bytes, running = self._max_bytes, self._running
             while nxt is not None or self._pending:
+                if self._limits is not None:
+                    max_bytes, concurrency = self._limits()
+                    running = self._running_below(concurrency)
                 while nxt is not None and (
                     not self._pending
-                    or (len(self._pending) < self._max_tasks and in_flight + nxt.nbytes <= self._max_bytes)
+                    or (
+                        len(self._pending) < self._max_tasks
+                        and in_flight + nxt.nbytes <= max_bytes
+                        and running()
+                    )
                 ):
                     self._pending.append((nxt, self._pool.submit(self._fetch, nxt, self._stop)))
                     in_flight += nxt.nbytes
@@ -80,6 +95,14 @@ class Prefetcher(Generic[T]):
                 raise failed[0]
         finally:
             self.close()
+
+    @staticmethod
+    def _running() -> bool:
+        return True  # (no cap but the pool's threads)
+
+    def _running_below(self, concurrency: int) -> Callable[[], bool]:
+        """Whether fewer than ``concurrency`` of the pending fetches are still running."""
+        return lambda: sum(not f.done() for _, f in self._pending) < concurrency
 
     def _done(self, task: ReadTask) -> None:
         if self._release is not None:

@@ -40,6 +40,7 @@ class Publisher:
         self._before = core.zeros()
         self._at = time.monotonic()
         self._steps = 0
+        self._changes = 0  # a tuned loader's changes already recorded
 
     @classmethod
     def of(cls, loader: Any, telemetry: Any, every: int | None) -> Publisher | None:
@@ -106,6 +107,13 @@ class Publisher:
             "window": summary,
             "total": core.summary(now_vec),
         }
+        tuner = getattr(getattr(loader, "dataloader", loader), "tuner", None)
+        if tuner is not None:  # a tuned loader: its settings now and the changes in this window
+            record["autotune"] = {
+                "settings": tuner.settings.as_dict(),
+                "changes": tuner.changes[self._changes :],
+            }
+            self._changes = len(tuner.changes)
         for exporter in self.exporters:
             exporter.export(record)
         self.records += 1

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from fastload.core.autotune import default_task_bytes
 from fastload.errors import FastloadError, SampleChecksumError
 from fastload.train.decode import decode_sample
 from fastload.train.options import DecodeConfig, PrefetchConfig
@@ -37,6 +38,7 @@ def read_samples(
     on_skip: Callable[[], None] | None = None,
     report: Callable[[SkippedSample], None] | None = None,
     tally: Tally | None = None,
+    tuning: Callable[[], tuple[int, ...] | None] | None = None,
 ) -> Generator[Any, None, None]:
     """The samples of ``refs`` (``(shard, position)`` pairs of ``view``'s shards, read with their entries
     :meth:`~fastload.train.view.DatasetView.shards`, its cache and its table memo) in order, decoded and
@@ -46,31 +48,42 @@ def read_samples(
     yielded as :data:`SKIPPED` with ``mark_skipped``, else reported to ``on_skip`` and left out; with
     ``on_error="skip"`` that is a sample that fails to decode or map, or whose bytes fail their CRC32C
     (after the cache had its chance to heal a cached copy). ``report``: told each skipped sample's name.
+    ``tuning``: a tuned loader's settings (prefetch bytes, fetches at once, task size, most fetches at
+    once; :meth:`~fastload.train.telemetry.SharedCounters.tuning`), or None when not tuned: asked again
+    before each read task, they replace ``prefetch``'s.
     """
     shards, partitions = view.shards(), view.partitions
+    tuned = tuning() if tuning is not None else None
     max_bytes = prefetch.max_bytes or 0
-    # without prefetch nothing is held ahead, and local shards stream sample by sample: bigger tasks only
-    # mean fewer of them
-    task_bytes = 16 << 20 if max_bytes == 0 else max(1 << 20, min(16 << 20, max_bytes // 4))
+    task_bytes: int | Callable[[], int] = default_task_bytes(max_bytes)
+    limits = None
+    threads = prefetch.threads
+    if tuning is not None and tuned is not None:  # live: cells the loop's tuner writes, read between tasks
+        max_bytes, threads = tuned[0], max(threads, tuned[3])
+        task_bytes, limits = _live(tuning, tuned)
     readers = ShardReaders(
         view,
         refs,
         columns=decoding.columns,
-        defer=max_bytes == 0,
+        defer=max_bytes == 0 and tuned is None,
         verify=decoding.verify_samples,
         skip_damaged=decoding.on_error == "skip",
     )
     # with prefetch, the next shard's table is fetched while this one is read
     tasks = readers.tasks(
-        refs, max_task_bytes=task_bytes, ahead=max_bytes > 0, hold_bytes=prefetch.hold_bytes
+        refs,
+        max_task_bytes=task_bytes,
+        ahead=max_bytes > 0 or tuned is not None,
+        hold_bytes=prefetch.hold_bytes,
     )
     prefetcher = Prefetcher(
         tasks,
         readers.fetch if tally is None else timed_fetch(readers.fetch, tally),
         max_bytes=max_bytes,
         max_tasks=prefetch.runs,
-        threads=prefetch.threads,
+        threads=threads,
         release=readers.release,
+        limits=limits,
     )
     held: dict[
         int, RawSample | SampleChecksumError
@@ -129,6 +142,22 @@ def read_samples(
             if count:
                 _tally_task(tally, left - started, count, timed, times)
             tally.flush()
+
+
+def _live(
+    tuning: Callable[[], tuple[int, ...] | None], first: tuple[int, ...]
+) -> tuple[Callable[[], int], Callable[[], tuple[int, int]]]:
+    """The task size and the prefetcher's ``(max_bytes, concurrency)`` as functions of the tuned settings
+    now (the last ones seen if the tuning stopped)."""
+    last = [first]
+
+    def now() -> tuple[int, ...]:
+        values = tuning()
+        if values is not None:
+            last[0] = values
+        return last[0]
+
+    return (lambda: now()[2]), (lambda: (now()[0], now()[1]))
 
 
 def _tally_task(tally: Tally, ns: int, count: int, timed: int, times: list[int]) -> None:

@@ -92,7 +92,7 @@ class ShardReaders:
         self,
         refs: Sequence[tuple[int, int]],
         *,
-        max_task_bytes: int,
+        max_task_bytes: int | Callable[[], int],
         ahead: bool = False,
         hold_bytes: int = 0,
     ) -> Iterator[ReadTask]:

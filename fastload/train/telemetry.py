@@ -22,6 +22,7 @@ from fastload.core import telemetry as core
 from fastload.s3 import runtime
 
 clock_ns = time.perf_counter_ns
+TUNED = ("prefetch_bytes", "concurrency", "task_bytes", "max_concurrency")
 _MAXED = frozenset(core.counter_cell(name) for name in core.MAXED)
 
 
@@ -34,6 +35,8 @@ class SharedCounters:
         self.cells = spawn.RawArray(ctypes.c_int64, core.SIZE)
         self.lock = spawn.Lock()
         self.active = spawn.RawValue(ctypes.c_bool, True)  # off: no stage timing (benchmarks/telemetry.py)
+        # a tuned loader's settings for its workers (TUNED; zeros: not tuned), see fastload.train.autotune
+        self.tuned = spawn.RawArray(ctypes.c_int64, len(TUNED))
 
     @property
     def on(self) -> bool:
@@ -62,6 +65,12 @@ class SharedCounters:
     def vector(self) -> list[int]:
         with self.lock:
             return list(self.cells)
+
+    def tuning(self) -> tuple[int, ...] | None:
+        """The tuned settings the workers read between read tasks, in ``TUNED`` order (None: not tuned).
+        (Each cell is one aligned 8-byte word, written whole: no lock.)"""
+        values = tuple(self.tuned)
+        return values if values[1] else None
 
 
 class Tally:
