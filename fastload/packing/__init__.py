@@ -14,7 +14,8 @@
 - all run on ``engine`` (the public engine interface and the local threads engine) or ``ray_engine``, write
   into a ``dest`` (local folder, ``s3dest``, or ``storedest``: ``gs://`` and ``az://``) and keep a
   ``journal`` for resume;
-- ``append`` (``pack --append``: any plan of files or rows appended as a new version);
+- ``append`` (``pack --append``: any plan of files or rows appended as a new version; ``append_samples``:
+  a sample writer's plan appended, for ``ShardWriter(mode="append")`` and ``optimize(mode="append")``);
 - ``ray_sink`` (``fastload.from_ray``), ``indexing`` (``fastload index``), ``verify``, ``progress``.
 
 Also: ``options`` (what of a PackConfig decides the bytes), ``staging`` (local staging folders of packs to

@@ -29,7 +29,7 @@ def append_problems(
     if fmt != shard_format:
         return [
             f"shard_format: the dataset is {shard_format}, this append writes {fmt} "
-            f"(pass --format {shard_format})"
+            f"(pass --format {shard_format}; from Python, format={shard_format!r})"
         ]
     out = []
     for name in sorted(set(dataset) & set(appended)):
