@@ -23,4 +23,5 @@ S3), ``tokenizer_hook`` (``--tokenizer``), ``upgrade`` (``fastload index --upgra
 
 ``optimize`` (``fastload.optimize``: a function of each input run in worker processes, ``fanout``: the
 ordered chunked map, its samples written in input order; ``optimize_journal``: where each shard ends in the
-inputs, for resume)."""
+inputs, for resume; ``optimize_report``: its report; ``input_lines``: the inputs of ``fastload optimize
+--inputs FILE``)."""

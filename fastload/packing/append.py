@@ -88,6 +88,8 @@ class AppendPlan(Plan[R]):
         self.target = inner.target
         self.progress_items = inner.progress_items
         self.tag = input_tag(self.target.fingerprint)
+        # what the version records of its inputs (a plan that knows them only at the end sets it then)
+        self.digest = fingerprint_digest(self.target.fingerprint)
         self.folder = f"{STATE_DIR}/append-{self.tag}"
         self.first = 0  # the number of the first appended shard (the dataset's shard count when it began)
         self.base: DatasetIndex | None = None  # the index when the append began (None: creating one)
@@ -216,9 +218,8 @@ class AppendPlan(Plan[R]):
     def _same_inputs(self, index: DatasetIndex) -> Version | None:
         """The version of ``index`` made of exactly this append's inputs (same fingerprint; for a version
         that recorded none, the same layout: names, sizes and options), if any."""
-        mine = fingerprint_digest(self.target.fingerprint)
         for v in versions_of(index):
-            if v.fingerprint == mine or (v.fingerprint is None and v.layout == self.target.layout):
+            if v.fingerprint == self.digest or (v.fingerprint is None and v.layout == self.target.layout):
                 return v
         return None
 
@@ -331,8 +332,9 @@ class AppendPlan(Plan[R]):
         checked = self._checked_current(current, index, dest)
         if checked is None and current is not None:
             return current, True
-        fp = fingerprint_digest(self.target.fingerprint)
-        return joined(checked, index, created=now_utc(), fingerprint=fp, layout=self.target.layout), False
+        return joined(
+            checked, index, created=now_utc(), fingerprint=self.digest, layout=self.target.layout
+        ), False
 
     def _publish_s3(self, dest: Destination, index: DatasetIndex, name: str) -> DatasetIndex:
         from fastload.s3.conditional import get_with_etag, put_if
@@ -358,8 +360,7 @@ class AppendPlan(Plan[R]):
         )
 
     def _landed(self, index: DatasetIndex) -> DatasetIndex:
-        mine = fingerprint_digest(self.target.fingerprint)
-        self.version = next((v for v in versions_of(index) if v.fingerprint == mine), None)
+        self.version = next((v for v in versions_of(index) if v.fingerprint == self.digest), None)
         return index
 
     def release(self) -> None:

@@ -77,8 +77,9 @@ class SamplesAppendPlan(AppendPlan[R]):
         dest, journal, kept = super().open()
         notifying = NotifyingJournal(dest, journal.folder, self.writer.recorded)
         rule = self.writer.keys.rule
-        if self.base is not None and self.base.shards and rule != "off":
-            shards = self.base.shards if rule == "check" else self.base.shards[-1:]
+        if self.base is not None and rule != "off":
+            theirs = [s for s in self.base.shards if not self._is_mine(s.name)]  # (ours: a resume's, landed)
+            shards = theirs if rule == "check" else theirs[-1:]
             config = getattr(dest, "config", None)
             self.writer.keys.seen(keys_of(dest.url, self.base, shards, s3_config=config))
         self.writer.opened(dest, notifying, kept)

@@ -92,3 +92,33 @@ def test_append_from_python_and_a_racing_appender_both_land(
     assert stream(url, version=1) == old_stream
     keys = sorted(k for k, _ in stream(url))
     assert keys == sorted([*(f"k{i:05d}" for i in range(9)), *(f"k{i:05d}" for i in range(100, 103))])
+
+
+def test_optimize_appends_to_s3(
+    moto_s3: Any, bucket: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fastload.optimize(..., mode="append")`` into ``s3://`` (moto): the same publish, the stream of
+    one run over all the inputs, nothing left in ``.fastload-pack/``."""
+    for name in FOREIGN_AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_env(moto_s3).items():
+        monkeypatch.setenv(name, value)
+    runtime.reset()
+    name = bucket(moto_s3)
+    url, whole = f"s3://{name}/ds", f"s3://{name}/whole"
+
+    def make(n: int) -> dict[str, Any]:
+        return {"__key__": f"k{n:05d}", "txt": f"text {n} " * (n % 4 + 1) * 60}
+
+    options: dict[str, Any] = {"workers": 2, "shard_size_bytes": 4 << 10, "progress": False}
+    fastload.optimize(make, range(40), whole, **options)
+    fastload.optimize(make, range(20), url, **options)
+    old = stream(url)
+    report = fastload.optimize(make, range(20, 40), url, mode="append", **options)
+    assert report.samples == 20 and stream(url, version=1) == old and stream(url) == stream(whole)
+    client = moto_s3.client()
+    try:
+        assert not [k for k in objects(client, name, "ds/") if "/.fastload-pack/" in k]
+    finally:
+        client.close()
+        runtime.reset()
