@@ -14,7 +14,6 @@ the writer's own journal does), and the writer's key rule learns the dataset's k
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -81,7 +80,8 @@ class SamplesAppendPlan(AppendPlan[R]):
             theirs = [s for s in self.base.shards if not self._is_mine(s.name)]  # (ours: a resume's, landed)
             shards = theirs if rule == "check" else theirs[-1:]
             config = getattr(dest, "config", None)
-            self.writer.keys.seen(keys_of(dest.url, self.base, shards, s3_config=config))
+            fmt = self.base.shard_format
+            self.writer.keys.seen(keys_of(dest.url, fmt, shards, s3_config=config))
         self.writer.opened(dest, notifying, kept)
         return dest, notifying, kept
 
@@ -93,10 +93,11 @@ class SamplesAppendPlan(AppendPlan[R]):
 
 
 def keys_of(
-    root: str, index: DatasetIndex, shards: list[ShardEntry], *, s3_config: S3Config | None
+    root: str, shard_format: str, shards: list[ShardEntry], *, s3_config: S3Config | None
 ) -> Iterator[str]:
-    """The keys of ``shards`` (of ``index``, in ``root``), read from their sample tables in order."""
-    some = dataclasses.replace(index, shards=list(shards), versions=[])
+    """The keys of ``shards`` (in ``root``, of ``shard_format``), read from their sample tables in order
+    (an append's dataset; the shards a resumed run kept)."""
+    some = DatasetIndex(shard_format=shard_format, fields=[], shards=list(shards))
     for shard in formats.attach_tables(root, some, s3_config=s3_config).shards:
         yield from shard.keys
 
@@ -114,7 +115,7 @@ def create_refusal(target: Target, exc: PackError, *, by: str) -> PackError:
                 f"{target.url} holds a dataset (index.json); pass mode='append' to add these samples to it "
                 "as a new version (its format and options), or write into an empty or new folder"
             )
-    if "pass --resume" not in text or target.resume:
+    if target.resume or ("pass --resume" not in text and OPTIMIZE_HOW not in text):
         return exc
     if unfinished_by(target.url, s3_config=target.s3_config) == "optimize":
         return UnfinishedPackError(target.url, what="written to", how=OPTIMIZE_HOW)

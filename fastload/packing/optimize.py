@@ -31,7 +31,7 @@ from fastload.core.index import DatasetIndex, parse_index
 from fastload.core.versions import fingerprint_digest, input_tag
 from fastload.errors import AppendConflictError, ConfigError, InputFailedError, PackError, SampleError, Skip
 from fastload.packing.append import AppendPlan
-from fastload.packing.append_samples import append_mode
+from fastload.packing.append_samples import append_mode, keys_of
 from fastload.packing.dest import destination, read_index_bytes
 from fastload.packing.encode import Encoders, encode_sample
 from fastload.packing.fanout import ChunkMap, ChunkResult, Failure, Task, chunks_of
@@ -286,6 +286,10 @@ class _Run:
                 f"shard(s) {', '.join(map(str, lost[:10]))} of the interrupted optimize in {self.url} are "
                 f"missing or damaged, so it cannot be resumed; {self.journal.restart}"
             )
+        if first and self.writer.keys.rule != "off":  # (their samples are not given again: their keys)
+            entries = [self.writer.kept[n].entry for n in range(first)]
+            fmt = self.config.shard_format
+            self.writer.keys.seen(keys_of(self.writer.url, fmt, entries, s3_config=self.s3_config))
         for n in sorted(self.writer.kept):  # kept past the resume point: cut again, not rewritten
             if n >= first:
                 self._record(self.ends.published(n, self.writer.kept[n].entry.samples))
