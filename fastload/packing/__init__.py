@@ -5,9 +5,10 @@
 - its plans: files (``plan``: list, group, order, cut: :class:`~fastload.packing.plan.PackPlan` ->
   ``write``: :class:`~fastload.packing.write.FileShard` jobs -> ``pack``: ``fastload.pack``, ``FilesPlan``)
   -> ``report``; token documents (``token_inputs`` -> ``token_docs`` -> ``token_shards`` -> ``tokens``:
-  ``pack_tokens``, ``TokensPlan``); rows of tables (Parquet/CSV/JSONL: ``tabular``: plan, ``RowsPlan``,
-  ``pack_table`` -> ``table_shards``: :class:`~fastload.packing.table_shards.TableShard` jobs; which sources
-  are tables: ``tablenames``, by name, without importing pyarrow); samples from
+  ``pack_tokens``, ``TokensPlan``; ``token_report``: its report); rows of tables (Parquet/CSV/JSONL:
+  ``tabular``: plan, ``RowsPlan``, ``pack_table`` -> ``table_shards``:
+  :class:`~fastload.packing.table_shards.TableShard` jobs; which sources are tables: ``tablenames``, by
+  name, without importing pyarrow); samples from
   Python (``encode``: values to bytes, checked -> ``samplewriter``: :class:`SampleWriter`, cut on the fly
   into ``memshard`` jobs -> ``shardwriter``: ``fastload.ShardWriter``; ``parts``: several writers, one
   dataset, and their merge);

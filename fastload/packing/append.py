@@ -28,7 +28,7 @@ from fastload.errors import AppendConflictError, ConfigError, PackError, Precond
 from fastload.formats import index_name, table_path
 from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination, destination, read_index_bytes
-from fastload.packing.driver import Plan, R, Retry, run
+from fastload.packing.driver import Plan, R, run
 from fastload.packing.engine import Advance, Engine, ShardJob
 from fastload.packing.journal import STATE_DIR, PackJournal, kept_shards
 from fastload.packing.options import append_problems
@@ -225,9 +225,6 @@ class AppendPlan(Plan[R]):
 
     # -- the inner plan's work, renamed -------------------------------------------------------------------
 
-    def retry(self, index: DatasetIndex) -> Retry | None:
-        return None
-
     def engine(self, dest: Destination, journal: PackJournal, todo: int | None) -> Engine:
         return self.inner.engine(dest, journal, todo)
 
@@ -332,9 +329,10 @@ class AppendPlan(Plan[R]):
         checked = self._checked_current(current, index, dest)
         if checked is None and current is not None:
             return current, True
-        return joined(
-            checked, index, created=now_utc(), fingerprint=self.digest, layout=self.target.layout
-        ), False
+        merged = joined(checked, index, created=now_utc(), fingerprint=self.digest, layout=self.target.layout)
+        if checked is None:
+            return merged, False
+        return replace(merged, options=self.inner.joined_options(checked.options, index.options)), False
 
     def _publish_s3(self, dest: Destination, index: DatasetIndex, name: str) -> DatasetIndex:
         from fastload.s3.conditional import get_with_etag, put_if
