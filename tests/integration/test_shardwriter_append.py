@@ -40,6 +40,7 @@ def test_an_append_is_a_new_version_after_the_existing_shards(tmp_path: Path) ->
     before, first = snapshot(dst), read_manifest(dst)
     inodes = {p.name: p.stat().st_ino for p in dst.iterdir() if p.name != "index.json"}
     old_stream = stream(dst)
+    old_shuffled = stream(dst, seed=3, shuffle_buffer=4)
 
     report = write(dst, range(5, 10), mode="append")
 
@@ -64,6 +65,7 @@ def test_an_append_is_a_new_version_after_the_existing_shards(tmp_path: Path) ->
     assert not (dst / ".fastload-pack").exists()  # journal and locks removed
 
     assert stream(dst, version=1) == old_stream  # the pre-append stream, exactly
+    assert stream(dst, version=1, seed=3, shuffle_buffer=4) == old_shuffled  # (shuffled the same way too)
     assert [k for k, *_ in stream(dst)] == [f"k{i:05d}" for i in range(10)]
     run_cli("verify", dst, check=True)
 
@@ -75,10 +77,15 @@ def test_an_append_is_a_new_version_after_the_existing_shards(tmp_path: Path) ->
 def test_a_dataset_opened_before_an_append_keeps_reading_its_version(tmp_path: Path) -> None:
     dst = tmp_path / "ds"
     write(dst, range(6))
-    ds = fastload.ShardDataset(dst, decode=False)
-    expected = [s["__key__"] for s in ds]
+    ds = fastload.ShardDataset(dst, decode=False, seed=0)
+    expected = sorted(s["__key__"] for s in ds)
     write(dst, range(6, 9), mode="append")
-    assert [s["__key__"] for s in ds] == expected  # the index it opened: version 1
+    assert sorted(s["__key__"] for s in ds) == expected  # the index it opened: version 1
+    loader = fastload.DataLoader(ds, batch_size=2, num_workers=2, collate_fn=list)
+    assert sorted(s["__key__"] for batch in loader for s in batch) == expected  # (workers too)
+    ds.set_epoch(1)
+    assert sorted(s["__key__"] for s in ds) == expected  # (and its next epochs)
+    assert len(fastload.MapDataset(dst, version=1, decode=False)) == 6
     assert len([s["__key__"] for s in fastload.ShardDataset(dst, decode=False)]) == 9
 
 
