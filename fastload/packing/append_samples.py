@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from fastload import formats
@@ -57,8 +57,16 @@ class Writer(Protocol):
 
     keys: KeyRule
 
+    @property
+    def fields(self) -> list[str]: ...
+
     def opened(
-        self, dest: Destination, journal: PackJournal, kept: dict[int, ShardResult] | None
+        self,
+        dest: Destination,
+        journal: PackJournal,
+        kept: dict[int, ShardResult] | None,
+        *,
+        fields: Sequence[str] | None = None,
     ) -> None: ...
 
     def recorded(self, record: dict[str, Any]) -> None: ...
@@ -82,8 +90,22 @@ class SamplesAppendPlan(AppendPlan[R]):
             config = getattr(dest, "config", None)
             fmt = self.base.shard_format
             self.writer.keys.seen(keys_of(dest.url, fmt, shards, s3_config=config))
-        self.writer.opened(dest, notifying, kept)
+        self.writer.opened(dest, notifying, kept, fields=self._columns())
         return dest, notifying, kept
+
+    def _columns(self) -> list[str] | None:
+        """The columns of the Parquet dataset appended to, which every new shard must have (other tools
+        read the folder as one table); a :class:`ConfigError` when the writer was given others."""
+        base = self.base
+        if base is None or not base.shards or not formats.by_name(base.shard_format).read_as_folder:
+            return None
+        given = self.writer.fields
+        if given and given != sorted(base.fields):
+            raise ConfigError(
+                f"cannot append to {self.target.url}: fields={given} differ from the dataset's columns "
+                f"{sorted(base.fields)}; its shards are read as one table, so pass its fields (or none)"
+            )
+        return sorted(base.fields)
 
     def release(self) -> None:
         super().release()

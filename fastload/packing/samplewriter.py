@@ -47,6 +47,8 @@ from fastload.packing.options import checked, output_options
 from fastload.packing.parts import NotifyingJournal, open_part, part_index_name, shard_name
 from fastload.storage.inputs import Input
 
+Kept = dict[int, ShardResult] | None
+Columns = Sequence[str] | None
 _END = object()
 _ABORT = object()
 _POLL_S = 0.1
@@ -54,8 +56,7 @@ _POLL_S = 0.1
 
 @dataclass(frozen=True)
 class ShardDone:
-    """A published shard: its number and name, and the samples it holds, ``[first, first + samples)`` in
-    the order given to the writer (counted from ``start_sample``)."""
+    """A published shard: number, name, its samples ``[first, first + samples)`` in the writer's order."""
 
     number: int
     name: str
@@ -272,8 +273,10 @@ class SampleWriter:
 
     # -- the driver's side ----------------------------------------------------------------------------------
 
-    def opened(self, dest: Destination, journal: PackJournal, kept: dict[int, ShardResult] | None) -> None:
-        """The driver opened ``dest`` with ``journal``, keeping ``kept`` (the constructor returns now)."""
+    def opened(self, dest: Destination, journal: PackJournal, kept: Kept, *, fields: Columns = None) -> None:
+        """The driver opened ``dest`` (``fields``: every shard's columns, an appended Parquet dataset's)."""
+        if fields is not None:
+            self._fixed, self._fields = tuple(fields), dict.fromkeys(fields)
         self.dest, self.journal, self.kept = dest, journal, dict(kept or {})
         self._opened.set()
 

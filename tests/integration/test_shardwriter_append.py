@@ -189,3 +189,21 @@ def test_writers_appending_at_once_all_land(tmp_path: Path) -> None:
         ["k00000", "k00001", *(f"k{100 * (j + 1) + i:05d}" for j in range(3) for i in range(7))]
     )
     run_cli("verify", dst, check=True)
+
+
+def test_an_append_to_parquet_writes_the_dataset_s_columns(tmp_path: Path) -> None:
+    """Other tools read a Parquet dataset's folder as one table: appended shards have its columns."""
+    dst = tmp_path / "pq"
+    with fastload.ShardWriter(dst, format="parquet", max_samples_per_shard=2) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i:05d}", "txt": f"t{i}", "cls": i})
+    with fastload.ShardWriter(dst, format="parquet", mode="append", max_samples_per_shard=2) as w:
+        with pytest.raises(SampleError, match=r"field 'json'.*columns \(cls, txt\)"):
+            w.write({"__key__": "k00009", "json": {"a": 1}})
+        w.write({"__key__": "k00004", "txt": "t4", "cls": 4})
+    with pytest.raises(ConfigError, match=r"fields=\['txt'\] differ from the dataset's columns"):
+        fastload.ShardWriter(dst, format="parquet", mode="append", fields=["txt"])
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(dst, format="parquet", exclude_invalid_files=True).to_table()
+    assert table.num_rows == 5 and {"__key__", "txt", "cls"} <= set(table.column_names)
