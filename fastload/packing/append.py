@@ -112,7 +112,7 @@ class AppendPlan(Plan[R]):
     def open(self) -> tuple[Destination, PackJournal, dict[int, ShardResult] | None]:
         t = self.target
         if t.url.startswith(("gs://", "az://")):  # (index.json's conditional write: local and s3:// only)
-            raise ConfigError(f"fastload pack --append into {t.url[:5]} is not supported yet: {GS_AZ_APPEND}")
+            raise ConfigError(f"appending into {t.url[:5]} is not supported yet: {GS_AZ_APPEND}")
         url = t.url if t.url.startswith("s3://") else os.path.abspath(t.url)
         dest = destination(url, self.folder, config=t.s3_config)
         if dest.exists_as_file():

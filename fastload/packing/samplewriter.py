@@ -120,7 +120,7 @@ class SampleWriter:
     ) -> None:
         self.config = checked(config)
         self.fmt = formats.by_name(config.shard_format)
-        self.url = url if url.startswith("s3://") else os.path.abspath(url)
+        self.url = url if url.startswith(("s3://", "gs://", "az://")) else os.path.abspath(url)
         if self.url.startswith("s3://"):
             s3_config = s3_config or S3Config.from_env()
         self.part, self.parts = part, parts
