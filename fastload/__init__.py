@@ -7,7 +7,8 @@ from fastload import collate, errors
 from fastload.config import PackConfig, S3Config
 from fastload.copy import copy
 from fastload.core.index import DatasetIndex, ShardEntry
-from fastload.packing.optimize import OptimizeReport, optimize
+from fastload.packing.optimize import optimize
+from fastload.packing.optimize_report import OptimizeReport
 from fastload.packing.pack import PackReport, pack
 from fastload.packing.shardwriter import ShardWriter, WriteReport
 from fastload.packing.tokens import pack_tokens

@@ -219,6 +219,7 @@ def _pack_tokens(args: argparse.Namespace) -> int:
             workers=args.workers,
             resume=args.resume,
             progress=False if args.quiet else None,
+            append=args.append,
         )
     except SkippedInputError as exc:
         print(f"fastload pack-tokens: {exc}", file=sys.stderr)

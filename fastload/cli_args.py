@@ -380,6 +380,7 @@ def _pack_tokens(sub: Any, s3_options: argparse.ArgumentParser) -> None:
         help="shards checksummed/published at once (default: up to 4; same output)",
     )
     t.add_argument("--resume", action="store_true", help="continue an interrupted pack-tokens into DST")
+    t.add_argument("--append", action="store_true", help="add to the token dataset in DST as a new version")
     t.add_argument(
         "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
     )

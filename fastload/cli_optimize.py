@@ -73,13 +73,20 @@ def add_parser(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     )
     o.add_argument("--resume", action="store_true", help="continue an interrupted optimize into DST")
     o.add_argument(
+        "--append",
+        action="store_true",
+        help="add the samples to the dataset in DST as a new version (its format and options; existing "
+        "files kept as they are); with --resume, finish an interrupted append",
+    )
+    o.add_argument(
         "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``fastload optimize`` (``fastload.cli`` calls it); the exit status."""
-    from fastload.packing.optimize import InputLines, optimize
+    from fastload.packing.input_lines import InputLines
+    from fastload.packing.optimize import optimize
     from fastload.packing.tokenizer_hook import load_callable
 
     fn = load_callable(args.fn, what="function")
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             prefix=args.prefix,
             compression=args.compression,
             resume=args.resume,
+            mode="append" if args.append else "create",
             on_error=args.on_error,
             engine=args.engine,
             chunk_size=args.chunk_size,

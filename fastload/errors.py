@@ -194,15 +194,18 @@ class UnfinishedPackError(PackError):
     """A folder or prefix holds the journal of a pack that has not finished (killed, or still running):
     what is there is part of a dataset. Finish it with ``fastload pack ... --resume`` (same command)."""
 
-    def __init__(self, url: str, *, what: str = "read") -> None:
-        self.url = url
+    def __init__(self, url: str, *, what: str = "read", how: str | None = None) -> None:
+        self.url = url  # (how: what left it and how to finish it, where known: fastload.optimize does)
         super().__init__(
             f"{shown(url)} holds an unfinished pack (its journal .fastload-pack/ is there: the pack was "
-            f"interrupted, or is still running), so it cannot be {what} as a dataset; finish it by running "
-            "the same command (`fastload pack` or `pack-tokens`, same sources and options) again with "
-            "--resume (or delete the folder and pack again); a dataset written in parts by "
-            "fastload.ShardWriter(part=i, parts=n) is published by fastload.ShardWriter.merge once all "
-            "are closed"
+            f"interrupted, or is still running), so it cannot be {what} as a dataset; "
+            + (
+                how
+                or "finish it by running the same command (`fastload pack` or `pack-tokens`, same sources "
+                "and options) again with --resume (or delete the folder and pack again); a dataset written "
+                "in parts by fastload.ShardWriter(part=i, parts=n) is published by "
+                "fastload.ShardWriter.merge once all are closed"
+            )
         )
 
 

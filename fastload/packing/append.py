@@ -28,7 +28,7 @@ from fastload.errors import AppendConflictError, ConfigError, PackError, Precond
 from fastload.formats import index_name, table_path
 from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination, destination, read_index_bytes
-from fastload.packing.driver import Plan, R, Retry, run
+from fastload.packing.driver import Plan, R, run
 from fastload.packing.engine import Advance, Engine, ShardJob
 from fastload.packing.guarded import INDEX_LOCK
 from fastload.packing.journal import STATE_DIR, PackJournal, kept_shards
@@ -89,6 +89,8 @@ class AppendPlan(Plan[R]):
         self.target = inner.target
         self.progress_items = inner.progress_items
         self.tag = input_tag(self.target.fingerprint)
+        # what the version records of its inputs (a plan that knows them only at the end sets it then)
+        self.digest = fingerprint_digest(self.target.fingerprint)
         self.folder = f"{STATE_DIR}/append-{self.tag}"
         self.first = 0  # the number of the first appended shard (the dataset's shard count when it began)
         self.base: DatasetIndex | None = None  # the index when the append began (None: creating one)
@@ -111,7 +113,7 @@ class AppendPlan(Plan[R]):
     def open(self) -> tuple[Destination, PackJournal, dict[int, ShardResult] | None]:
         t = self.target
         if t.url.startswith(("gs://", "az://")):  # (index.json's conditional write: local and s3:// only)
-            raise ConfigError(f"fastload pack --append into {t.url[:5]} is not supported yet: {GS_AZ_APPEND}")
+            raise ConfigError(f"appending into {t.url[:5]} is not supported yet: {GS_AZ_APPEND}")
         url = t.url if t.url.startswith("s3://") else os.path.abspath(t.url)
         dest = destination(url, self.folder, config=t.s3_config)
         if dest.exists_as_file():
@@ -217,16 +219,12 @@ class AppendPlan(Plan[R]):
     def _same_inputs(self, index: DatasetIndex) -> Version | None:
         """The version of ``index`` made of exactly this append's inputs (same fingerprint; for a version
         that recorded none, the same layout: names, sizes and options), if any."""
-        mine = fingerprint_digest(self.target.fingerprint)
         for v in versions_of(index):
-            if v.fingerprint == mine or (v.fingerprint is None and v.layout == self.target.layout):
+            if v.fingerprint == self.digest or (v.fingerprint is None and v.layout == self.target.layout):
                 return v
         return None
 
     # -- the inner plan's work, renamed -------------------------------------------------------------------
-
-    def retry(self, index: DatasetIndex) -> Retry | None:
-        return None
 
     def engine(self, dest: Destination, journal: PackJournal, todo: int | None) -> Engine:
         return self.inner.engine(dest, journal, todo)
@@ -332,8 +330,10 @@ class AppendPlan(Plan[R]):
         checked = self._checked_current(current, index, dest)
         if checked is None and current is not None:
             return current, True
-        fp = fingerprint_digest(self.target.fingerprint)
-        return joined(checked, index, created=now_utc(), fingerprint=fp, layout=self.target.layout), False
+        merged = joined(checked, index, created=now_utc(), fingerprint=self.digest, layout=self.target.layout)
+        if checked is None:
+            return merged, False
+        return replace(merged, options=self.inner.joined_options(checked.options, index.options)), False
 
     def _publish_s3(self, dest: Destination, index: DatasetIndex, name: str) -> DatasetIndex:
         from fastload.s3.conditional import get_with_etag, put_if
@@ -359,8 +359,7 @@ class AppendPlan(Plan[R]):
         )
 
     def _landed(self, index: DatasetIndex) -> DatasetIndex:
-        mine = fingerprint_digest(self.target.fingerprint)
-        self.version = next((v for v in versions_of(index) if v.fingerprint == mine), None)
+        self.version = next((v for v in versions_of(index) if v.fingerprint == self.digest), None)
         return index
 
     def release(self) -> None:

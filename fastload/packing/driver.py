@@ -104,6 +104,11 @@ class Plan(ABC, Generic[R]):
         with the dataset it joins: ``packing.append``); None: this plan cannot append."""
         return None
 
+    def joined_options(self, current: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
+        """The options of a dataset (``current``) once an append of this plan's shards (whose index has
+        ``added``) joined it: ``current``'s; a plan that records totals there adds its own."""
+        return current
+
     def publish(self, dest: Destination, index: DatasetIndex) -> DatasetIndex:
         """Write ``index`` as the dataset's ``index.json`` (last, once every shard is published) and return
         what was written; an append joins it to the index there is now instead."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fastload.core.keys import KeyRuleError, split_key, webdataset_would_split
@@ -207,13 +207,26 @@ class KeyRule:
     def check(self, key: str) -> None:
         """Raise :class:`SampleError` if ``key`` may not come next."""
         if self.rule == "check" and key in self._seen:
-            raise SampleError(f"key {key!r} was written already; keys must be unique in a dataset", key=key)
+            raise SampleError(
+                f"key {key!r} was written already (by this writer, or it is in the dataset appended to or "
+                "the shards a resumed run kept); keys must be unique in a dataset",
+                key=key,
+            )
         if self.rule == "ordered" and self._last is not None and key <= self._last:
             raise SampleError(
                 f"key {key!r} does not come after {self._last!r}; with keys='ordered' each key must be "
                 "greater than the one before (keys='check' allows any order)",
                 key=key,
             )
+
+    def seen(self, keys: Iterable[str]) -> None:
+        """``keys`` were taken before (a dataset appended to, a run resumed): ``"check"`` holds them all,
+        ``"ordered"`` the greatest."""
+        for key in keys:
+            if self.rule == "check":
+                self._seen.add(key)
+            if self._last is None or key > self._last:
+                self._last = key
 
     def add(self, key: str) -> None:
         """``key`` was taken."""

@@ -19,7 +19,7 @@ from fastload.core.index import INDEX_NAMES, DatasetIndex, ShardEntry, parse_ind
 from fastload.errors import PackError, Skip
 from fastload.formats.shard import ShardResult
 from fastload.packing.dest import Destination, destination, read_index_bytes
-from fastload.storage.manifest import JOURNAL_DIR
+from fastload.storage.manifest import JOURNAL_DIR, OPTIMIZE_HOW, OPTIMIZE_STATE
 from fastload.storage.tables import table_problem
 
 STATE_DIR = JOURNAL_DIR  # (readers refuse a folder holding it: storage.manifest.refuse_unfinished)
@@ -125,6 +125,8 @@ def prepare_destination(
             )
     if not dest.is_empty():
         hint = "pass --resume to continue the interrupted pack there, or " if journal.exists() else ""
+        if hint and dest.read_bytes(OPTIMIZE_STATE) is not None:
+            hint = f"{OPTIMIZE_HOW}; or "
         found = None if hint else read_index_bytes(dest)
         if found is not None:
             with contextlib.suppress(ValueError):  # not an index we can read: the plain message

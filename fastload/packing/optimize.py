@@ -21,14 +21,17 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sized
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastload.config import PackConfig, S3Config
 from fastload.core.fingerprint import RunningDigest, fn_fingerprint
 from fastload.core.index import DatasetIndex, parse_index
-from fastload.errors import ConfigError, InputFailedError, PackError, SampleError, Skip
+from fastload.core.versions import fingerprint_digest, input_tag
+from fastload.errors import AppendConflictError, ConfigError, InputFailedError, PackError, SampleError, Skip
+from fastload.packing.append import AppendPlan
+from fastload.packing.append_samples import append_mode, keys_of
 from fastload.packing.dest import destination, read_index_bytes
 from fastload.packing.encode import Encoders, encode_sample
 from fastload.packing.fanout import ChunkMap, ChunkResult, Failure, Task, chunks_of
@@ -39,8 +42,10 @@ from fastload.packing.optimize_journal import (
     ShardEnd,
     ShardEnds,
     inputs_changed,
+    interrupted_append,
     resume_point,
 )
+from fastload.packing.optimize_report import OptimizeReport
 from fastload.packing.options import checked, output_options
 from fastload.packing.progress import Progress
 from fastload.packing.samplewriter import SampleWriter, ShardDone
@@ -48,40 +53,6 @@ from fastload.packing.samplewriter import SampleWriter, ShardDone
 ON_ERROR = ("raise", "skip")
 PUBLISH_THREADS = 2  # shards written and published at once by the writer (the CPU work is in fn)
 MAX_CHUNK = 64  # inputs per chunk at most, when chosen automatically
-
-
-@dataclass
-class OptimizeReport:
-    """What an ``optimize`` run did: ``inputs`` run (or skipped over, on resume), ``samples`` written,
-    ``failures`` skipped (``on_error="skip"``: number, short repr, error), shards written and kept."""
-
-    dst: str
-    index: DatasetIndex
-    inputs: int = 0
-    samples: int = 0
-    failures: list[Failure] = field(default_factory=list)
-    shards_written: int = 0
-    shards_kept: int = 0
-    seconds: float = 0.0
-    already_complete: bool = False
-
-    def summary(self) -> str:
-        shards = len(self.index.shards)
-        if self.already_complete:
-            return f"nothing to do: {self.dst} already holds this dataset ({self.index.samples:,} samples)"
-        rate = f", {self.samples / self.seconds:,.0f} samples/s" if self.seconds else ""
-        lines = [
-            f"wrote {self.samples:,} samples from {self.inputs:,} inputs into {shards} "
-            f"{self.index.shard_format} shard(s) in {self.dst} in {self.seconds:.1f}s{rate}"
-        ]
-        if self.shards_kept:
-            lines.append(f"resumed: kept {self.shards_kept} finished shard(s), wrote {self.shards_written}")
-        if self.failures:
-            lines.append(f"skipped {len(self.failures)} input(s) the function raised on:")
-            lines += [f"  #{f.number} {f.shown}: {f.error}" for f in self.failures[:50]]
-            if len(self.failures) > 50:
-                lines.append(f"  ... and {len(self.failures) - 50} more (all listed in index.json)")
-        return "\n".join(lines)
 
 
 def optimize(
@@ -104,6 +75,7 @@ def optimize(
     s3_config: S3Config | None = None,
     start_method: str | None = None,
     ray_address: str | None = None,
+    mode: str = "create",
 ) -> OptimizeReport:
     """Run ``fn`` on every input, in ``workers`` processes, and write the samples it returns as a dataset
     in ``dst`` (a new or empty folder, or an ``s3://`` prefix): shards of ``format`` (tar, parquet,
@@ -127,11 +99,14 @@ def optimize(
     uninterrupted one; it is refused (:class:`~fastload.errors.ResumeMismatchError`) if ``fn``'s code, the
     options or the inputs seen so far differ (best effort: see :mod:`fastload.core.fingerprint`). A
     progress bar (inputs, samples/s, ETA when ``inputs`` has a length) shows on a terminal unless
-    ``progress=False``.
+    ``progress=False``. ``mode="append"``: the samples join the dataset at ``dst`` as a new version, as
+    with ``ShardWriter(dst, mode="append")``; its version records the function, options and inputs (the
+    same appended again is refused once read, its shards removed); it resumes as any run does.
 
     Memory: up to ``2 x workers`` chunks of encoded samples in flight, plus the writer's shards (about
     ``(PUBLISH_THREADS + 3) x shard_size_bytes``).
     """
+    append = append_mode(mode)
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error={on_error!r}; choose 'raise' or 'skip'")
     if not callable(fn):
@@ -177,7 +152,9 @@ def optimize(
     task = Task(fn, functools.partial(encode_sample, encoders=encoders))
     with ChunkMap(task, workers=workers, engine=engine, start=start_method, ray_address=ray_address) as cmap:
         run = _Run(url, config, state, fingerprint, s3_config=s3_config, on_error=on_error)
-        done = run.complete() if resume else None
+        if append:
+            run.appending(resume)
+        done = run.complete(inputs) if resume else None
         if done is not None:
             return OptimizeReport(url, done, seconds=time.monotonic() - began, already_complete=True)
         run.open(resume)
@@ -189,7 +166,14 @@ def optimize(
             items="samples",
             unit="input",
         ) as bar:
-            run.write(cmap, iter(inputs), chunk_size, bar)
+            try:
+                run.write(cmap, iter(inputs), chunk_size, bar)
+            except AppendConflictError as exc:  # (resume of an append that had landed: found at the end)
+                if not (resume and exc.version is not None):
+                    raise
+                found = read_index_bytes(run.dest) or ("", b"")
+                index = parse_index(found[1], where=found[0])
+                return OptimizeReport(url, index, seconds=time.monotonic() - began, already_complete=True)
     return run.report(time.monotonic() - began)
 
 
@@ -214,6 +198,10 @@ class _Run:
         self.on_error = on_error
         self.dest = destination(url, STATE_DIR, config=s3_config)
         self.journal = OptimizeJournal(self.dest)
+        self.writer_journal = PackJournal(self.dest)
+        self.writer_print = fingerprint  # (an append's: the fingerprint and its run's nonce)
+        self.append = False
+        self.inputs_digest = ""
         self.start = Position()
         self.kept: list[ShardEnd] = []
         self.failures: list[Failure] = []
@@ -221,14 +209,24 @@ class _Run:
         self.samples = 0
         self.result: Any = None
 
-    def complete(self) -> DatasetIndex | None:
-        """The index, when ``dst`` already holds this run's dataset (resume of a finished run)."""
-        if PackJournal(self.dest).exists():
+    def complete(self, inputs: Iterable[Any]) -> DatasetIndex | None:
+        """The index, when ``dst`` already holds this run's dataset (resume of a finished run; of an
+        append with nothing to resume: the inputs, if they can be read twice, digested and looked for
+        among the versions)."""
+        if self.writer_journal.exists():
             return None
         found = read_index_bytes(self.dest)
         if found is None:
             return None
         index = parse_index(found[1], where=found[0])
+        if self.append:
+            if iter(inputs) is inputs:  # (an iterator: read once, by the run)
+                return None
+            digest = RunningDigest()
+            for item in inputs:
+                digest.add(item)
+            mine = self._version_print(digest.hexdigest())
+            return index if any(v.fingerprint == mine for v in index.versions) else None
         if index.options.get("optimize", {}).get("fingerprint") == self.fingerprint:
             return index
         raise PackError(
@@ -236,8 +234,24 @@ class _Run:
             "empty folder instead of resuming"
         )
 
+    def _version_print(self, inputs_digest: str) -> str:
+        """What an append's version records of its function, options and inputs."""
+        return fingerprint_digest(f"{self.fingerprint}/inputs/{inputs_digest}")
+
+    def appending(self, resume: bool) -> None:
+        """This run appends: its journals in ``.fastload-pack/append-<tag>/``, where ``tag`` comes from the
+        fingerprint and a nonce, that of the interrupted append of this function and options on resume."""
+        self.append = True
+        found = interrupted_append(self.dest, self.fingerprint) if resume else None
+        self.writer_print = found or f"{self.fingerprint}/append-{uuid.uuid4().hex}"
+        tag = input_tag(self.writer_print)
+        folder = f"{STATE_DIR}/append-{tag}"
+        restart = f"run again without resume (a new append; delete {folder}/ and the *-{tag}.* shards left)"
+        self.journal = OptimizeJournal(self.dest, f"{folder}/optimize", restart=restart)
+        self.writer_journal = PackJournal(self.dest, folder)
+
     def open(self, resume: bool) -> None:
-        writer_journal = PackJournal(self.dest)
+        writer_journal = self.writer_journal
         if not resume and self.journal.exists():  # (said here: the writer knows no resume of its own)
             raise PackError(
                 f"{self.url} holds an interrupted optimize (its journal .fastload-pack/ is there: the run "
@@ -256,8 +270,9 @@ class _Run:
         self.writer = SampleWriter(
             self.url,
             self.config,
-            fingerprint=self.fingerprint,
+            fingerprint=self.writer_print,
             resume=resume,
+            append=self.append,
             start_shard=first,
             start_sample=before,
             on_shard=self._published,
@@ -269,8 +284,12 @@ class _Run:
             self.writer.abort(remove=False)
             raise PackError(
                 f"shard(s) {', '.join(map(str, lost[:10]))} of the interrupted optimize in {self.url} are "
-                "missing or damaged, so it cannot be resumed; delete the destination and run again"
+                f"missing or damaged, so it cannot be resumed; {self.journal.restart}"
             )
+        if first and self.writer.keys.rule != "off":  # (their samples are not given again: their keys)
+            entries = [self.writer.kept[n].entry for n in range(first)]
+            fmt = self.config.shard_format
+            self.writer.keys.seen(keys_of(self.writer.url, fmt, entries, s3_config=self.s3_config))
         for n in sorted(self.writer.kept):  # kept past the resume point: cut again, not rewritten
             if n >= first:
                 self._record(self.ends.published(n, self.writer.kept[n].entry.samples))
@@ -293,10 +312,12 @@ class _Run:
         for n in range(self.start.input):
             item = next(items, _MISSING)
             if item is _MISSING:
-                raise inputs_changed(self.url, f"{n} inputs now, the interrupted run had more than {n}")
+                detail = f"{n} inputs now, the interrupted run had more than {n}"
+                raise inputs_changed(self.url, detail, restart=self.journal.restart)
             digest.add(item)
         if self.kept and digest.hexdigest() != self.kept[-1].digest:
-            raise inputs_changed(self.url, f"the first {self.start.input} inputs are not the same")
+            detail = f"the first {self.start.input} inputs are not the same"
+            raise inputs_changed(self.url, detail, restart=self.journal.restart)
         self.ends.input_seen(self.start.input, digest.hexdigest())
         number = self.start.input
         for item in items:
@@ -305,6 +326,7 @@ class _Run:
             self.ends.input_seen(number, digest.hexdigest())
             yield item
         self.inputs = number
+        self.inputs_digest = digest.hexdigest()
 
     def write(self, cmap: ChunkMap, items: Iterator[Any], chunk_size: int, bar: Progress) -> None:
         try:
@@ -312,6 +334,8 @@ class _Run:
             for result in cmap.map(chunks):
                 self._take(result, bar)
             self.writer.skipped = [Skip(f"input #{f.number}: {f.shown}", f.error) for f in self.failures]
+            if isinstance(self.writer.plan, AppendPlan):  # (the version records fn, options and inputs)
+                self.writer.plan.digest = self._version_print(self.inputs_digest)
             self.result = self.writer.close()
         except BaseException:
             self.writer.abort(remove=False)  # published shards and the journal stay, for resume
@@ -362,36 +386,4 @@ class _Run:
 _MISSING = object()
 
 
-class InputLines:
-    """The inputs of a text file, one per line (``-``: standard input, read whole): each line without its
-    line break, empty lines left out. Counted on the first ``len()`` (a pass over the file), so that the
-    progress bar has an ETA; read again, a line at a time, when iterated."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._lines: list[str] | None = None
-        self._count: int | None = None
-        if path == "-":
-            import sys
-
-            self._lines = [ln for ln in sys.stdin.read().splitlines() if ln]
-        elif not os.path.isfile(path):
-            raise ConfigError(f"--inputs {path}: no such file (give a text file of inputs, one per line)")
-
-    def __iter__(self) -> Iterator[str]:
-        if self._lines is not None:
-            yield from self._lines
-            return
-        with open(self.path, encoding="utf-8", newline=None) as f:
-            for line in f:
-                line = line.rstrip("\n")
-                if line:
-                    yield line
-
-    def __len__(self) -> int:
-        if self._count is None:
-            self._count = sum(1 for _ in self)
-        return self._count
-
-
-__all__ = ["InputLines", "OptimizeReport", "optimize"]
+__all__ = ["OptimizeReport", "optimize"]

@@ -1,7 +1,8 @@
 """``fastload.optimize``'s resume journal: where in the inputs each published shard ends.
 
 Kept in the destination's journal folder (``.fastload-pack/optimize/``, beside the shard writer's own
-records, removed with them once ``index.json`` is written):
+records, removed with them once ``index.json`` is written; an append's in its own,
+``.fastload-pack/append-<tag>/optimize/``):
 
 - ``state.json``: the fingerprints of the function and of the options that decide the bytes, and whether
   the inputs were a sequence (with its length); a resume compares them first (:meth:`OptimizeJournal.check`);
@@ -30,7 +31,6 @@ from fastload.packing.fanout import Failure
 from fastload.packing.journal import STATE_DIR
 
 FOLDER = f"{STATE_DIR}/optimize"
-_STATE = f"{FOLDER}/state.json"
 
 
 @dataclass(frozen=True, order=True)
@@ -67,20 +67,31 @@ class ShardEnd:
 
 
 class OptimizeJournal:
-    """The records of one optimize run in ``dest`` (see the module docstring)."""
+    """The records of one optimize run in ``dest``, in ``folder`` (see the module docstring)."""
 
-    def __init__(self, dest: Destination) -> None:
+    def __init__(self, dest: Destination, folder: str = FOLDER, *, restart: str = "") -> None:
         self.dest = dest
+        self.folder = folder
+        self._state = f"{folder}/state.json"
+        # how to start again, in messages (an append's: a new append, its leftovers named)
+        self.restart = restart or "delete the destination and run again without resume"
 
     def exists(self) -> bool:
-        return self.dest.read_bytes(_STATE) is not None
+        return self.dest.read_bytes(self._state) is not None
+
+    def state(self) -> dict[str, Any] | None:
+        """What :meth:`start` recorded (None: nothing, or unreadable)."""
+        try:
+            return dict(json.loads(self.dest.read_bytes(self._state) or b""))
+        except (ValueError, TypeError):
+            return None
 
     def start(self, state: Mapping[str, Any]) -> None:
-        self.dest.write_bytes(_STATE, json.dumps(dict(state), sort_keys=True).encode())
+        self.dest.write_bytes(self._state, json.dumps(dict(state), sort_keys=True).encode())
 
     def check(self, state: Mapping[str, Any]) -> None:
         """Refuse a resume whose function, options or inputs differ from the recorded run's."""
-        raw = self.dest.read_bytes(_STATE)
+        raw = self.dest.read_bytes(self._state)
         if raw is None:
             raise PackError(
                 f"{self.dest.url} holds an interrupted pack that fastload.optimize did not write (or whose "
@@ -89,13 +100,14 @@ class OptimizeJournal:
         try:
             old = json.loads(raw)
         except ValueError as exc:
-            raise PackError(f"the optimize state in {self.dest.url}/{_STATE} is unreadable ({exc})") from None
+            where = f"{self.dest.url}/{self._state}"
+            raise PackError(f"the optimize state in {where} is unreadable ({exc})") from None
         url = self.dest.url
         if old.get("fn") != state.get("fn"):
             raise ResumeMismatchError(
                 f"the function differs from the one of the interrupted optimize in {url} (its code, "
                 "constants, defaults or closure changed), so the shards written cannot be continued to the "
-                "same bytes; restore the function, or delete the destination and run again without resume",
+                f"same bytes; restore the function, or {self.restart}",
                 what="function",
                 url=url,
             )
@@ -103,20 +115,21 @@ class OptimizeJournal:
             raise ResumeMismatchError(
                 f"the options that decide the bytes (format, shard size, encoders, prefix...) differ from "
                 f"the interrupted optimize's in {url}: it ran with {old.get('shown')}; run with those, or "
-                "delete the destination and run again without resume",
+                f"{self.restart}",
                 what="options",
                 url=url,
             )
         if old.get("length") != state.get("length"):
-            raise inputs_changed(url, f"{old.get('length')} inputs then, {state.get('length')} now")
+            detail = f"{old.get('length')} inputs then, {state.get('length')} now"
+            raise inputs_changed(url, detail, restart=self.restart)
 
     def record(self, end: ShardEnd) -> None:
-        self.dest.write_bytes(f"{FOLDER}/{end.number:06d}.json", end.to_json())
+        self.dest.write_bytes(f"{self.folder}/{end.number:06d}.json", end.to_json())
 
     def ends(self) -> dict[int, ShardEnd]:
         """Every complete record, by shard number (records are written atomically)."""
         out: dict[int, ShardEnd] = {}
-        for name in self.dest.list(FOLDER):
+        for name in self.dest.list(self.folder):
             if not name.rsplit("/", 1)[-1][:6].isdigit():
                 continue
             try:
@@ -127,14 +140,45 @@ class OptimizeJournal:
         return out
 
 
-def inputs_changed(url: str, detail: str) -> ResumeMismatchError:
+def inputs_changed(url: str, detail: str, *, restart: str) -> ResumeMismatchError:
     return ResumeMismatchError(
         f"the inputs differ from those of the interrupted optimize in {url} ({detail}), so the shards "
-        "written cannot be continued to the same bytes; pass the same inputs in the same order, or delete "
-        "the destination and run again without resume",
+        "written cannot be continued to the same bytes; pass the same inputs in the same order, or "
+        + restart,
         what="inputs",
         url=url,
     )
+
+
+def interrupted_append(dest: Destination, fingerprint: str) -> str | None:
+    """The writer fingerprint (``{fingerprint}/append-{nonce}``) of the interrupted append into ``dest`` of
+    the function and options whose fingerprint is ``fingerprint`` (its journal in
+    ``.fastload-pack/append-<tag>/``); with none, that of the one interrupted optimize append of another
+    function or options (so that the resume says what differs); None when there is none. Two are refused,
+    naming their folders."""
+    found: dict[str, str] = {}
+    others: dict[str, str] = {}
+    for name in dest.list(STATE_DIR):
+        folder = name[len(STATE_DIR) + 1 :].split("/")[0]
+        if not folder.startswith("append-") or "." in folder or folder in found:
+            continue
+        raw = dest.read_bytes(f"{STATE_DIR}/{folder}/state.json")
+        try:
+            writer = str(json.loads(raw or b"")["fingerprint"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if writer.startswith(f"{fingerprint}/append-"):
+            found[folder] = writer
+        elif dest.read_bytes(f"{STATE_DIR}/{folder}/optimize/state.json") is not None:
+            others[folder] = writer
+    found = found or others
+    if len(found) > 1:
+        raise PackError(
+            f"{dest.url} holds {len(found)} interrupted optimize appends "
+            f"({', '.join(f'{STATE_DIR}/{f}' for f in sorted(found))}); resume finishes one: delete the "
+            "folders of the others (and their unlisted shards, named *-<tag>.*) and resume again"
+        )
+    return next(iter(found.values()), None)
 
 
 def resume_point(ends: Mapping[int, ShardEnd], kept: set[int]) -> list[ShardEnd]:
@@ -200,4 +244,12 @@ class ShardEnds:
         return out
 
 
-__all__ = ["OptimizeJournal", "Position", "ShardEnd", "ShardEnds", "inputs_changed", "resume_point"]
+__all__ = [
+    "OptimizeJournal",
+    "Position",
+    "ShardEnd",
+    "ShardEnds",
+    "inputs_changed",
+    "interrupted_append",
+    "resume_point",
+]

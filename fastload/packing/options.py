@@ -29,9 +29,12 @@ def append_problems(
     if fmt != shard_format:
         return [
             f"shard_format: the dataset is {shard_format}, this append writes {fmt} "
-            f"(pass --format {shard_format})"
+            f"(pass --format {shard_format}; from Python, format={shard_format!r})"
         ]
     out = []
+    kinds = (dataset.get("kind"), appended.get("kind"))
+    if "tokens" in kinds and kinds[0] != kinds[1]:  # (token documents join only token documents)
+        out.append(f"kind: {kinds[0]!r} in the dataset, {kinds[1]!r} in this append")
     for name in sorted(set(dataset) & set(appended)):
         if name in APPEND_FREE or name == "layout" or dataset[name] == appended[name]:
             continue

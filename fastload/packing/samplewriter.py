@@ -25,6 +25,7 @@ import json
 import os
 import queue
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ from fastload.core.index import DatasetIndex
 from fastload.core.keys import Sample
 from fastload.errors import PackError, SampleError, Skip
 from fastload.formats.shard import ShardResult
+from fastload.packing.append_samples import WRITER_OPTIONS, SamplesAppendPlan, create_refusal, release_of
 from fastload.packing.dest import Destination
 from fastload.packing.driver import Plan, Target, run
 from fastload.packing.encode import KeyRule
@@ -45,6 +47,8 @@ from fastload.packing.options import checked, output_options
 from fastload.packing.parts import NotifyingJournal, open_part, part_index_name, shard_name
 from fastload.storage.inputs import Input
 
+Kept = dict[int, ShardResult] | None
+Columns = Sequence[str] | None
 _END = object()
 _ABORT = object()
 _POLL_S = 0.1
@@ -52,8 +56,7 @@ _POLL_S = 0.1
 
 @dataclass(frozen=True)
 class ShardDone:
-    """A published shard: its number and name, and the samples it holds, ``[first, first + samples)`` in
-    the order given to the writer (counted from ``start_sample``)."""
+    """A published shard: number, name, its samples ``[first, first + samples)`` in the writer's order."""
 
     number: int
     name: str
@@ -75,6 +78,7 @@ class WriteResult:
     kept: int = 0
     seconds: float = 0.0
     already_complete: bool = False
+    appended: tuple[Any, DatasetIndex] | None = None  # an append: (its Version, the dataset's index now)
 
 
 class _Aborted(PackError):
@@ -92,6 +96,7 @@ class SampleWriter:
     ``resume`` with the ``fingerprint`` of an interrupted run keeps its published shards (:attr:`kept`);
     shards it holds are cut again but not rewritten. ``start_shard``/``start_sample``: numbering begins
     there (a resumed caller that skips the samples of kept shards). ``options``: recorded in the index.
+    ``append``: the shards join the dataset at ``url`` as a new version (``packing.append_samples``).
     The constructor opens the destination: a destination that cannot be written raises here.
     """
 
@@ -111,10 +116,11 @@ class SampleWriter:
         on_shard: Callable[[ShardDone], None] | None = None,
         options: Mapping[str, Any] | None = None,
         s3_config: S3Config | None = None,
+        append: bool = False,
     ) -> None:
         self.config = checked(config)
         self.fmt = formats.by_name(config.shard_format)
-        self.url = url if url.startswith("s3://") else os.path.abspath(url)
+        self.url = url if url.startswith(("s3://", "gs://", "az://")) else os.path.abspath(url)
         if self.url.startswith("s3://"):
             s3_config = s3_config or S3Config.from_env()
         self.part, self.parts = part, parts
@@ -143,7 +149,9 @@ class SampleWriter:
         print_ = (
             fingerprint or hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
         )
-        self.plan = _SamplesPlan(
+        if append and not fingerprint:  # (each append its own: no resume, never "the same inputs")
+            print_ += f"/append-{uuid.uuid4().hex}"
+        self._inner = _SamplesPlan(
             self,
             Target(
                 url=self.url,
@@ -155,6 +163,7 @@ class SampleWriter:
                 s3_config=s3_config,
             ),
         )
+        self.plan: Plan[WriteResult] = SamplesAppendPlan(self._inner, writer=self) if append else self._inner
         self._thread = threading.Thread(target=self._drive, name="fastload-writer", daemon=True)
         self._thread.start()
         self._opened.wait()
@@ -228,6 +237,7 @@ class SampleWriter:
             self.dest.remove(name)
             self.dest.remove(formats.table_path(name, self.fmt.name))
         self.journal.remove()
+        release_of(self.plan)()
         return names
 
     @property
@@ -263,12 +273,20 @@ class SampleWriter:
 
     # -- the driver's side ----------------------------------------------------------------------------------
 
+    def opened(self, dest: Destination, journal: PackJournal, kept: Kept, *, fields: Columns = None) -> None:
+        """The driver opened ``dest`` (``fields``: every shard's columns, an appended Parquet dataset's)."""
+        if fields is not None:
+            self._fixed, self._fields = tuple(fields), dict.fromkeys(fields)
+        self.dest, self.journal, self.kept = dest, journal, dict(kept or {})
+        self._opened.set()
+
     def _drive(self) -> None:
         try:
             self._result = run(self.plan)
         except BaseException as exc:  # handed to the caller's thread
             self._error = exc
         finally:
+            release_of(self.plan)()
             self._opened.set()
 
     def _shard_jobs(self, kept: Mapping[int, ShardResult]) -> Iterator[MemoryShard]:
@@ -283,13 +301,13 @@ class SampleWriter:
                 continue
             yield MemoryShard(
                 number=number,
-                name=self.plan.name_of(number),
+                name=self._inner.name_of(number),
                 samples=samples,
                 fields=list(fields),
                 config=self.config,
             )
 
-    def _recorded(self, record: dict[str, Any]) -> None:
+    def recorded(self, record: dict[str, Any]) -> None:
         number = int(record["number"])
         entry = record["entry"]
         with self._lock:
@@ -322,14 +340,8 @@ class _SamplesPlan(Plan[WriteResult]):
             try:
                 dest, _, kept = super().open()
             except PackError as exc:
-                if "pass --resume" not in str(exc) or self.target.resume:
-                    raise
-                raise PackError(
-                    f"{self.target.url} holds an interrupted write (its journal .fastload-pack/ is there: a "
-                    "writer was killed, or is still running); delete the folder and write again, or write "
-                    "elsewhere"
-                ) from None
-            journal: PackJournal = NotifyingJournal(dest, STATE_DIR, w._recorded)
+                raise create_refusal(self.target, exc, by=str(w.options.get("writer", ""))) from None
+            journal: PackJournal = NotifyingJournal(dest, STATE_DIR, w.recorded)
         else:
             dest, journal, kept = open_part(
                 self.target,
@@ -338,11 +350,13 @@ class _SamplesPlan(Plan[WriteResult]):
                 prefix=w.config.prefix,
                 shard_format=w.fmt.name,
                 name_of=self.name_of,
-                on_record=w._recorded,
+                on_record=w.recorded,
             )
-        w.dest, w.journal, w.kept = dest, journal, dict(kept or {})
-        w._opened.set()
+        w.opened(dest, journal, kept)
         return dest, journal, kept
+
+    def output_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.w.options.items() if k not in WRITER_OPTIONS}
 
     def engine(self, dest: Destination, journal: PackJournal, todo: int | None) -> Engine:
         return LocalEngine(dest, journal, workers=self.w.config.worker_count)

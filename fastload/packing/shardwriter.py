@@ -18,6 +18,7 @@ from typing import Any
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import DatasetIndex
 from fastload.errors import ConfigError, PackError
+from fastload.packing.append_samples import append_mode
 from fastload.packing.encode import Encoders, encode_sample
 from fastload.packing.parts import merge_parts
 from fastload.packing.samplewriter import SampleWriter, WriteResult
@@ -33,6 +34,7 @@ class WriteReport:
     part: int | None = None
     parts: int | None = None
     merged: bool = False
+    appended: tuple[Any, DatasetIndex] | None = None  # mode="append": (its Version, the dataset's index now)
 
     @property
     def samples(self) -> int:
@@ -55,6 +57,13 @@ class WriteReport:
         )
         where = f"part {self.part} of {self.parts} of {self.dst}" if self.part is not None else self.dst
         tail = "" if self.part is None else "; merge the parts (ShardWriter.merge) once all are written"
+        if self.appended is not None:
+            version, now = self.appended
+            number = f"version {version.version}" if version is not None else "a new version"
+            tail = (
+                f"; appended as {number}: {self.dst} now holds {now.samples:,} samples in "
+                f"{len(now.shards)} shard(s) (`fastload inspect --versions` lists the versions)"
+            )
         return f"wrote {what} into {where} in {self.seconds:.1f}s{rate}{tail}"
 
 
@@ -76,8 +85,16 @@ class ShardWriter:
     or the first sample's: a later sample with another field is refused). An exception inside the ``with``
     block, or :meth:`abort`, publishes no ``index.json`` and removes the shards written.
 
+    ``mode="append"``: ``dst`` holds a dataset (or nothing yet, to start one) and the samples join it as
+    a new version (``index.json``'s ``versions``): shards of its format and options, numbered after its
+    shards and tagged, existing files never rewritten, ``index.json`` joined under a lock (local) or a
+    conditional PUT (S3), as ``fastload pack --append`` does; with ``keys="check"`` the dataset's keys are
+    read first (its sample tables) and a key it holds is refused. ``mode="create"`` (default) refuses a
+    destination that is not empty.
+
     ``part=i, parts=n``: this is writer ``i`` of ``n`` writing one dataset (processes, ranks); its shard
-    names cannot collide with the others', and :meth:`merge` publishes the dataset once all have closed.
+    names cannot collide with the others', and :meth:`merge` publishes the dataset once all have closed
+    (a new dataset only: ``mode="append"`` with parts is refused).
     Memory: up to about ``(workers + 3) x shard_size_bytes`` of samples are held. One thread writes to a
     writer at a time (a process or rank each: ``part=``).
     """
@@ -98,6 +115,7 @@ class ShardWriter:
         row_group_bytes: int = 64 << 20,
         compression: str = "none",
         workers: int = 2,
+        mode: str = "create",
         s3_config: S3Config | None = None,
     ) -> None:
         if (part is None) != (parts is None):
@@ -107,6 +125,7 @@ class ShardWriter:
                 raise ConfigError(f"parts={parts!r} must be an int >= 1")
             if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < parts:
                 raise ConfigError(f"part={part!r} must be an int in 0..{parts - 1}")
+        append = append_mode(mode, part=part)
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError(f"workers={workers!r} must be an int >= 1")
         if encoders is not None and not isinstance(encoders, Mapping):
@@ -134,6 +153,7 @@ class ShardWriter:
             keys=keys,
             options={"writer": "ShardWriter"},
             s3_config=s3_config,
+            append=append,
         )
         self._report: WriteReport | None = None
         self._aborted = False
@@ -209,5 +229,10 @@ class ShardWriter:
     def _make_report(self, result: WriteResult) -> WriteReport:
         w = self._writer
         return WriteReport(
-            result.url, result.index, time.monotonic() - self._began, part=w.part, parts=w.parts
+            result.url,
+            result.index,
+            time.monotonic() - self._began,
+            part=w.part,
+            parts=w.parts,
+            appended=result.appended,
         )

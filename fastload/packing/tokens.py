@@ -27,6 +27,7 @@ from fastload.core.index import DatasetIndex
 from fastload.core.seqpack import TOKEN_DTYPES
 from fastload.errors import ConfigError, PackError, Skip
 from fastload.formats.shard import ShardResult
+from fastload.packing.append import run_append
 from fastload.packing.dest import Destination
 from fastload.packing.driver import Plan, Target, run
 from fastload.packing.engine import Engine, LocalEngine, ShardJob
@@ -39,55 +40,12 @@ from fastload.packing.token_inputs import (
     fingerprint,
     list_inputs,
 )
+from fastload.packing.token_report import TokensReport
 from fastload.packing.token_shards import ShardCutter, TokenGroup, shard_jobs
 from fastload.packing.tokenizer_hook import Tokenizer, load_tokenizer
 
 DTYPES = {"uint16": "u16", "int32": "i32"}  # --dtype name -> field extension
 DEFAULT_WORKERS = 4  # publishers when not given; reading, in one thread, is the usual limit
-
-
-@dataclass
-class TokensReport:
-    """What a ``pack_tokens`` run did."""
-
-    dst: str
-    index: DatasetIndex
-    documents: int = 0
-    tokens: int = 0
-    dtype: str = "int32"
-    max_token_id: int = -1
-    dtype_chosen: bool = False
-    skipped: list[Skip] = field(default_factory=list)
-    seconds: float = 0.0
-    shards_written: int = 0
-    shards_kept: int = 0
-    already_complete: bool = False
-
-    def summary(self) -> str:
-        if self.already_complete:
-            return (
-                f"nothing to do: {self.dst} already holds this pack ({self.documents:,} documents, "
-                f"{self.tokens:,} tokens in {len(self.index.shards)} parquet shard(s)); skipped "
-                f"{len(self.skipped)} document(s) or file(s)"
-            )
-        rate = f", {self.tokens / self.seconds / 1e6:,.1f}M tokens/s" if self.seconds else ""
-        lines = [
-            f"packed {self.documents:,} documents ({self.tokens:,} tokens, {self.dtype}) into "
-            f"{len(self.index.shards)} parquet shard(s) in {self.dst} in {self.seconds:.1f}s{rate}"
-        ]
-        if self.shards_kept:
-            lines.append(f"resumed: kept {self.shards_kept} finished shard(s), wrote {self.shards_written}")
-        if self.dtype == "int32" and not self.dtype_chosen and 0 <= self.max_token_id < 1 << 16:
-            lines.append(
-                f"every token id is below 65,536 (largest {self.max_token_id:,}): --vocab-size N (or "
-                "--dtype uint16) would store 2 bytes per token instead of 4"
-            )
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} document(s) or file(s):")
-            lines += [f"  {s}" for s in self.skipped[:50]]
-            if len(self.skipped) > 50:
-                lines.append(f"  ... and {len(self.skipped) - 50} more (all listed in index.json)")
-        return "\n".join(lines)
 
 
 def _dtype_for(dtype: str, vocab_size: int | None) -> tuple[str, bool]:
@@ -127,6 +85,7 @@ def pack_tokens(
     resume: bool = False,
     s3_config: S3Config | None = None,
     progress: bool | None = None,
+    append: bool = False,
 ) -> TokensReport:
     """Write the token-id documents of ``sources`` (JSONL / Parquet files, or folders or ``s3://`` prefixes
     holding ``.jsonl``, ``.jsonl.gz``, ``.ndjson`` and ``.parquet`` files, read in sorted order) as Parquet
@@ -151,6 +110,8 @@ def pack_tokens(
     published so far are journaled: ``resume=True`` with the same inputs and options keeps them and writes
     the rest, giving the bytes of an uninterrupted run (it refuses if the inputs or options changed).
     A progress bar (token bytes, documents/s) shows on a terminal unless ``progress=False``.
+    ``append``: the shards join the token dataset in ``dst`` as a new version, as ``fastload pack --append``
+    does (same dtype, field and options; the totals in ``index.json`` grown).
     """
     chosen, explicit = _dtype_for(dtype, vocab_size)
     ext = DTYPES[chosen]
@@ -211,7 +172,7 @@ def pack_tokens(
     )
     layout, print_ = fingerprint(inputs, {**options, "hook": hook_name})
 
-    return run(
+    return (run_append if append else run)(
         TokensPlan(
             target=Target(
                 url=target,
@@ -307,6 +268,17 @@ class TokensPlan(Plan[TokensReport]):
             compression=self.config.compression,
             skip=kept,
         )
+
+    def output_options(self) -> dict[str, Any]:
+        return {**self.options, "shard_format": "parquet"}
+
+    def joined_options(self, current: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
+        """The dataset's totals (documents, tokens, the largest id) grown by the append's."""
+        out = dict(current)
+        for name in ("documents", "tokens"):
+            out[name] = int(current.get(name, 0)) + int(added.get(name, 0))
+        out["max_token_id"] = max(int(current.get("max_token_id", -1)), int(added.get("max_token_id", -1)))
+        return out
 
     def _shards(self) -> int:
         return self.cutter.shards if self.cutter is not None else 0

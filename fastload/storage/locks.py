@@ -8,6 +8,11 @@ host only (two hosts can then both hold one: append from one host at a time ther
 removed and made again while waited for is noticed (its inode changed) and locked anew. The file says who
 holds it (host, pid, time), for the message of whoever waits in vain. A holder may remove the file as it
 lets go (``release(remove=True)``): a waiter then locks the file made anew.
+
+Record locks belong to a process, not a thread (a second thread's ``lockf`` succeeds at once, and closing
+any descriptor of the file drops the process's lock), so threads of one process (writers appending from
+threads) first take a :class:`threading.Lock` per lock file, and a waiter that times out on it names this
+process without opening the file.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import errno
 import fcntl
 import os
 import socket
+import threading
 import time
 from types import TracebackType
 
@@ -31,6 +37,16 @@ class LockHeld(Exception):
         self.holder = holder
 
 
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+def _thread_lock(path: str) -> threading.Lock:
+    """The lock the threads of this process take before ``path``'s record lock."""
+    with _THREAD_LOCKS_GUARD:
+        return _THREAD_LOCKS.setdefault(os.path.abspath(path), threading.Lock())
+
+
 class FileLock:
     """An exclusive lock on the file ``path`` (made if missing): ``acquire(timeout_s)`` waits up to
     ``timeout_s`` (0: try once) and raises :class:`LockHeld` naming the holder; ``release()`` unlocks.
@@ -41,10 +57,21 @@ class FileLock:
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self._fd: int | None = None
+        self._thread = _thread_lock(path)
 
     def acquire(self, timeout_s: float | None = None) -> None:
         limit = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + limit
+        got = self._thread.acquire(timeout=limit) if limit > 0 else self._thread.acquire(blocking=False)
+        if not got:
+            raise LockHeld(self.path, f"another thread of this process (pid {os.getpid()})")
+        try:
+            self._lock_file(deadline)
+        except BaseException:
+            self._thread.release()
+            raise
+
+    def _lock_file(self, deadline: float) -> None:
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -95,6 +122,7 @@ class FileLock:
             fcntl.lockf(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+            self._thread.release()
 
     def __enter__(self) -> FileLock:
         self.acquire()

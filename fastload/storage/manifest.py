@@ -12,6 +12,12 @@ from fastload.storage import access as storage
 
 JOURNAL_DIR = ".fastload-pack"  # a pack's resume journal, in its destination while it runs
 JOURNAL_STATE = f"{JOURNAL_DIR}/state.json"
+OPTIMIZE_STATE = f"{JOURNAL_DIR}/optimize/state.json"  # (fastload.optimize's journal, beside the writer's)
+OPTIMIZE_HOW = (
+    "fastload.optimize left it (its journal .fastload-pack/optimize/ is there): finish it with "
+    "fastload.optimize(..., resume=True) (or `fastload optimize ... --resume`) with the same function, "
+    "inputs and options, or delete the folder and run optimize again"
+)
 
 
 def refuse_unfinished(root: str, *, s3_config: S3Config | None = None, what: str = "read") -> None:
@@ -20,7 +26,15 @@ def refuse_unfinished(root: str, *, s3_config: S3Config | None = None, what: str
     not written yet). One stat (a HEAD on S3); callers ask only when there is no ``index.json``."""
     mark = storage.join(root, JOURNAL_STATE)
     if os.path.isfile(mark) if not storage.is_remote(root) else storage.exists(mark, config=s3_config):
-        raise UnfinishedPackError(root, what=what)
+        by = unfinished_by(root, s3_config=s3_config)
+        raise UnfinishedPackError(root, what=what, how=OPTIMIZE_HOW if by == "optimize" else None)
+
+
+def unfinished_by(root: str, *, s3_config: S3Config | None = None) -> str:
+    """What left the unfinished pack in ``root``: "optimize" where its journal is there, else "pack"."""
+    mark = storage.join(root, OPTIMIZE_STATE)
+    found = os.path.isfile(mark) if not storage.is_remote(root) else storage.exists(mark, config=s3_config)
+    return "optimize" if found else "pack"
 
 
 def read_manifest(root: str, *, s3_config: S3Config | None = None) -> tuple[str, bytes] | None:

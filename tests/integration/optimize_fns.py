@@ -67,3 +67,11 @@ def fives_or_interrupt(n: int) -> Any:
     if os.environ.get("OPTIMIZE_FAIL_AT") == str(n):
         raise KeyboardInterrupt
     return fail_on_fives(n)
+
+
+def repeat_a_key(n: int) -> Any:
+    """``fail_on_env``, but input 50's first sample repeats input 4's first key."""
+    samples = fail_on_env(n)
+    if n == 50:
+        samples[0]["__key__"] = "00004-0"
+    return samples

@@ -12,11 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import fastload
+from fastload.errors import PackError, UnfinishedPackError
 from fastload.packing.optimize_journal import FOLDER
 
 from . import optimize_fns
-from .helpers import cli_env, snapshot
+from .helpers import cli_env, run_cli, snapshot
 
 INPUTS = 240
 SHARD = 16 << 10
@@ -127,3 +130,40 @@ def test_killed_before_its_own_state_was_written_resumes_from_the_start(tmp_path
     (dst / FOLDER / "state.json").unlink()
     fastload.optimize(optimize_fns.fail_on_env, range(30), dst, workers=1, resume=True, **options)
     assert snapshot(dst) == snapshot(whole)
+
+
+def test_keys_of_the_shards_kept_count_on_resume(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Input 50 repeats a key of input 4: one run refuses it, and so does a run stopped at input 45 and
+    resumed (the kept shards' keys are read back from their sample tables, not forgotten)."""
+    options = {"shard_size_bytes": 8 << 10, "progress": False, "workers": 2}
+    with pytest.raises(PackError, match=r"input #50: .*'00004-0' was written already"):
+        fastload.optimize(optimize_fns.repeat_a_key, range(60), tmp_path / "whole", **options)
+    dst = tmp_path / "ds"
+    monkeypatch.setenv("OPTIMIZE_FAIL_AT", "45")
+    with pytest.raises(fastload.errors.InputFailedError):
+        fastload.optimize(optimize_fns.repeat_a_key, range(60), dst, **options)
+    monkeypatch.delenv("OPTIMIZE_FAIL_AT")
+    assert len(records(dst)) > 3
+    with pytest.raises(PackError, match=r"input #50: .*'00004-0' was written already"):
+        fastload.optimize(optimize_fns.repeat_a_key, range(60), dst, resume=True, **options)
+    assert not (dst / "index.json").exists()
+
+
+def test_a_folder_optimize_left_unfinished_is_named_with_how_to_finish(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    dst = tmp_path / "ds"
+    monkeypatch.setenv("OPTIMIZE_FAIL_AT", "40")
+    with pytest.raises(fastload.errors.InputFailedError):
+        fastload.optimize(optimize_fns.fail_on_env, range(60), dst, workers=1, shard_size_bytes=SHARD)
+    monkeypatch.delenv("OPTIMIZE_FAIL_AT")
+    how = r"fastload\.optimize left it .*resume=True.*delete the folder and run optimize again"
+    with pytest.raises(UnfinishedPackError, match=f"cannot be read as a dataset; {how}"):
+        fastload.ShardDataset(dst)
+    with pytest.raises(UnfinishedPackError, match=f"cannot be written to as a dataset; {how}"):
+        fastload.ShardWriter(dst)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a")
+    proc = run_cli("pack", src, dst)
+    assert proc.returncode != 0 and "is not empty; fastload.optimize left it" in proc.stderr, proc.stderr
+    proc = run_cli("verify", dst)
+    assert proc.returncode != 0 and "fastload.optimize left it" in proc.stderr, proc.stderr

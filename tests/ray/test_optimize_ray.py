@@ -56,3 +56,21 @@ def test_a_function_the_workers_cannot_import_is_named_with_the_fix(tmp_path: Pa
     with pytest.raises(PackError, match=r"inputs from #0 failed.*runtime_env"):
         fastload.optimize(only_here_fns.make, range(6), tmp_path / "ds", engine="ray", progress=False)
     assert not (tmp_path / "ds" / "index.json").exists()
+
+
+def test_an_append_with_ray_tasks_writes_the_bytes_of_worker_processes(tmp_path: Path) -> None:
+    def make(n: int) -> Any:
+        return {"__key__": f"{n:04d}", "txt": f"{n} " * (n % 9 + 1) * 60}
+
+    options: dict[str, Any] = {"shard_size_bytes": 4 << 10, "progress": False, "workers": 2}
+    for name, engine in (("proc", "process"), ("ray", "ray")):
+        fastload.optimize(make, range(20), tmp_path / name, **options)
+        fastload.optimize(make, range(20, 40), tmp_path / name, engine=engine, mode="append", **options)
+    shards = {
+        name: [
+            (tmp_path / name / s.name).read_bytes()
+            for s in fastload.ShardDataset(tmp_path / name).index.shards
+        ]
+        for name in ("proc", "ray")
+    }
+    assert shards["ray"] == shards["proc"] and len(shards["ray"]) > 2  # (the names differ by their tag)

@@ -194,6 +194,27 @@ def test_append_into_gs_is_refused_before_anything_is_written(
     assert not (tmp_path / "gs:").exists()
 
 
+def test_shardwriter_into_gs_and_its_append_refused(
+    gcs_emulator: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``ShardWriter("gs://...")`` writes there (its URL was taken for a local path: a folder ``gs:``), and
+    ``mode="append"`` is refused up front as ``pack --append`` is, nothing written."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.host)
+    monkeypatch.chdir(tmp_path)
+    bucket = f"fl-{os.getpid()}-{next(_BUCKETS)}"
+    gcs_emulator.make_bucket(bucket)
+    url = f"gs://{bucket}/written"
+    with fastload.ShardWriter(url, max_samples_per_shard=2) as w:
+        for i in range(5):
+            w.write({"__key__": f"{i:04d}", "txt": f"t{i}"})
+    before = run_cli("ls", url).stdout
+    assert "index.json" in before
+    with pytest.raises(ConfigError, match="appending into gs:// is not supported yet"):
+        fastload.ShardWriter(url, mode="append")
+    assert run_cli("ls", url).stdout == before
+    assert not (tmp_path / "gs:").exists()
+
+
 def test_cp_local_to_gs_and_back(
     www: Path, gcs_emulator: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
