@@ -17,7 +17,7 @@ def _call(
     method: str,
     url: str,
     what: str,
-    body: bytes | str | None = None,
+    body: httpcall.Body = None,
     headers: dict[str, str] | None = None,
 ) -> httpcall.Answer:
     sign = azure_account().sign
@@ -41,10 +41,12 @@ def blob_size(container: str, blob: str, config: S3Config) -> int | None:
     return int(resp.headers.get("content-length", "0"))
 
 
-def upload(source: bytes | str, container: str, blob: str, config: S3Config) -> None:
-    """``source`` (bytes, or a local file's path) as the block blob ``az://container/blob``."""
+def upload(source: httpcall.Body, container: str, blob: str, config: S3Config) -> str | None:
+    """``source`` (bytes, a local file's path or a stream) as the block blob ``az://container/blob``; the
+    MD5 (base64) Azure reports of what it stored, None if it reports none."""
     url = _url(container, blob)
-    _call(config, "PUT", url, f"az://{container}/{blob}", source, {"x-ms-blob-type": "BlockBlob"})
+    answer = _call(config, "PUT", url, f"az://{container}/{blob}", source, {"x-ms-blob-type": "BlockBlob"})
+    return answer.headers.get("content-md5") or None
 
 
 def delete(container: str, blob: str, config: S3Config) -> None:

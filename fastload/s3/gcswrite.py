@@ -19,7 +19,7 @@ from fastload.s3 import httpcall
 from fastload.s3.gcsstore import gcs_auth, gcs_endpoint, object_path
 
 
-def _call(config: S3Config, method: str, url: str, what: str, body: bytes | str | None = None) -> bytes:
+def _call(config: S3Config, method: str, url: str, what: str, body: httpcall.Body = None) -> bytes:
     def sign(method: str, url: str, headers: dict[str, str]) -> dict[str, str]:
         return {**gcs_auth(config).headers(), **headers}
 
@@ -43,13 +43,19 @@ def object_size(bucket: str, name: str, config: S3Config) -> int | None:
     return int(meta["size"])
 
 
-def upload(source: bytes | str, bucket: str, name: str, config: S3Config) -> None:
-    """``source`` (bytes, or a local file's path) as ``gs://bucket/name``, whole or not at all."""
+def upload(source: httpcall.Body, bucket: str, name: str, config: S3Config) -> str | None:
+    """``source`` (bytes, a local file's path or a stream) as ``gs://bucket/name``, whole or not at all;
+    the MD5 (base64) GCS reports of what it stored, None if it reports none."""
     url = (
         f"{gcs_endpoint()}/upload/storage/v1/b/{quote(bucket, safe='')}/o?uploadType=media"
         f"&name={quote(name, safe='')}"
     )
-    _call(config, "POST", url, gs_url(bucket, name), source)
+    answer = _call(config, "POST", url, gs_url(bucket, name), source)
+    try:
+        md5 = json.loads(answer).get("md5Hash")
+    except (ValueError, AttributeError):
+        return None
+    return str(md5) if md5 else None
 
 
 def delete(bucket: str, name: str, config: S3Config) -> None:
@@ -58,3 +64,17 @@ def delete(bucket: str, name: str, config: S3Config) -> None:
 
     with contextlib.suppress(S3NotFoundError):
         _call(config, "DELETE", f"{gcs_endpoint()}{object_path(bucket, name)}", gs_url(bucket, name))
+
+
+def rewrite(src: tuple[str, str], dst: tuple[str, str], config: S3Config) -> int:
+    """Copy ``gs://`` object ``src`` (bucket, name) to ``dst`` inside Google Cloud Storage (``rewriteTo``:
+    no byte through this process; a large object takes several calls, each continuing the last); the
+    size copied."""
+    url = f"{gcs_endpoint()}{object_path(*src)}/rewriteTo{object_path(*dst)[len('/storage/v1') :]}"
+    token = ""
+    while True:
+        answer = json.loads(_call(config, "POST", url + (f"?rewriteToken={quote(token)}" if token else ""),
+                                  gs_url(*dst), b""))  # fmt: skip
+        if answer.get("done"):
+            return int(answer.get("totalBytesRewritten") or answer["resource"]["size"])
+        token = answer["rewriteToken"]

@@ -37,6 +37,10 @@ class Azurite(ServerProcess):
             return True  # it answers (403: the request was not signed)
         return True
 
+    def connection_string_via(self, endpoint_url: str) -> str:
+        """The connection string with every request sent to ``endpoint_url`` (a proxy in front)."""
+        return self.connection_string.replace(f"http://127.0.0.1:{self.port}", endpoint_url.rstrip("/"))
+
     def _send(self, method: str, url: str, data: bytes | None, headers: dict[str, str]) -> None:
         """A request signed with the development account's key (the environment must name Azurite)."""
         headers = {

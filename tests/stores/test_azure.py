@@ -76,9 +76,7 @@ def test_faults_cost_retries_not_bytes(
     data = os.urandom(150_000)
     azurite.put(container, "f/x.bin", data)
     with FaultProxy(("127.0.0.1", azurite.port), seed=32) as proxy:
-        conn = azurite.connection_string.replace(
-            f"127.0.0.1:{azurite.port}", proxy.endpoint_url[len("http://") :]
-        )
+        conn = azurite.connection_string_via(proxy.endpoint_url)
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
         proxy.add(Rule(PFault.slowdown(), method="GET", key="x.bin", times=2))
         proxy.add(Rule(PFault.reset_mid_body(after_bytes=1000), has_range=True, nth={3}))
@@ -165,9 +163,7 @@ def test_writes_retry_503s_and_resets_and_a_refusal_fails_at_once_naming_the_blo
 
     _, container = az
     with FaultProxy(("127.0.0.1", azurite.port), seed=32) as proxy:
-        conn = azurite.connection_string.replace(
-            f"127.0.0.1:{azurite.port}", proxy.endpoint_url[len("http://") :]
-        )
+        conn = azurite.connection_string_via(proxy.endpoint_url)
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
         proxy.add(Rule(PFault.slowdown(), method="PUT", times=2))
         proxy.add(Rule(PFault.reset_before_response(), method="PUT", nth={4}))
