@@ -29,12 +29,16 @@ process of its own with ``--latency-ms`` and ``--conn-mbps`` (the same proxy for
 with ``--direct`` (each server alone: its own ceiling). Per repetition, order rotated: one
 ``ShardDataset`` pass of each store (MB/s, CPU s/GiB), then for each a cold ``MapDataset`` (a fresh
 runtime) reading ``--map-reads`` (300) random samples from 8 threads (reads/s with opening, median read).
-Needs ``gcp-storage-emulator`` and ``azurite-blob`` (``.ci/install-s3-servers``).
+Needs ``gcp-storage-emulator`` and ``azurite-blob`` (``.ci/install-s3-servers``). ``--origin s3serve``:
+gs:// and az:// are served by the same s3serve as S3 (it answers their read APIs too:
+``fastload.testing.storedialects``), so the three differ only in protocol and client: the fair test of the
+targets, which the emulators (slower than S3 behind the proxy) cannot give.
 
     python benchmarks/stores.py --append benchmarks/RESULTS.md
     python benchmarks/stores.py --samples 600 --reps 1        # a quick look
     python benchmarks/stores.py --cloud --reps 3              # gs:// and az:// vs S3, through the proxy
     python benchmarks/stores.py --cloud --direct --reps 3     # the same, each server alone
+    python benchmarks/stores.py --cloud --origin s3serve      # one server speaking all three APIs
 """
 
 from __future__ import annotations
@@ -177,10 +181,10 @@ def _serve(cmd: list[str]) -> tuple[subprocess.Popen[str], str]:
 
 
 def serve_cloud(work: Path, args: argparse.Namespace, stack: contextlib.ExitStack) -> fastload.S3Config:
-    """``ds`` in fastload's S3 server (unpaced), the GCS emulator and Azurite, each behind a
-    ``latency_proxy`` process of its own (none with ``--direct``); the environment names them."""
-    from tests.servers.azurite import Azurite
-    from tests.servers.gcs import GcsEmulator
+    """``ds`` in fastload's S3 server (unpaced), the GCS emulator and Azurite (``--origin s3serve``: the
+    S3 server for all three), each behind a ``latency_proxy`` process of its own (none with
+    ``--direct``); the environment names them."""
+    from fastload.s3.azstore import _DEV_ACCOUNT, _DEV_KEY
 
     def proc(cmd: list[str]) -> str:
         server, url = _serve(cmd)
@@ -188,22 +192,28 @@ def serve_cloud(work: Path, args: argparse.Namespace, stack: contextlib.ExitStac
         return url
 
     s3 = proc([sys.executable, "-m", "fastload.testing.s3serve", str(work / "bucket"), "--bucket", "bench"])
-    gcs = stack.enter_context(GcsEmulator())
-    azure = stack.enter_context(Azurite())
-    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azure.connection_string
-    gcs.make_bucket("bench")
-    azure.make_container("bench")
-    for path in sorted((work / "bucket" / "ds").iterdir()):
-        gcs.put("bench", f"ds/{path.name}", path.read_bytes())
-        azure.put("bench", f"ds/{path.name}", path.read_bytes())
-    azure_origin = azure.endpoint.rsplit("/", 1)[0]
-    ends = {"s3": s3, "gs": gcs.url, "az": azure_origin}
+    ends = {"s3": s3, "gs": s3, "az": s3}
+    if args.origin == "emulators":
+        from tests.servers.azurite import Azurite
+        from tests.servers.gcs import GcsEmulator
+
+        gcs = stack.enter_context(GcsEmulator())
+        azure = stack.enter_context(Azurite())
+        os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azure.connection_string
+        gcs.make_bucket("bench")
+        azure.make_container("bench")
+        for path in sorted((work / "bucket" / "ds").iterdir()):
+            gcs.put("bench", f"ds/{path.name}", path.read_bytes())
+            azure.put("bench", f"ds/{path.name}", path.read_bytes())
+        ends.update(gs=gcs.url, az=azure.endpoint.rsplit("/", 1)[0])
     if not args.direct:
         pace = ["--latency-ms", str(args.latency_ms), "--conn-mbps", str(args.conn_mbps)]
         proxy = [sys.executable, str(ROOT / "benchmarks" / "latency_proxy.py"), *pace, "--upstream"]
         ends = {store: proc([*proxy, url]) for store, url in ends.items()}
     os.environ["STORAGE_EMULATOR_HOST"] = ends["gs"]
-    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azure.connection_string.replace(azure_origin, ends["az"])
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = (
+        f"AccountName={_DEV_ACCOUNT};AccountKey={_DEV_KEY};BlobEndpoint={ends['az']}/{_DEV_ACCOUNT};"
+    )
     return fastload.S3Config(endpoint_url=ends["s3"], region="us-east-1", addressing_style="path")
 
 
@@ -213,6 +223,8 @@ def cloud_report(runs: list[dict[str, Any]], args: argparse.Namespace, load: tup
 
     pace = f"{args.latency_ms:g} ms first byte, {args.conn_mbps:g} MB/s per connection"
     how = "each server directly" if args.direct else f"each behind latency_proxy: {pace}"
+    emulators = args.origin == "emulators"
+    how += ", gs and az from the GCS emulator and Azurite" if emulators else ", all three from s3serve"
     lines = [
         f"`python benchmarks/stores.py {' '.join(sys.argv[1:])}` ({args.samples} samples x {args.sample_kib} "
         f"KiB, {how}, {args.reps} reps, {args.map_reads} random reads; {platform.machine()}, "
@@ -271,6 +283,12 @@ def main() -> int:
     parser.add_argument("--cloud", action="store_true", help="gs:// and az:// against S3 instead")
     parser.add_argument("--direct", action="store_true", help="--cloud without the proxies")
     parser.add_argument("--map-reads", type=int, default=300)
+    parser.add_argument(
+        "--origin",
+        choices=("emulators", "s3serve"),
+        default="emulators",
+        help="--cloud: gs:// and az:// from their emulators, or from s3serve (one server for all three)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fastload-stores-"))
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")

@@ -122,3 +122,23 @@ def test_a_store_holding_other_bytes_than_sent_fails_the_copy_and_deletes_it(
     assert azwrite.blob_size(clouds.az[len("az://") :], "x/shard-000001.tar", fastload.S3Config()) is None
     with pytest.raises(ConfigError, match="--dry-run"):
         fastload.copy(f"{clouds.gs}/ds", f"{clouds.s3}/ds", recursive=True, dry_run=True)
+
+
+def test_s3serve_answers_gcs_and_azure_reads_of_its_files(www: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark origin (``fastload.testing.storedialects``): one s3serve read as gs:// and az://, with
+    listings, the generation pinned and If-Match honoured, gives the bytes a local read gives."""
+    from fastload.s3.azstore import _DEV_ACCOUNT, _DEV_KEY
+    from fastload.testing.s3serve import S3Server
+
+    with S3Server(str(www), bucket="bench") as server:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.endpoint_url)
+        endpoint = f"{server.endpoint_url}/{_DEV_ACCOUNT}"
+        conn = f"AccountName={_DEV_ACCOUNT};AccountKey={_DEV_KEY};BlobEndpoint={endpoint};"
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
+        local = [(s["__key__"], s["bin"]) for s in fastload.ShardDataset(str(www / "ds"), decode=False)]
+        for url in ("gs://bench/ds", "az://bench/ds"):
+            got = [(s["__key__"], s["bin"]) for s in fastload.ShardDataset(url, decode=False)]
+            assert got == local, url
+        want = fastload.MapDataset(str(www / "ds"))[57]["bin"]
+        assert fastload.MapDataset("az://bench/ds")[57]["bin"] == want
+        _same_files(www, "gs://bench/ds")
