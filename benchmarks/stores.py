@@ -23,13 +23,28 @@ its own process's), after one untimed warm-up pass of each reader, medians over 
 and the ratios the issue sets: https/s3 >= 0.9 (CPU within 1.2x), wds-fastload/wds-webdataset >= 1.
 ``--append FILE`` adds the table, command, machine and load to FILE (``benchmarks/RESULTS.md``).
 
+``--cloud``: ``gs://`` and ``az://`` against fastload's S3 instead. ``ds`` is served by s3serve (unpaced),
+by the GCS emulator and by Azurite (``tests/servers``, in memory), each behind a ``latency_proxy.py``
+process of its own with ``--latency-ms`` and ``--conn-mbps`` (the same proxy for all three), or directly
+with ``--direct`` (each server alone: its own ceiling). Per repetition, order rotated: one
+``ShardDataset`` pass of each store (MB/s, CPU s/GiB), then for each a cold ``MapDataset`` (a fresh
+runtime) reading ``--map-reads`` (300) random samples from 8 threads (reads/s with opening, median read).
+Needs ``gcp-storage-emulator`` and ``azurite-blob`` (``.ci/install-s3-servers``). ``--origin s3serve``:
+gs:// and az:// are served by the same s3serve as S3 (it answers their read APIs too:
+``fastload.testing.storedialects``), so the three differ only in protocol and client: the fair test of the
+targets, which the emulators (slower than S3 behind the proxy) cannot give.
+
     python benchmarks/stores.py --append benchmarks/RESULTS.md
     python benchmarks/stores.py --samples 600 --reps 1        # a quick look
+    python benchmarks/stores.py --cloud --reps 3              # gs:// and az:// vs S3, through the proxy
+    python benchmarks/stores.py --cloud --direct --reps 3     # the same, each server alone
+    python benchmarks/stores.py --cloud --origin s3serve      # one server speaking all three APIs
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -51,6 +66,8 @@ sys.path.insert(0, str(ROOT))
 import fastload  # noqa: E402
 
 READERS = ["s3", "https", "wds-fastload", "wds-webdataset"]
+CLOUD = ["s3", "gs", "az"]  # --cloud: one pass each, then MapDataset random reads ("map-s3"...)
+SOURCE = {"s3": "s3://bench/ds", "gs": "gs://bench/ds", "az": "az://bench/ds"}
 
 
 def make_data(work: Path, samples: int, sample_kib: int) -> tuple[int, int]:
@@ -89,7 +106,7 @@ def one_pass(reader: str, base: str, shards: int, config: fastload.S3Config) -> 
             payload += len(sample["bin"]) + len(sample["cls"])
             count += 1
     else:
-        source = {"s3": "s3://bench/ds", "https": f"{base}/bench/ds", "wds-fastload": pattern}[reader]
+        source = {**SOURCE, "https": f"{base}/bench/ds", "wds-fastload": pattern}[reader]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # (wds-fastload: "indexed in memory")
             ds = fastload.ShardDataset(source, decode=False, s3_config=config)
@@ -99,6 +116,30 @@ def one_pass(reader: str, base: str, shards: int, config: fastload.S3Config) -> 
     wall, cpu = time.monotonic() - wall, _cpu() - cpu
     gib = payload / (1 << 30)
     return {"reader": reader, "samples": count, "mb_s": payload / wall / 1e6, "cpu_s_gib": cpu / gib}
+
+
+def map_pass(store: str, reads: int, config: fastload.S3Config, seed: int) -> dict[str, Any]:
+    """``MapDataset(SOURCE[store])`` opened cold (a fresh runtime: index and shard tables fetched) and
+    ``reads`` random samples read by index from 8 threads: samples/s and the median read's ms."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastload.s3 import runtime
+
+    runtime.reset()
+    wall = time.monotonic()
+    ds = fastload.MapDataset(SOURCE[store], decode=False, s3_config=config)
+    picks = random.Random(seed).sample(range(len(ds)), min(reads, len(ds)))
+
+    def read(i: int) -> float:
+        t = time.monotonic()
+        sample = ds[i]
+        assert len(sample["bin"]) > 0
+        return time.monotonic() - t
+
+    with ThreadPoolExecutor(8) as pool:
+        each = list(pool.map(read, picks))
+    wall = time.monotonic() - wall
+    return {"reader": f"map-{store}", "reads_s": len(picks) / wall, "ms": statistics.median(each) * 1e3}
 
 
 def report(runs: list[dict[str, Any]], args: argparse.Namespace, load: tuple[float, float]) -> str:
@@ -129,6 +170,108 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, load: tuple[flo
     return "\n".join(lines)
 
 
+def _serve(cmd: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """A server process that prints ``{"endpoint_url": ...}`` as its first line: it and its URL."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())["endpoint_url"]
+
+
+def serve_cloud(work: Path, args: argparse.Namespace, stack: contextlib.ExitStack) -> fastload.S3Config:
+    """``ds`` in fastload's S3 server (unpaced), the GCS emulator and Azurite (``--origin s3serve``: the
+    S3 server for all three), each behind a ``latency_proxy`` process of its own (none with
+    ``--direct``); the environment names them."""
+    from fastload.s3.azstore import _DEV_ACCOUNT, _DEV_KEY
+
+    def proc(cmd: list[str]) -> str:
+        server, url = _serve(cmd)
+        stack.callback(lambda: (server.terminate(), server.wait(10)))
+        return url
+
+    s3 = proc([sys.executable, "-m", "fastload.testing.s3serve", str(work / "bucket"), "--bucket", "bench"])
+    ends = {"s3": s3, "gs": s3, "az": s3}
+    if args.origin == "emulators":
+        from tests.servers.azurite import Azurite
+        from tests.servers.gcs import GcsEmulator
+
+        gcs = stack.enter_context(GcsEmulator())
+        azure = stack.enter_context(Azurite())
+        os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azure.connection_string
+        gcs.make_bucket("bench")
+        azure.make_container("bench")
+        for path in sorted((work / "bucket" / "ds").iterdir()):
+            gcs.put("bench", f"ds/{path.name}", path.read_bytes())
+            azure.put("bench", f"ds/{path.name}", path.read_bytes())
+        ends.update(gs=gcs.url, az=azure.endpoint.rsplit("/", 1)[0])
+    if not args.direct:
+        pace = ["--latency-ms", str(args.latency_ms), "--conn-mbps", str(args.conn_mbps)]
+        proxy = [sys.executable, str(ROOT / "benchmarks" / "latency_proxy.py"), *pace, "--upstream"]
+        ends = {store: proc([*proxy, url]) for store, url in ends.items()}
+    os.environ["STORAGE_EMULATOR_HOST"] = ends["gs"]
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = (
+        f"AccountName={_DEV_ACCOUNT};AccountKey={_DEV_KEY};BlobEndpoint={ends['az']}/{_DEV_ACCOUNT};"
+    )
+    return fastload.S3Config(endpoint_url=ends["s3"], region="us-east-1", addressing_style="path")
+
+
+def cloud_report(runs: list[dict[str, Any]], args: argparse.Namespace, load: tuple[float, float]) -> str:
+    def med(reader: str, key: str) -> float:
+        return statistics.median(x[key] for x in runs if x["reader"] == reader)
+
+    pace = f"{args.latency_ms:g} ms first byte, {args.conn_mbps:g} MB/s per connection"
+    how = "each server directly" if args.direct else f"each behind latency_proxy: {pace}"
+    emulators = args.origin == "emulators"
+    how += ", gs and az from the GCS emulator and Azurite" if emulators else ", all three from s3serve"
+    lines = [
+        f"`python benchmarks/stores.py {' '.join(sys.argv[1:])}` ({args.samples} samples x {args.sample_kib} "
+        f"KiB, {how}, {args.reps} reps, {args.map_reads} random reads; {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load {load[0]:.1f} -> {load[1]:.1f})",
+        "",
+        "| store | MB/s (median) | range | CPU s/GiB | MapDataset reads/s | median read ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for store in CLOUD:
+        rates = [x["mb_s"] for x in runs if x["reader"] == store]
+        lines.append(
+            f"| {store} | {med(store, 'mb_s'):.0f} | {min(rates):.0f}-{max(rates):.0f} | "
+            f"{med(store, 'cpu_s_gib'):.2f} | {med(f'map-{store}', 'reads_s'):.0f} | "
+            f"{med(f'map-{store}', 'ms'):.1f} |"
+        )
+    lines.append("")
+    lines.append(
+        "; ".join(
+            f"{store}/s3 throughput {med(store, 'mb_s') / med('s3', 'mb_s'):.2f}x, CPU per GiB "
+            f"{med(store, 'cpu_s_gib') / med('s3', 'cpu_s_gib'):.2f}x, random reads "
+            f"{med(f'map-{store}', 'reads_s') / med('map-s3', 'reads_s'):.2f}x"
+            for store in CLOUD[1:]
+        )
+        + " (targets: >= 0.9x, <= 1.2x)"
+    )
+    return "\n".join(lines)
+
+
+def cloud_main(args: argparse.Namespace, work: Path) -> str:
+    """gs:// and az:// against fastload's S3 (``--cloud``): the table, after every run was printed."""
+    with contextlib.ExitStack() as stack:
+        make_data(work, args.samples, args.sample_kib)
+        config = serve_cloud(work, args, stack)
+        for store in CLOUD:  # untimed: clients, connection pools and imports warm
+            print("warm-up", json.dumps(one_pass(store, "", 0, config)), flush=True)
+        load_start = os.getloadavg()[0]
+        runs = []
+        for rep in range(args.reps):
+            order = CLOUD[rep % 3 :] + CLOUD[: rep % 3]
+            for run in [one_pass(s, "", 0, config) for s in order] + [
+                map_pass(s, args.map_reads, config, rep) for s in order
+            ]:
+                runs.append({**run, "rep": rep})
+                print(json.dumps(run), flush=True)
+        return cloud_report(runs, args, (load_start, os.getloadavg()[0]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--samples", type=int, default=2400)
@@ -137,8 +280,28 @@ def main() -> int:
     parser.add_argument("--conn-mbps", type=float, default=50.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--append", type=Path, default=None)
+    parser.add_argument("--cloud", action="store_true", help="gs:// and az:// against S3 instead")
+    parser.add_argument("--direct", action="store_true", help="--cloud without the proxies")
+    parser.add_argument("--map-reads", type=int, default=300)
+    parser.add_argument(
+        "--origin",
+        choices=("emulators", "s3serve"),
+        default="emulators",
+        help="--cloud: gs:// and az:// from their emulators, or from s3serve (one server for all three)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fastload-stores-"))
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
+    if args.cloud:
+        try:
+            text = cloud_main(args, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(text)
+        if args.append is not None:
+            with open(args.append, "a") as f:
+                f.write("\n" + text + "\n")
+        return 0
     server = None
     try:
         shards, _ = make_data(work, args.samples, args.sample_kib)
@@ -150,7 +313,6 @@ def main() -> int:
         )  # fmt: skip
         assert server.stdout is not None
         base = json.loads(server.stdout.readline())["endpoint_url"]
-        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
         config = fastload.S3Config(endpoint_url=base, region="us-east-1", addressing_style="path")
         for reader in READERS:  # untimed: clients, connection pools and imports warm
             print("warm-up", json.dumps(one_pass(reader, base, shards, config)), flush=True)

@@ -288,7 +288,7 @@ def _cp(sub: Any, s3_options: argparse.ArgumentParser) -> None:
         "cp",
         parents=[s3_options],
         help="copy an object or prefix between S3 and local disk, or S3 to S3 (server-side); objects already "
-        "at DST with the same bytes are skipped",
+        "at DST with the same bytes are skipped; from any store to s3://, gs:// or az:// (streamed)",
     )
     c.add_argument("src", metavar="SRC", help="s3://bucket/key (or prefix/ with -r), or a local file/folder")
     c.add_argument("dst", metavar="DST", help="a local path, or s3://bucket/key (or prefix/ with -r)")

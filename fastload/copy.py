@@ -30,8 +30,8 @@ from io import RawIOBase
 from fastload.config import S3Config
 from fastload.core.index import INDEX_NAME
 from fastload.core.syncplan import Step
-from fastload.core.weburls import expand_braces, has_braces, is_web, lists_folders
-from fastload.errors import AccessDeniedError, ConfigError, FastloadError, NotFoundError, write_error
+from fastload.core.weburls import expand_braces, has_braces, is_web
+from fastload.errors import AccessDeniedError, ConfigError, FastloadError, write_error
 from fastload.packing.progress import Progress
 from fastload.storage import access as storage
 from fastload.storage.localfs import file_mode
@@ -213,9 +213,17 @@ def copy(
     (None: 5 GiB, S3's limit; larger: UploadPartCopy parts)."""
     from fastload.s3.servercopy import MAX_COPY_OBJECT_BYTES, copy_object
     from fastload.s3.upload import upload_file
+    from fastload.storecopy import copy_between, is_store_copy
 
     check_url(src)  # a mistyped s3:// or a gs:// URL is not a local path
     check_writable(dst)
+    if is_store_copy(src, dst):  # to another kind of store: streamed, checked (storecopy)
+        if dry_run:
+            raise ConfigError(
+                f"--dry-run is for copies to or from local paths and S3 to S3, not {src} to {dst}"
+            )
+        sent = copy_between(src, dst, recursive=recursive, config=config or S3Config.from_env(), jobs=jobs)
+        return CopyReport(files=len(sent), bytes=sum(n for _, n in sent), copied=[u for u, _ in sent])
     if is_web(src) and storage.is_remote(dst):  # (was downloaded to a local folder named "s3:")
         raise ConfigError(f"fastload cp copies {src} to a local path only; copy it there, then to {dst}")
     if is_web(src):
@@ -326,37 +334,13 @@ def _abort_stale_uploads(
             abort_stale_uploads(get_client(config), bucket, prefix, config=config, keys=keys)
 
 
-def _web_names(root: str, config: S3Config) -> list[str]:
-    """The files of the web folder ``root``, relative to it: listed (the Hub), else a dataset's own
-    (``index.json``, its shards and their sample tables: a web server cannot be listed)."""
-    from fastload.core.index import parse_index
-    from fastload.storage.manifest import read_manifest
-
-    if lists_folders(root):
-        return [u[len(root) + 1 :] for u in storage.list_files(root, "", config=config)]
-    found = read_manifest(root, s3_config=config)
-    if found is None:
-        raise NotFoundError(
-            f"{root} has no index.json; a web server's folders cannot be listed, so fastload cp copies a "
-            "dataset folder (its index.json names the files) or one file by its URL",
-            path=root,
-        )
-    url, data = found
-    index = parse_index(data, where=url)
-    names = [url[len(root) + 1 :]]
-    for shard in index.shards:
-        names.append(shard.name)
-        if shard.table is not None:
-            names.append(shard.table.name)
-    return names
-
-
 def _copy_web(
     src: str, dst: str, *, recursive: bool, config: S3Config, jobs: int, progress: bool | None
 ) -> CopyReport:
-    """``fastload cp`` from ``http(s)://`` or ``hf://`` to a local path (see :func:`_web_names`)."""
+    """``fastload cp`` from ``http(s)://`` or ``hf://`` to a local path (see :func:`web_names`)."""
     from fastload.storage.s3source import unsafe_key_part
     from fastload.storage.web import open_web
+    from fastload.storecopy import web_names
 
     shown = sys.stderr.isatty() if progress is None else progress
     report = CopyReport()
@@ -373,7 +357,7 @@ def _copy_web(
         return report
     else:
         root = src.rstrip("/")
-        names = _web_names(root, config)
+        names = web_names(root, config)
     for name in names:
         problem = unsafe_key_part(name)
         if problem:

@@ -15,4 +15,5 @@ published with If-Match / If-None-Match); plain HTTP(S) as a store (``httpstore`
 transport behind the same seam, no signing) and its errors (``urlerrors``); Google Cloud Storage as a store
 (``gcsstore``: its JSON API over the same pools, the generation as the ETag; ``gcswrite``: uploads, deletes,
 metadata); Azure Blob Storage as a store (``azstore``: Shared Key or SAS, the ETag honoured by If-Match;
-``azwrite``: Put Blob, deletes, sizes)."""
+``azwrite``: Put Blob, deletes, sizes); the one whole request with its retries that both stores' writes
+send (``httpcall``)."""

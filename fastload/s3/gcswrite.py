@@ -11,72 +11,20 @@ not built.)
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
-import os
-import ssl
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from fastload.config import S3Config
-from fastload.core.retry import Fault
-from fastload.errors import S3Error
-from fastload.s3.client import Failure
+from fastload.s3 import httpcall
 from fastload.s3.gcsstore import gcs_auth, gcs_endpoint, object_path
-from fastload.s3.retrying import BadResponse, Retrier
-from fastload.s3.transport import error_failure
-from fastload.s3.urlerrors import fail_fast_url_error
-
-_ERROR_BODY_BYTES = 64 << 10
 
 
-def _request(
-    config: S3Config, method: str, url: str, body: bytes | str | None, headers: dict[str, str]
-) -> bytes:
-    """One request (``body``: bytes, or the path of a file to send); the answer's body. BadResponse for an
-    error status."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "", parts.port
-    conn: http.client.HTTPConnection
-    if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(
-            host, port, timeout=config.read_timeout_s, context=ssl.create_default_context()
-        )
-    else:
-        conn = http.client.HTTPConnection(host, port, timeout=config.read_timeout_s)
-    target = parts.path + (f"?{parts.query}" if parts.query else "")
-    sent = {**gcs_auth(config).headers(), **headers}
-    try:
-        if isinstance(body, str):
-            sent["Content-Length"] = str(os.path.getsize(body))
-            with open(body, "rb") as f:
-                conn.request(method, target, body=f, headers=sent)
-                resp = conn.getresponse()
-        else:
-            conn.request(method, target, body=body, headers=sent)
-            resp = conn.getresponse()
-        data = resp.read()
-    finally:
-        conn.close()
-    if resp.status >= 300:
-        raise BadResponse(error_failure(resp.status, data[:_ERROR_BODY_BYTES]))
-    return data
+def _call(config: S3Config, method: str, url: str, what: str, body: httpcall.Body = None) -> bytes:
+    def sign(method: str, url: str, headers: dict[str, str]) -> dict[str, str]:
+        return {**gcs_auth(config).headers(), **headers}
 
-
-def _call(config: S3Config, method: str, url: str, what: str, body: bytes | str | None = None) -> bytes:
-    headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
-
-    def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
-        if failure.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
-            return fail_fast_url_error(failure, what)
-        return S3Error(
-            f"{what}: {method} failed after {tries} attempts in {elapsed_s:.1f}s ({failure.message}); "
-            "check the connection to Google Cloud Storage and run the command again",
-            bucket="",
-            key=what,
-            url=what,
-        )
-
-    return Retrier.from_config(config).call(lambda: _request(config, method, url, body, headers), give_up)
+    service = "Google Cloud Storage"
+    return httpcall.call(config, method, url, what=what, service=service, sign=sign, body=body).body
 
 
 def gs_url(bucket: str, name: str) -> str:
@@ -95,13 +43,19 @@ def object_size(bucket: str, name: str, config: S3Config) -> int | None:
     return int(meta["size"])
 
 
-def upload(source: bytes | str, bucket: str, name: str, config: S3Config) -> None:
-    """``source`` (bytes, or a local file's path) as ``gs://bucket/name``, whole or not at all."""
+def upload(source: httpcall.Body, bucket: str, name: str, config: S3Config) -> str | None:
+    """``source`` (bytes, a local file's path or a stream) as ``gs://bucket/name``, whole or not at all;
+    the MD5 (base64) GCS reports of what it stored, None if it reports none."""
     url = (
         f"{gcs_endpoint()}/upload/storage/v1/b/{quote(bucket, safe='')}/o?uploadType=media"
         f"&name={quote(name, safe='')}"
     )
-    _call(config, "POST", url, gs_url(bucket, name), source)
+    answer = _call(config, "POST", url, gs_url(bucket, name), source)
+    try:
+        md5 = json.loads(answer).get("md5Hash")
+    except (ValueError, AttributeError):
+        return None
+    return str(md5) if md5 else None
 
 
 def delete(bucket: str, name: str, config: S3Config) -> None:
@@ -110,3 +64,17 @@ def delete(bucket: str, name: str, config: S3Config) -> None:
 
     with contextlib.suppress(S3NotFoundError):
         _call(config, "DELETE", f"{gcs_endpoint()}{object_path(bucket, name)}", gs_url(bucket, name))
+
+
+def rewrite(src: tuple[str, str], dst: tuple[str, str], config: S3Config) -> int:
+    """Copy ``gs://`` object ``src`` (bucket, name) to ``dst`` inside Google Cloud Storage (``rewriteTo``:
+    no byte through this process; a large object takes several calls, each continuing the last); the
+    size copied."""
+    url = f"{gcs_endpoint()}{object_path(*src)}/rewriteTo{object_path(*dst)[len('/storage/v1') :]}"
+    token = ""
+    while True:
+        answer = json.loads(_call(config, "POST", url + (f"?rewriteToken={quote(token)}" if token else ""),
+                                  gs_url(*dst), b""))  # fmt: skip
+        if answer.get("done"):
+            return int(answer.get("totalBytesRewritten") or answer["resource"]["size"])
+        token = answer["rewriteToken"]

@@ -1,4 +1,5 @@
-"""Uploading a local file to S3: one PUT for small files, else a multipart upload with parallel parts.
+"""Uploading a local file (or any bytes read at offsets: another store's object) to S3: one PUT for small
+files, else a multipart upload with parallel parts.
 
 Every request carries a checksum of its bytes that the server verifies: ``Content-MD5`` (every S3
 implementation checks it) and/or ``x-amz-checksum-crc32c`` (AWS S3 and newer stores check it). Each part is
@@ -54,11 +55,42 @@ def upload_file(
 ) -> str:
     """Upload ``path`` to ``s3://bucket/key``; return the new object's ETag. ``on_bytes(n)`` is called (from
     any thread) as each PUT or part of ``n`` bytes is stored, so the calls add up to the file's size."""
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        return upload_from(
+            lambda offset, n: os.pread(fd, n, offset),
+            os.fstat(fd).st_size,
+            bucket,
+            key,
+            source=path,
+            config=config,
+            client=client,
+            checksum=checksum,
+            retrier=retrier,
+            on_bytes=on_bytes,
+        )
+
+
+def upload_from(
+    read_at: Callable[[int, int], bytes],
+    size: int,
+    bucket: str,
+    key: str,
+    *,
+    source: str,
+    config: S3Config,
+    client: Any = None,
+    checksum: str = "both",
+    retrier: Retrier | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> str:
+    """Upload the ``size`` bytes that ``read_at(offset, n)`` gives (called from several threads at once;
+    a local file's ``pread``, another store's ranged reads) as :func:`upload_file` does; ``source`` names
+    them in errors."""
     if checksum not in CHECKSUMS:
         raise ConfigError(f"checksum={checksum!r}; choose one of {', '.join(CHECKSUMS)}")
     client = client if client is not None else get_client(config)
     retrier = retrier or Retrier.from_config(config)
-    size = os.path.getsize(path)
     part = part_size_for(size, config.part_size_bytes)
     url = f"s3://{bucket}/{key}"
 
@@ -67,14 +99,14 @@ def upload_file(
             error = inner(failure, tries, elapsed_s)
             if isinstance(error, S3Error) and not str(error).startswith("uploading"):
                 error.args = (
-                    f"uploading {path} to {url}: {what} was refused: {error}. Nothing was written "
+                    f"uploading {source} to {url}: {what} was refused: {error}. Nothing was written "
                     "under the key (a multipart upload is aborted)",
                 )
             return error
 
         def spent(failure: Failure, tries: int, elapsed_s: float) -> Exception:
             return S3Error(
-                f"uploading {path} to {url}: {what} failed after {tries} attempt(s) in {elapsed_s:.1f}s "
+                f"uploading {source} to {url}: {what} failed after {tries} attempt(s) in {elapsed_s:.1f}s "
                 f"({failure.message}); nothing was left under the key: retry later",
                 bucket=bucket,
                 key=key,
@@ -83,58 +115,56 @@ def upload_file(
         inner = give_up_on(bucket, key, what="write to", spent=spent)
         return give_up
 
-    with open(path, "rb") as f:
-        if size <= part:
-            data = f.read()
-            params = {"Bucket": bucket, "Key": key, "Body": data, **_checksum_params(data, checksum)}
-            resp = retrier.call(lambda: client.put_object(**params), give_up_for("PUT"))
-            if on_bytes is not None:
-                on_bytes(size)
-            return str(resp.get("ETag", ""))
-        create: dict[str, Any] = {"Bucket": bucket, "Key": key}
-        if checksum in ("crc32c", "both"):
-            create["ChecksumAlgorithm"] = "CRC32C"
-        upload_id = retrier.call(lambda: client.create_multipart_upload(**create), give_up_for("starting"))[
-            "UploadId"
-        ]
-        fd = f.fileno()
-
-        def send(number: int) -> dict[str, Any]:
-            offset = (number - 1) * part
-            data = os.pread(fd, min(part, size - offset), offset)
-            sums = _checksum_params(data, checksum)
-            params = {
-                "Bucket": bucket,
-                "Key": key,
-                "UploadId": upload_id,
-                "PartNumber": number,
-                "Body": data,
-                **sums,
-            }
-            resp = retrier.call(lambda: client.upload_part(**params), give_up_for(f"part {number}"))
-            if on_bytes is not None:
-                on_bytes(len(data))
-            done = {"PartNumber": number, "ETag": resp["ETag"]}
-            if "ChecksumCRC32C" in sums:
-                done["ChecksumCRC32C"] = sums["ChecksumCRC32C"]
-            return done
-
-        count = -(-size // part)
-        try:
-            with ThreadPoolExecutor(
-                max_workers=min(config.max_concurrency, count), thread_name_prefix="fastload-upload"
-            ) as pool:
-                parts = list(pool.map(send, range(1, count + 1)))
-            resp = retrier.call(
-                lambda: client.complete_multipart_upload(
-                    Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-                ),
-                give_up_for("completing"),
-            )
-        except BaseException:
-            abort(client, bucket, key, upload_id, retrier)
-            raise
+    if size <= part:
+        data = read_at(0, size)
+        params = {"Bucket": bucket, "Key": key, "Body": data, **_checksum_params(data, checksum)}
+        resp = retrier.call(lambda: client.put_object(**params), give_up_for("PUT"))
+        if on_bytes is not None:
+            on_bytes(size)
         return str(resp.get("ETag", ""))
+    create: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    if checksum in ("crc32c", "both"):
+        create["ChecksumAlgorithm"] = "CRC32C"
+    upload_id = retrier.call(lambda: client.create_multipart_upload(**create), give_up_for("starting"))[
+        "UploadId"
+    ]
+
+    def send(number: int) -> dict[str, Any]:
+        offset = (number - 1) * part
+        data = read_at(offset, min(part, size - offset))
+        sums = _checksum_params(data, checksum)
+        params = {
+            "Bucket": bucket,
+            "Key": key,
+            "UploadId": upload_id,
+            "PartNumber": number,
+            "Body": data,
+            **sums,
+        }
+        resp = retrier.call(lambda: client.upload_part(**params), give_up_for(f"part {number}"))
+        if on_bytes is not None:
+            on_bytes(len(data))
+        done = {"PartNumber": number, "ETag": resp["ETag"]}
+        if "ChecksumCRC32C" in sums:
+            done["ChecksumCRC32C"] = sums["ChecksumCRC32C"]
+        return done
+
+    count = -(-size // part)
+    try:
+        with ThreadPoolExecutor(
+            max_workers=min(config.max_concurrency, count), thread_name_prefix="fastload-upload"
+        ) as pool:
+            parts = list(pool.map(send, range(1, count + 1)))
+        resp = retrier.call(
+            lambda: client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            ),
+            give_up_for("completing"),
+        )
+    except BaseException:
+        abort(client, bucket, key, upload_id, retrier)
+        raise
+    return str(resp.get("ETag", ""))
 
 
 def abort(client: Any, bucket: str, key: str, upload_id: str, retrier: Retrier) -> None:

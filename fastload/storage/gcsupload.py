@@ -25,7 +25,7 @@ def upload_to_gcs(
         from fastload.s3.azstore import parse_az_url
 
         bucket, prefix = parse_az_url(dst)
-        put: Callable[[str, str, str, S3Config], None] = azwrite.upload
+        put: Callable[[str, str, str, S3Config], object] = azwrite.upload
     else:
         bucket, prefix = parse_gs_url(dst)
         put = gcswrite.upload

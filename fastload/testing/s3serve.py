@@ -22,6 +22,9 @@ Keys map to files under the root, symlinks followed (so a served folder can link
 an empty, ``.`` or ``..`` segment is NoSuchKey, so no key names a path above the root. The ETag is a
 digest of (inode, size, mtime), stable while the file is unchanged.
 
+GCS's JSON API and Azure's blob API are answered for the same files too (``storedialects``: reads and
+listings only, no authorisation checked), so one origin serves ``s3://``, ``gs://`` and ``az://`` alike.
+
 (Over 400 lines on purpose: one small HTTP server whose request parsing, S3 operations and paced bodies
 share the same connection state; it is a test and bench fixture, not a code path of training.)
 """
@@ -54,6 +57,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
 from fastload.errors import ConfigError
+from fastload.testing import storedialects
 
 PIECE_BYTES = 64 << 10
 """Bytes per paced ``sendfile`` call: each piece leaves when its first byte is due (1.3 ms at 50 MB/s)."""
@@ -239,6 +243,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             split = urlsplit(self.path)
             path = unquote(split.path)
             query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+            dialect = storedialects.route(path, query, self.headers.get)
+            if dialect is not None:  # GCS's JSON API or Azure's blob API on the same files
+                self._dialect(dialect, head_only)
+                return
             bucket, key = self._bucket_and_key(path)
             if bucket is None:
                 self._list_buckets(head_only)
@@ -354,7 +362,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise _S3Error(404, "NoSuchKey", "The specified key does not exist.")
         return f, st
 
-    def _object(self, key: str, head_only: bool) -> None:
+    def _dialect(self, asked: storedialects.Route, head_only: bool) -> None:
+        if asked.bucket != self.server.bucket:
+            raise _S3Error(404, "NoSuchBucket", "The specified bucket does not exist")
+        if asked.kind == "object":
+            self._object(asked.key, head_only, gcs=asked.gcs_generation)
+            return
+        if asked.kind == "gcs-meta":
+            f, st = self._open(asked.key)
+            f.close()
+            body, kind = storedialects.gcs_meta(st), "application/json"
+        else:
+            root = self.server.root
+            keys = list_keys(root, asked.prefix)
+            listed = [(k, os.path.getsize(os.path.join(root, *k.split("/")))) for k in keys]
+            gcs = asked.kind == "gcs-list"
+            body = storedialects.gcs_list(listed) if gcs else storedialects.azure_list(listed)
+            kind = "application/json" if gcs else "application/xml"
+        headers = [("Content-Type", kind), ("Content-Length", str(len(body)))]
+        self._respond(200, headers, body, head_only=head_only)
+
+    def _object(self, key: str, head_only: bool, *, gcs: bool = False) -> None:
         f, st = self._open(key)
         with f:
             etag, size = _etag(st), st.st_size
@@ -368,6 +396,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 ("ETag", etag),
                 ("Last-Modified", formatdate(st.st_mtime, usegmt=True)),
                 ("Accept-Ranges", "bytes"),
+                *([("x-goog-generation", storedialects.generation(st))] if gcs else []),
             ]
             if if_none is not None and _etag_matches(if_none, etag):
                 self._respond(304, common, b"", head_only=True)

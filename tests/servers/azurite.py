@@ -5,71 +5,41 @@ memory, with the public development account: point fastload at it with
 from __future__ import annotations
 
 import shutil
-import subprocess
-import time
 import urllib.error
 import urllib.request
 
 from fastload.s3.azstore import _DEV_ACCOUNT, _DEV_KEY, azure_account
-from tests.servers.gcs import _free_port
+from tests.servers.process import ServerProcess
 
 
-class Azurite:
+class Azurite(ServerProcess):
+    name = "azurite"
+
     def __init__(self) -> None:
-        self.port = _free_port()
+        super().__init__()
         self.endpoint = f"http://127.0.0.1:{self.port}/{_DEV_ACCOUNT}"
         self.connection_string = (
             f"DefaultEndpointsProtocol=http;AccountName={_DEV_ACCOUNT};AccountKey={_DEV_KEY};"
             f"BlobEndpoint={self.endpoint};"
         )
-        self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Azurite:
+    def command(self) -> list[str]:
         exe = shutil.which("azurite-blob")
         if exe is None:
             raise RuntimeError("azurite-blob is not installed (npm install -g azurite)")
-        self._proc = subprocess.Popen(
-            [
-                exe,
-                "--silent",
-                "--inMemoryPersistence",
-                "--blobHost",
-                "127.0.0.1",
-                "--blobPort",
-                str(self.port),
-                "--skipApiVersionCheck",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}?comp=list", timeout=1)
-            except urllib.error.HTTPError:
-                return self  # it answers (403: the request was not signed)
-            except OSError:
-                if self._proc.poll() is not None:
-                    raise RuntimeError("azurite exited at start") from None
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("azurite did not answer within 30 s")
+        where = ["--blobHost", "127.0.0.1", "--blobPort", str(self.port)]
+        return [exe, "--silent", "--inMemoryPersistence", *where, "--skipApiVersionCheck"]
 
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
+    def answers(self) -> bool:
+        try:
+            urllib.request.urlopen(f"{self.endpoint}?comp=list", timeout=1)
+        except urllib.error.HTTPError:
+            return True  # it answers (403: the request was not signed)
+        return True
 
-    def __enter__(self) -> Azurite:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def connection_string_via(self, endpoint_url: str) -> str:
+        """The connection string with every request sent to ``endpoint_url`` (a proxy in front)."""
+        return self.connection_string.replace(f"http://127.0.0.1:{self.port}", endpoint_url.rstrip("/"))
 
     def _send(self, method: str, url: str, data: bytes | None, headers: dict[str, str]) -> None:
         """A request signed with the development account's key (the environment must name Azurite)."""

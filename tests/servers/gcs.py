@@ -11,65 +11,31 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from urllib.parse import quote
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.servers.process import ServerProcess
 
 
-class GcsEmulator:
+class GcsEmulator(ServerProcess):
     """``gcp-storage-emulator start`` in a subprocess; :attr:`host` is for ``STORAGE_EMULATOR_HOST``."""
 
+    name = "gcp-storage-emulator"
+
     def __init__(self) -> None:
-        self.port = _free_port()
+        super().__init__()
         self.host = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.host}"
-        self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> GcsEmulator:
+    def command(self) -> list[str]:
         exe = shutil.which("gcp-storage-emulator")
         cmd = [exe] if exe else [sys.executable, "-m", "gcp_storage_emulator"]
-        self._proc = subprocess.Popen(
-            [*cmd, "start", "--host=127.0.0.1", f"--port={self.port}", "--in-memory"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{self.url}/", timeout=1).read()
-                return self
-            except OSError:
-                if self._proc.poll() is not None:
-                    raise RuntimeError("gcp-storage-emulator exited at start") from None
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("gcp-storage-emulator did not answer within 30 s")
+        return [*cmd, "start", "--host=127.0.0.1", f"--port={self.port}", "--in-memory"]
 
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
-
-    def __enter__(self) -> GcsEmulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def answers(self) -> bool:
+        urllib.request.urlopen(f"{self.url}/", timeout=1).read()
+        return True
 
     def make_bucket(self, name: str) -> None:
         body = json.dumps({"name": name}).encode()

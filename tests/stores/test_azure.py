@@ -76,9 +76,7 @@ def test_faults_cost_retries_not_bytes(
     data = os.urandom(150_000)
     azurite.put(container, "f/x.bin", data)
     with FaultProxy(("127.0.0.1", azurite.port), seed=32) as proxy:
-        conn = azurite.connection_string.replace(
-            f"127.0.0.1:{azurite.port}", proxy.endpoint_url[len("http://") :]
-        )
+        conn = azurite.connection_string_via(proxy.endpoint_url)
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
         proxy.add(Rule(PFault.slowdown(), method="GET", key="x.bin", times=2))
         proxy.add(Rule(PFault.reset_mid_body(after_bytes=1000), has_range=True, nth={3}))
@@ -153,3 +151,39 @@ def test_account_is_read_from_the_environment_as_azure_clients_read_it(
     monkeypatch.setenv("AZURE_STORAGE_KEY", "not base64!")
     with pytest.raises(ConfigError, match="not base64"):
         azure_account()
+
+
+def test_writes_retry_503s_and_resets_and_a_refusal_fails_at_once_naming_the_blob(
+    www: Path, azurite: Any, az: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Put Blob, a blob's size and Delete Blob go through ``s3.httpcall``: 503s and a reset cost retries,
+    not files; a 403 (a wrong key) is raised on the first answer, naming the ``az://`` URL."""
+    from fastload.errors import AccessDeniedError
+    from fastload.s3 import azwrite
+
+    _, container = az
+    with FaultProxy(("127.0.0.1", azurite.port), seed=32) as proxy:
+        conn = azurite.connection_string_via(proxy.endpoint_url)
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
+        proxy.add(Rule(PFault.slowdown(), method="PUT", times=2))
+        proxy.add(Rule(PFault.reset_before_response(), method="PUT", nth={4}))
+        fastload.copy(str(www / "ds"), f"az://{container}/w", recursive=True, jobs=2)
+        assert proxy.stats().injected["slowdown"] == 2
+        config = fastload.S3Config()
+        size = (www / "ds" / "index.json").stat().st_size
+        assert azwrite.blob_size(container, "w/index.json", config) == size
+        assert azwrite.blob_size(container, "w/nope", config) is None
+        azwrite.delete(container, "w/index.json", config)
+        azwrite.delete(container, "w/index.json", config)  # (gone already: nothing happens)
+        assert azwrite.blob_size(container, "w/index.json", config) is None
+        requests = len(proxy.requests())
+        wrong_key = conn.replace("AccountKey=Eby8", "AccountKey=Xby8")
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", wrong_key)
+        with pytest.raises(AccessDeniedError, match=f"az://{container}/w/x.bin"):
+            azwrite.upload(b"x", container, "w/x.bin", config)
+        assert len(proxy.requests()) == requests + 1
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    for name in os.listdir(www / "ds"):
+        if name != "index.json":
+            with fastload.open(f"az://{container}/w/{name}") as f:
+                assert f.read() == (www / "ds" / name).read_bytes(), name
