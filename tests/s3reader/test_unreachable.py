@@ -126,7 +126,17 @@ def test_an_endpoint_that_answered_before_is_retried_through_a_restart(
     with fastload.open(url("small"), config=config) as f:
         assert sha(f.read()) == sha(objects["small"])  # the endpoint has answered
     relay.down()
-    back = threading.Timer(4.5, relay.up)  # down for longer than a never-answered endpoint is given
+
+    def up_after_a_refusal() -> None:
+        """Down for longer than a never-answered endpoint is given (4.5 s), and until the reader has met
+        the refusal at least once (a loaded machine may start its first attempt late)."""
+        went_down = time.monotonic()
+        while fastload.s3_stats()["retries"].get("unreachable", 0) < 1 and time.monotonic() - went_down < 30:
+            time.sleep(0.05)
+        time.sleep(max(0.0, 4.5 - (time.monotonic() - went_down)))
+        relay.up()
+
+    back = threading.Thread(target=up_after_a_refusal)
     back.start()
     try:
         began = time.monotonic()
