@@ -19,7 +19,7 @@ from fastload.testing.faultproxy import Fault, FaultProxy, Rule
 from fastload.testing.httpserve import WebServer
 
 from .helpers import PART, sha, timed
-from .test_faults import CASES
+from .test_faults import CASES, timeout_for
 from .test_fork import in_child
 
 KEY = "obj-2m"
@@ -63,7 +63,8 @@ def test_fault_is_retried_and_bytes_are_correct_over_http(web: WebServer, folder
     fault, schedule, causes = CASES[name]
     with FaultProxy(web.endpoint_url, io_timeout_s=10.0) as proxy:
         proxy.add(Rule(fault, method="GET", key=KEY, has_range=True, **schedule))
-        got, _ = timed(lambda: read_all(f"{proxy.endpoint_url}/{KEY}", web_config()))
+        config = web_config(read_timeout_s=timeout_for(fault))
+        got, _ = timed(lambda: read_all(f"{proxy.endpoint_url}/{KEY}", config))
         assert sha(got) == sha((folder / KEY).read_bytes())
         assert proxy.stats().injected.get(fault.kind, 0) >= 1
     stats = fastload.s3_stats()
