@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -150,6 +150,43 @@ class Feeder:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def check_source(source: Any) -> None:
+    """Refuse a ``source`` a feeder cannot open itself (a dataset object, a Mix, PackedSequences), saying
+    what to pass."""
+    if isinstance(source, (str, os.PathLike)) or (
+        isinstance(source, Sequence) and all(isinstance(s, (str, os.PathLike)) for s in source)
+    ):
+        return
+    kind = type(source).__name__
+    if kind in ("Mix", "PackedSequences"):
+        raise ConfigError(
+            f"fastload.serve does not serve a fastload.{kind} yet (docs/serve.md, Limits): read it with "
+            "fastload.DataLoader, or serve each of its sources"
+        )
+    raise ConfigError(
+        f"fastload.serve takes a dataset's location (a path, URL or list of them) and ShardDataset's "
+        f"keywords, not a {kind}: each feeder opens the dataset itself (pass the location and keywords "
+        "you would give fastload.ShardDataset)"
+    )
+
+
+def actor_options(ray: Any, cpus: float, resources: dict[str, float]) -> dict[str, Any]:
+    """``ray.remote`` options of a feeder: ``cpus`` CPUs and the custom ``resources`` that place it (near
+    the data: nodes started with ``--resources '{"data_eu": 8}'``); a resource the cluster has nowhere is
+    refused, naming it (Ray would wait for it for ever)."""
+    have = ray.cluster_resources()
+    missing = sorted(k for k in resources if k not in have)
+    if missing:
+        known = sorted(k for k in have if k not in ("CPU", "GPU", "memory", "object_store_memory"))
+        known = [k for k in known if not k.startswith("node:")]
+        raise ConfigError(
+            f"feeder_resources names {missing}, which no node of this Ray cluster has (custom resources "
+            f"here: {known or 'none'}); start the nodes near the data with ray start --resources "
+            f"'{{\"{missing[0]}\": N}}', or drop it"
+        )
+    return {"num_cpus": cpus, **({"resources": dict(resources)} if resources else {})}
 
 
 __all__ = ["Feeder", "Job", "Made", "WireTensor", "from_wire", "make_batch", "to_wire"]

@@ -1,22 +1,21 @@
 """``fastload.serve``: a rank's batches made by feeders in other processes or machines (Ray actors), still
 exactly once, in ``fastload.DataLoader``'s order, resumable.
 
-Batch ``i`` of a rank's epoch is a pure function of the dataset, its settings and ``(epoch, rank, world,
-i)``: a feeder opens the dataset itself and makes the batch with fastload's own read, check, decode,
-``map=`` and collate (:mod:`fastload.train.feeder`), so any feeder makes the same one. The training
-process keeps a :class:`~fastload.core.serveplan.ServeLedger` (what each feeder owes, back-pressure,
-order); a feeder that dies has its batches made again by a new one; its position (batches delivered) is
-saved and restored with the dataset's own ``state_dict()``. Ray is imported when a :class:`Served` starts
-its first epoch; one that started Ray shuts it down when closed or collected (:func:`_release`).
+Batch ``i`` of a rank's epoch is a pure function of the dataset, its settings and ``(epoch, rank, world, i)``:
+a feeder opens the dataset itself and makes the batch with fastload's own read, check, decode, ``map=`` and
+collate (:mod:`fastload.train.feeder`), so any feeder makes the same one. The training process keeps a
+:class:`~fastload.core.serveplan.ServeLedger` (what each feeder owes, back-pressure, order); a feeder that
+dies has its batches made again by a new one; its position (batches delivered) is saved and restored with the
+dataset's own ``state_dict()``. Ray is imported when a :class:`Served` starts its first epoch; one that
+started Ray shuts it down when closed or collected (:func:`_release`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch.utils.data
@@ -25,7 +24,7 @@ from fastload.core.serveplan import ServeLedger
 from fastload.core.telemetry import merge, zeros
 from fastload.errors import ConfigError, WorkerDiedError
 from fastload.train.dataset import ShardDataset
-from fastload.train.feeder import Feeder, Job, from_wire
+from fastload.train.feeder import Feeder, Job, actor_options, check_source, from_wire
 from fastload.train.telemetry import Tally, clock_ns
 from fastload.train.telemetry import report as telemetry_report
 
@@ -73,24 +72,6 @@ def _release(actors: dict[int, Any], lease: list[bool]) -> None:
             _Ray.started = False
 
 
-def _check_source(source: Any) -> None:
-    if isinstance(source, (str, os.PathLike)) or (
-        isinstance(source, Sequence) and all(isinstance(s, (str, os.PathLike)) for s in source)
-    ):
-        return
-    kind = type(source).__name__
-    if kind in ("Mix", "PackedSequences"):
-        raise ConfigError(
-            f"fastload.serve does not serve a fastload.{kind} yet (docs/serve.md, Limits): read it with "
-            "fastload.DataLoader, or serve each of its sources"
-        )
-    raise ConfigError(
-        f"fastload.serve takes a dataset's location (a path, URL or list of them) and ShardDataset's "
-        f"keywords, not a {kind}: each feeder opens the dataset itself (pass the location and keywords "
-        "you would give fastload.ShardDataset)"
-    )
-
-
 class Served:
     """A rank's batches from remote feeders; iterate it as a ``fastload.DataLoader`` (made by
     :func:`serve`). ``actors``: the feeders' Ray actor handles now (one is replaced when it dies);
@@ -111,6 +92,7 @@ class Served:
         max_feeder_deaths: int,
         feeder_timeout_s: float,
         ray_address: str | None,
+        feeder_resources: Mapping[str, float] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size={batch_size} must be >= 1")
@@ -118,7 +100,7 @@ class Served:
             raise ConfigError(f"feeders={feeders} must be >= 1")
         if not feeder_timeout_s > 0:
             raise ConfigError(f"feeder_timeout_s={feeder_timeout_s} must be > 0")
-        _check_source(source)
+        check_source(source)
         self.dataset = ShardDataset(source, **options)
         self.batch_size, self.drop_last = batch_size, drop_last
         rank, world = self.dataset.rank_world()  # this process's (torch.distributed's): feeders have none
@@ -128,7 +110,7 @@ class Served:
         self._order = self.dataset.order_fingerprint()  # what every feeder must see
         self._feeders, self._cpus, self._address = feeders, feeder_cpus, ray_address
         self._max_in_flight, self._window, self._max_deaths = max_in_flight, window, max_feeder_deaths
-        self._timeout_s = feeder_timeout_s
+        self._timeout_s, self._resources = feeder_timeout_s, dict(feeder_resources or {})
         self.actors: dict[int, Any] = {}
         self._starting: dict[Any, int] = {}  # a started feeder's "ready" object ref -> its name
         self._ready: set[int] = set()  # feeders that finished starting: the ledger's
@@ -157,7 +139,7 @@ class Served:
     def _start(self, ray: Any) -> None:
         """A new feeder; it joins the ledger once it has started (opened the dataset), so that its start
         (a process, imports, the index) is not taken for a stuck feeder."""
-        actor_class = ray.remote(num_cpus=self._cpus)(Feeder)
+        actor_class = ray.remote(**actor_options(ray, self._cpus, self._resources))(Feeder)
         name = next(self._names)
         actor = actor_class.remote(self._source, self._options, self._collate, self._order)
         self.actors[name] = actor
@@ -369,16 +351,18 @@ def serve(
     max_feeder_deaths: int = 8,
     feeder_timeout_s: float = 600.0,
     ray_address: str | None = None,
+    feeder_resources: Mapping[str, float] | None = None,
     **options: Any,
 ) -> Served:
-    """Batches of ``source`` (what :class:`~fastload.ShardDataset` takes, with its keywords in
-    ``options``: ``map=``, ``seed=``, ``rank=``, ...) made by ``feeders`` Ray actors of ``feeder_cpus``
-    CPUs each, delivered in ``fastload.DataLoader``'s order with its ``state_dict``/``load_state_dict``/
-    ``set_epoch``. ``max_in_flight`` batches per feeder, at most ``window`` batches held by this process
-    (arrived or in flight). A feeder that makes nothing for ``feeder_timeout_s`` while the next batch is
-    its own is stopped and replaced, as a dead one (``max_feeder_deaths`` in all, then an error). Ray:
-    the cluster at ``ray_address`` (None: the one this process is connected to, else ``RAY_ADDRESS``, else
-    a new local one). ``map=`` and ``collate_fn`` must pickle (cloudpickle)."""
+    """Batches of ``source`` (what :class:`~fastload.ShardDataset` takes, with its keywords in ``options``:
+    ``map=``, ``seed=``, ``rank=``, ...) made by ``feeders`` Ray actors of ``feeder_cpus`` CPUs each,
+    delivered in ``fastload.DataLoader``'s order with its ``state_dict``/``load_state_dict``/ ``set_epoch``.
+    ``max_in_flight`` batches per feeder, at most ``window`` batches held by this process (arrived or in
+    flight). A feeder that makes nothing for ``feeder_timeout_s`` while the next batch is its own is stopped
+    and replaced, as a dead one (``max_feeder_deaths`` in all, then an error). Ray: the cluster at
+    ``ray_address`` (None: the one this process is connected to, else ``RAY_ADDRESS``, else a new local one);
+    ``feeder_resources``: Ray custom resources each feeder asks for (placing it on the nodes near the data).
+    ``map=`` and ``collate_fn`` must pickle (cloudpickle)."""
     return Served(
         source,
         batch_size,
@@ -392,6 +376,7 @@ def serve(
         max_feeder_deaths=max_feeder_deaths,
         feeder_timeout_s=feeder_timeout_s,
         ray_address=ray_address,
+        feeder_resources=feeder_resources,
     )
 
 

@@ -31,7 +31,10 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             env.delenv(name, raising=False)
         for name, value in worker_env(tmp_path_factory.mktemp("ray-env")).items():
             env.setenv(name, value)
-        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+        # "near_data": a custom resource, as nodes near the data would be started with (serve places feeders)
+        ray.init(
+            num_cpus=2, resources={"near_data": 4}, include_dashboard=False, logging_level=logging.WARNING
+        )
     try:
         yield ray
     finally:

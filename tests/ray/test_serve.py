@@ -25,6 +25,7 @@ import torch
 from ray_helpers import worker_env, write_files
 
 import fastload
+from fastload.errors import ConfigError
 from fastload.train.feeder import WireTensor, from_wire, to_wire
 from fastload.train.serve import Served
 
@@ -115,6 +116,21 @@ def test_the_stream_equals_the_local_loaders(dataset: Path) -> None:
         assert len(s) == len(local(dataset))
     finally:
         s.close()
+
+
+def test_feeders_ask_for_the_resources_that_place_them_near_the_data(ray_cluster: Any, dataset: Path) -> None:
+    """``feeder_resources``: each feeder holds the custom resource (on a cluster, only nodes started with
+    it run feeders); one that no node has is refused up front, naming it, not waited for."""
+    s = served(dataset, feeder_resources={"near_data": 1})
+    try:
+        stream = iter(s)
+        first = next(stream)
+        assert ray_cluster.available_resources().get("near_data", 0) == 4 - len(s.actors) == 2
+        same([first, *stream], local(dataset))
+    finally:
+        s.close()
+    with pytest.raises(ConfigError, match=r"feeder_resources names \['far_away'\].*near_data"):
+        list(served(dataset, feeder_resources={"far_away": 1}))
 
 
 def test_a_feeder_killed_mid_epoch_loses_and_repeats_nothing(ray_cluster: Any, dataset: Path) -> None:
