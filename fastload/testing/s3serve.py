@@ -231,14 +231,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _refuse_write(self) -> None:
         self.close_connection = True  # the request body (if any) is not read
         self.server.count(self.command)
-        self._error(_S3Error(501, "NotImplemented", "this endpoint is read-only"), head_only=False)
+        try:
+            self._error(_S3Error(501, "NotImplemented", "this endpoint is read-only"), head_only=False)
+        finally:
+            self.server.done()
 
     do_PUT = do_POST = do_DELETE = do_PATCH = _refuse_write
 
     # -- routing -------------------------------------------------------------------------------------------
 
     def _dispatch(self, *, head_only: bool) -> None:
-        self.server.count(self.command)
+        self.server.count(self.command)  # (and one more request in flight until its bytes are counted)
+        try:
+            self._route(head_only=head_only)
+        finally:
+            self.server.done()
+
+    def _route(self, *, head_only: bool) -> None:
         try:
             split = urlsplit(self.path)
             path = unquote(split.path)
@@ -497,11 +506,18 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
         self._bytes = 0
+        self._in_flight = 0  # requests counted whose answers' bytes are not yet (stats() waits for them)
         self._next_id = 0
 
     def count(self, what: str) -> None:
         with self._lock:
             self._counts[what] = self._counts.get(what, 0) + 1
+            self._in_flight += what != "connections"
+
+    def done(self) -> None:
+        """A request counted by :meth:`count` has sent (and counted) its answer."""
+        with self._lock:
+            self._in_flight -= 1
 
     def add_bytes(self, n: int) -> None:
         with self._lock:
@@ -513,6 +529,9 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
             return f"{self._next_id:016X}"
 
     def stats(self) -> ServeStats:
+        deadline = time.monotonic() + 2.0  # a client may have every byte before the server counts them
+        while self._in_flight > 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
         with self._lock:
             counts = dict(self._counts)
             connections = counts.pop("connections", 0)
