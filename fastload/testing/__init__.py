@@ -2,5 +2,5 @@
 ``faultplan``, ``proxyconn``, ``httpwire``, ``sigv4``) and an embedded read-only S3 endpoint over a folder
 (``s3serve``, which ``fastload bench`` runs; it answers GCS's and Azure's read APIs too: ``storedialects``),
 and a web server over a folder with Range and the Hub's routes
-(``httpserve``). Imports nothing else of fastload but ``errors``.
+(``httpserve``), both served on a thread (``serving``). Imports nothing else of fastload but ``errors``.
 """

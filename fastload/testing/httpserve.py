@@ -33,12 +33,12 @@ import threading
 import time
 from collections.abc import Mapping
 from email.utils import formatdate, parsedate_to_datetime
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from fastload.errors import ConfigError
 from fastload.testing.s3serve import PIECE_BYTES, parse_range
+from fastload.testing.serving import ServedOnAThread
 
 ETAG_MODES = ("strong", "weak", "none", "bare")
 
@@ -229,7 +229,7 @@ class _Server(http.server.ThreadingHTTPServer):
         pass  # a client that went away (the tests cut connections on purpose)
 
 
-class WebServer:
+class WebServer(ServedOnAThread):
     """Serve ``root`` on ``http://127.0.0.1:PORT`` (see the module docstring); a context manager."""
 
     def __init__(
@@ -270,26 +270,7 @@ class WebServer:
         return f"{self.endpoint_url}/{path.lstrip('/')}"
 
     def start(self) -> WebServer:
-        self._server = _Server(("127.0.0.1", self.port), _Handler)
-        self._server.web = self
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="httpserve", daemon=True
-        )
-        self._thread.start()
+        server = _Server(("127.0.0.1", self.port), _Handler)
+        server.web = self
+        self._serve(server, "httpserve")
         return self
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._server = self._thread = None
-
-    def __enter__(self) -> WebServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

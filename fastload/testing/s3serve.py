@@ -51,13 +51,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import formatdate
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
 from fastload.errors import ConfigError
 from fastload.testing import storedialects
+from fastload.testing.serving import ServedOnAThread
 
 PIECE_BYTES = 64 << 10
 """Bytes per paced ``sendfile`` call: each piece leaves when its first byte is due (1.3 ms at 50 MB/s)."""
@@ -544,7 +545,7 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
         self.errors.append(exc)
 
 
-class S3Server:
+class S3Server(ServedOnAThread):
     """Serve ``root`` as bucket ``bucket`` on ``http://127.0.0.1:PORT`` (see the module docstring).
 
     ``latency_s`` is slept before every response's status line; ``conn_bytes_per_s`` (None = no cap) paces
@@ -595,17 +596,14 @@ class S3Server:
         return f"s3://{self.bucket}/{key}"
 
     def start(self) -> S3Server:
-        self._server = _HTTPServer(
+        server = _HTTPServer(
             (self.host, self.port),
             root=self.root,
             bucket=self.bucket,
             latency_s=self.latency_s,
             conn_bytes_per_s=self.conn_bytes_per_s,
         )
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="s3serve", daemon=True
-        )
-        self._thread.start()
+        self._serve(server, "s3serve")
         return self
 
     def stats(self) -> ServeStats:
@@ -616,22 +614,6 @@ class S3Server:
     @property
     def errors(self) -> list[BaseException]:
         return [] if self._server is None else list(self._server.errors)
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._server = self._thread = None
-
-    def __enter__(self) -> S3Server:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 @contextlib.contextmanager
