@@ -5,40 +5,18 @@ appenders that publish at the same time both landing (the loser reads again and 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from s3util import FOREIGN_AWS_VARIABLES, s3_env
 
 import fastload
 from fastload.errors import AppendConflictError, PreconditionFailedError
-from fastload.s3 import runtime
 from fastload.s3.conditional import get_with_etag, put_if
 
 
-@pytest.fixture(params=["rgw", "moto"])
-def store(
-    request: pytest.FixtureRequest, bucket: Callable[..., str], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[str, Any]]:
-    """A fresh bucket on RGW or moto, with fastload's environment pointing at it: ``(bucket, client)``."""
-    server = request.getfixturevalue("rgw" if request.param == "rgw" else "moto_s3")
-    for name in FOREIGN_AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3_env(server).items():
-        monkeypatch.setenv(name, value)
-    runtime.reset()
-    client = server.client()
-    try:
-        yield bucket(server), client
-    finally:
-        client.close()
-        runtime.reset()
-
-
-def test_conditional_put_is_honoured(store: tuple[str, Any]) -> None:
-    name, _ = store
+def test_conditional_put_is_honoured(bucket_store: tuple[str, Any]) -> None:
+    name, _ = bucket_store
     config = fastload.S3Config.from_env()
     assert get_with_etag(name, "k.json", config=config) is None
     first = put_if(name, "k.json", b"one", etag=None, config=config)
@@ -64,9 +42,9 @@ def keys(url: str) -> list[str]:
 
 
 def test_append_to_s3_and_a_racing_appender_both_land(
-    store: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bucket_store: tuple[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    name, client = store
+    name, client = bucket_store
     url = f"s3://{name}/ds"
     a, b, c = tree(tmp_path / "a", 0, 4), tree(tmp_path / "b", 4, 3), tree(tmp_path / "c", 7, 5)
     fastload.pack(a, url, max_samples=2, append=True, progress=False)  # creates it: If-None-Match: *

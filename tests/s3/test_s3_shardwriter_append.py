@@ -6,7 +6,7 @@ so both land; the same publish path as ``fastload pack --append`` (``packing.app
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,25 +14,6 @@ from s3util import FOREIGN_AWS_VARIABLES, s3_env
 
 import fastload
 from fastload.s3 import runtime
-
-
-@pytest.fixture(params=["rgw", "moto"])
-def store(
-    request: pytest.FixtureRequest, bucket: Callable[..., str], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[str, Any]]:
-    """A fresh bucket on RGW or moto, with fastload's environment pointing at it: ``(bucket, client)``."""
-    server = request.getfixturevalue("rgw" if request.param == "rgw" else "moto_s3")
-    for name in FOREIGN_AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3_env(server).items():
-        monkeypatch.setenv(name, value)
-    runtime.reset()
-    client = server.client()
-    try:
-        yield bucket(server), client
-    finally:
-        client.close()
-        runtime.reset()
 
 
 def write(url: str, numbers: range, *, mode: str = "create") -> fastload.WriteReport:
@@ -52,9 +33,9 @@ def objects(client: Any, name: str, prefix: str) -> dict[str, str]:
 
 
 def test_append_from_python_and_a_racing_appender_both_land(
-    store: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
+    bucket_store: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    name, client = store
+    name, client = bucket_store
     url = f"s3://{name}/ds"
     write(url, range(4))
     before = objects(client, name, "ds/")
