@@ -20,6 +20,22 @@ from fastload import formats
 CLI_TIMEOUT_S = 120
 
 
+def proxied_config(proxy: Any) -> Any:
+    """An ``S3Config`` for the moto server behind ``proxy`` (a FaultProxy): path addressing, two attempts
+    with short backoffs, 20 s deadline."""
+    from fastload.config import S3Config
+
+    return S3Config(
+        endpoint_url=proxy.endpoint_url,
+        region="us-east-1",
+        addressing_style="path",
+        max_attempts=2,
+        base_backoff_s=0.01,
+        max_backoff_s=0.05,
+        deadline_s=20.0,
+    )
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONWARNINGS", "COVERAGE"))}
     env.update({"PYTHONIOENCODING": "utf-8", "LC_ALL": "C.UTF-8"})

@@ -12,14 +12,13 @@ import boto3
 import pytest
 
 import fastload
-from fastload.config import S3Config
 from fastload.copy import copy
 from fastload.errors import FastloadError, NotFoundError
 from fastload.s3 import runtime
 from fastload.testing.faultplan import Fault, Rule
 from fastload.testing.faultproxy import FaultProxy
 
-from .helpers import read_manifest
+from .helpers import proxied_config, read_manifest
 
 BUCKET = "cp-order"
 
@@ -37,18 +36,6 @@ def proxy(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy
     runtime.reset()
 
 
-def _config(proxy: FaultProxy) -> S3Config:
-    return S3Config(
-        endpoint_url=proxy.endpoint_url,
-        region="us-east-1",
-        addressing_style="path",
-        max_attempts=2,
-        base_backoff_s=0.01,
-        max_backoff_s=0.05,
-        deadline_s=20.0,
-    )
-
-
 def _keys(moto_url: str, prefix: str) -> list[str]:
     s3 = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
     found = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
@@ -64,7 +51,7 @@ def dataset(many_tree, tmp_path) -> Path:
 
 
 def test_upload_puts_index_json_last_and_not_at_all_when_a_shard_fails(dataset, proxy, moto_url):
-    config = _config(proxy)
+    config = proxied_config(proxy)
     copy(str(dataset), f"s3://{BUCKET}/ok/", recursive=True, config=config, progress=False)
     puts = [r.target for r in proxy.requests() if r.method == "PUT" and "/ok/" in r.target]
     assert puts[-1].endswith("/ok/index.json") and sum("index.json" in t for t in puts) == 1
@@ -79,7 +66,7 @@ def test_upload_puts_index_json_last_and_not_at_all_when_a_shard_fails(dataset, 
 
 
 def test_download_writes_index_json_last_and_not_at_all_when_a_shard_fails(dataset, proxy, tmp_path):
-    config = _config(proxy)
+    config = proxied_config(proxy)
     copy(str(dataset), f"s3://{BUCKET}/src/", recursive=True, config=config, progress=False)
     shard = read_manifest(dataset)["shards"][5]["name"]
     good = tmp_path / "good"

@@ -15,12 +15,11 @@ import boto3
 import pytest
 
 import fastload
-from fastload.config import S3Config
 from fastload.copy import copy
 from fastload.s3 import runtime
 from fastload.testing.faultproxy import FaultProxy
 
-from .helpers import read_manifest
+from .helpers import proxied_config, read_manifest
 
 BUCKET = "cp-sync"
 MIB = 1 << 20
@@ -47,18 +46,6 @@ def s3(moto_url: str) -> Iterator[object]:
     client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
     yield client
     client.close()
-
-
-def _config(proxy: FaultProxy) -> S3Config:
-    return S3Config(
-        endpoint_url=proxy.endpoint_url,
-        region="us-east-1",
-        addressing_style="path",
-        max_attempts=2,
-        base_backoff_s=0.01,
-        max_backoff_s=0.05,
-        deadline_s=20.0,
-    )
 
 
 @pytest.fixture
@@ -103,7 +90,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def test_a_second_copy_of_an_unchanged_dataset_sends_no_data_in_any_direction(dataset, proxy, tmp_path):
-    config = _config(proxy)
+    config = proxied_config(proxy)
     names = set(_tree(dataset))
     up = copy(str(dataset), f"s3://{BUCKET}/a/", recursive=True, config=config, progress=False)
     assert up.files == len(names) and not up.same
@@ -159,7 +146,7 @@ def _append(dataset: Path, tmp_path: Path) -> list[str]:
 
 
 def test_after_an_append_only_the_new_shard_its_table_and_index_json_move(dataset, proxy, tmp_path):
-    config = _config(proxy)
+    config = proxied_config(proxy)
     down = tmp_path / "down"
     copy(str(dataset), f"s3://{BUCKET}/a/", recursive=True, config=config, progress=False)
     copy(f"s3://{BUCKET}/a/", str(down), recursive=True, config=config, progress=False)
@@ -197,7 +184,7 @@ def _flip(path: Path, at: int = 100) -> None:
 
 
 def test_same_name_and_size_with_other_bytes_is_copied(dataset, proxy, tmp_path, s3):
-    config = _config(proxy)
+    config = proxied_config(proxy)
     shard = read_manifest(dataset)["shards"][2]
     table = shard["table"]["name"]
     down = tmp_path / "down"
@@ -235,7 +222,7 @@ def test_same_name_and_size_with_other_bytes_is_copied(dataset, proxy, tmp_path,
 def test_dry_run_lists_what_would_move_and_moves_nothing(dataset, proxy, tmp_path, capsys):
     from fastload.cli import main
 
-    config = _config(proxy)
+    config = proxied_config(proxy)
     copy(str(dataset), f"s3://{BUCKET}/a/", recursive=True, config=config, progress=False)
     new = _append(dataset, tmp_path)
     mark = Requests(proxy)
@@ -259,7 +246,7 @@ def test_a_parquet_dataset_s_shards_and_tables_are_checked_by_its_index_in_fastl
 ):
     """A Parquet dataset keeps index.json and the tables in _fastload/; its shards' names are relative to
     the folder above: the CRC32C checks find them there."""
-    config = _config(proxy)
+    config = proxied_config(proxy)
     ds = tmp_path / "pq"
     fastload.pack(
         str(sparse_tree.root), ds, shard_format="parquet", shard_size_bytes=16 << 10, progress=False
@@ -282,7 +269,7 @@ def test_credentials_that_may_write_but_not_list_copy_everything_as_before(
     import fastload.s3.listing as listing
     from fastload.errors import AccessDeniedError
 
-    config = _config(proxy)
+    config = proxied_config(proxy)
     copy(str(dataset), f"s3://{BUCKET}/a/", recursive=True, config=config, progress=False)
     real = listing.list_objects
 
@@ -323,7 +310,7 @@ def test_the_journal_of_an_append_killed_at_the_source_is_left_out(dataset, prox
     journal = sorted(p.relative_to(dataset).as_posix() for p in (dataset / ".fastload-pack").rglob("*"))
     assert [p for p in journal if (dataset / p).is_file()], journal  # the run left its journal
 
-    config = _config(proxy)
+    config = proxied_config(proxy)
     up = copy(str(dataset), f"s3://{BUCKET}/j/", recursive=True, config=config, progress=False)
     assert up.journal and all("/.fastload-pack/" in p for p in up.journal), up.journal
     assert "pack journal (.fastload-pack/)" in up.summary()
