@@ -4,18 +4,11 @@ local folder, a listable web store's (the Hub's) files, or the shards a brace pa
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from fastload.config import S3Config
 from fastload.core.weburls import expand_braces, has_braces, is_web
 from fastload.storage import access as storage
-
-
-def _in_turn(fn: Callable[[str], int], names: list[str], threads: int = 16) -> list[int]:
-    """``fn`` of each name, ``threads`` at a time, in order."""
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
-        return list(pool.map(fn, names))
 
 
 def listing(url: str, *, recursive: bool = False, config: S3Config | None = None) -> list[str]:
@@ -31,7 +24,8 @@ def listing(url: str, *, recursive: bool = False, config: S3Config | None = None
     if is_web(url) and has_braces(url):  # the shards a pattern names, each HEADed for its size
         config = config or S3Config.from_env()
         root, names = storage.split_root(expand_braces(url))
-        sizes = _in_turn(lambda name: storage.size_of(f"{root}/{name}", config=config), names)
+        with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+            sizes = list(pool.map(lambda name: storage.size_of(f"{root}/{name}", config=config), names))
         return [f"{size:>12}  {name}" for name, size in zip(names, sizes, strict=True)]
     if is_web(url):  # the Hub lists (recursively); a web server cannot (list_files says so)
         root = url.rstrip("/")
