@@ -94,3 +94,24 @@ def same_blocks(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> boo
 def lognormal_lengths(n: int, *, seed: int = 0, median: int = 150, cap: int = 2000) -> list[int]:
     rng = np.random.default_rng(seed)
     return np.clip(np.rint(rng.lognormal(np.log(median), 0.9, n)), 1, cap).astype(int).tolist()
+
+
+def moto_bucket(monkeypatch: Any, tmp_path: Any, moto_url: str, bucket: str) -> None:
+    """Credentials for the moto server in this process's environment (nothing of the user's AWS set-up
+    read), and an empty ``bucket`` there."""
+    import boto3
+
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "AKIDTOKENS",
+        "AWS_SECRET_ACCESS_KEY": "tokens-secret",
+        "AWS_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    client.close()

@@ -20,7 +20,7 @@ from fastload.cli import main
 from fastload.errors import ConfigError, PackError, SkippedInputError
 
 from .conftest import TokenDataset, write_jsonl
-from .helpers import documents, lognormal_lengths
+from .helpers import documents, lognormal_lengths, moto_bucket
 
 
 def read_back(root: Path | str, **kw: Any) -> dict[str, np.ndarray]:
@@ -202,24 +202,10 @@ BUCKET = "fastload-token-tests"
 
 def test_s3_destination_and_read_back(tmp_path: Path, moto_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """pack-tokens into s3:// (moto), then ShardDataset -> PackedSequences from S3: every token once."""
-    import boto3
 
     from fastload.s3 import runtime
 
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "AKIDTOKENS",
-        "AWS_SECRET_ACCESS_KEY": "tokens-secret",
-        "AWS_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": str(tmp_path / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():
-        monkeypatch.setenv(name, value)
-    client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
-    client.close()
+    moto_bucket(monkeypatch, tmp_path, moto_url, BUCKET)
     try:
         docs = documents(lognormal_lengths(40, seed=9, median=30, cap=200))
         write_jsonl(tmp_path / "src.jsonl", docs)

@@ -18,7 +18,7 @@ from fastload.errors import AppendConflictError, ConfigError, PackError
 from fastload.packing import append as append_module
 
 from .conftest import write_jsonl
-from .helpers import documents, lognormal_lengths
+from .helpers import documents, lognormal_lengths, moto_bucket
 
 OPTIONS: dict[str, Any] = {"shard_size_bytes": 4096, "workers": 1, "progress": False}
 
@@ -129,24 +129,10 @@ def test_an_interrupted_append_finishes_with_resume(
 
 
 def test_append_to_s3(tmp_path: Path, sources: Any, moto_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import boto3
 
     from fastload.s3 import runtime
 
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "AKIDTOKENS",
-        "AWS_SECRET_ACCESS_KEY": "tokens-secret",
-        "AWS_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": str(tmp_path / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():
-        monkeypatch.setenv(name, value)
-    client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
-    client.create_bucket(Bucket="fastload-token-append")
-    client.close()
+    moto_bucket(monkeypatch, tmp_path, moto_url, "fastload-token-append")
     a_src, b_src, a, b = sources
     try:
         config = fastload.S3Config(endpoint_url=moto_url, addressing_style="path")
