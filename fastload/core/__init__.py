@@ -17,5 +17,6 @@ out (``pathrules``), SigV4 headers (``sigv4``), GPU utilisation readings (``gpuu
 to the Hub's routes), a growing dataset's versions and appended shard names (``versions``), stable
 digests of functions and input values (``fingerprint``, for ``optimize``'s resume check), loader
 telemetry: counters, latency sketches and straggler causes (``telemetry``), the rules of a loader that
-tunes itself, shared with the bench advice (``autotune``), and the ledger of
+tunes itself, shared with the bench advice (``autotune``), its first search from above (``autoleap``:
+a leap to the limits, trimmed back), and the ledger of
 ``fastload.serve``'s remote feeders (``serveplan``)."""

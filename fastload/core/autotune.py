@@ -211,11 +211,15 @@ class Change:
 
 @dataclass(frozen=True)
 class Trial:
-    """A raise being tried: the settings before it and the samples/s they delivered."""
+    """A raise being tried: the settings before it and the samples/s they delivered. ``kind``: a
+    doubling ``"raise"``, or :mod:`fastload.core.autoleap`'s ``"leap"``, ``"hold"`` or ``"trim"`` (whose
+    ``rate`` is the best since the leap and ``floor`` the settings leapt from)."""
 
     before: Settings
     rate: float
     strikes: int = 0  # windows that measured a loss so far (one more is asked for before undoing it)
+    kind: str = "raise"
+    floor: Settings | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +244,14 @@ def cpu_share(window: Window, workers: int) -> float:
     if window.wall_s <= 0:
         return 0.0
     return window.busy_s / (window.wall_s * max(1, workers))
+
+
+def latency_bound(window: Window) -> bool:
+    """Whether a fetch's first byte is at least ``LATENCY_BOUND_SHARE`` of its time (each request mostly
+    waits: bigger reads amortise that)."""
+    fetch_s = window.fetch_s / window.fetches if window.fetches else 0.0
+    first = window.first_byte_s
+    return first is not None and fetch_s > 0 and first >= LATENCY_BOUND_SHARE * fetch_s
 
 
 def _memory_room(settings: Settings, limits: Limits) -> int:
@@ -298,12 +310,7 @@ def decide(
             )
             now = replace(now, concurrency=new)
     fetch_s = window.fetch_s / window.fetches if window.fetches else 0.0
-    if (
-        window.first_byte_s is not None
-        and fetch_s > 0
-        and window.first_byte_s >= LATENCY_BOUND_SHARE * fetch_s
-        and now.task_bytes < limits.max_task_bytes
-    ):
+    if latency_bound(window) and now.task_bytes < limits.max_task_bytes:
         new = min(limits.max_task_bytes, step * now.task_bytes)
         ahead = max(now.prefetch_bytes, now.concurrency * new)  # what prefetch will hold, at least
         if ahead + new <= limits.memory_bytes // max(1, now.workers):
@@ -382,6 +389,7 @@ __all__ = [
     "default_task_bytes",
     "demand",
     "dominant_stage",
+    "latency_bound",
     "loader_bound",
     "serial_wait_share",
 ]

@@ -1,7 +1,8 @@
 """``fastload.DataLoader(autotune=True)``: the loop's side of a loader that tunes itself.
 
 Every ``interval_s`` the :class:`Tuner` measures one window (the loop's wait and step, timed here; the
-workers' stage counters, from the telemetry block) and applies :func:`fastload.core.autotune.decide`: the
+workers' stage counters, from the telemetry block) and applies :func:`fastload.core.autoleap.decide` (its
+first raise a leap to the limits, trimmed back; then :func:`fastload.core.autotune.decide`'s rules): the
 new prefetch depth, fetches at once and read task size go into the dataset's shared-memory block
 (:attr:`~fastload.train.telemetry.SharedCounters.tuned`), which every worker reads before each read task.
 At the end of each epoch :func:`~fastload.core.autotune.decide_workers` may ask for more workers, which the
@@ -20,6 +21,7 @@ from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fastload.core import autoleap
 from fastload.core import autotune as rules
 from fastload.errors import ConfigError
 from fastload.train.options import PrefetchConfig
@@ -136,6 +138,7 @@ class Tuner:
         self._trial: rules.Trial | None = None  # the last raise, judged by the next window
         self._settled: int | None = None  # windows since a raise gained nothing
         self._settle_until: float | None = None  # after a change: the next window starts then
+        self._leap = True  # no raise made yet: the first may leap (fastload.core.autoleap)
         self.write()
 
     def _mark(self) -> tuple[float, list[int], float, float, int]:
@@ -164,6 +167,7 @@ class Tuner:
             task_bytes=task,
             workers=workers,
         )
+        self._leap = False  # (the checkpoint's settings were tuned already)
         self.write()
 
     def begin(self) -> None:
@@ -207,7 +211,11 @@ class Tuner:
         settled = self._settled
         explore = settled is None or settled >= rules.REPROBE_WINDOWS
         window = self._window_since(self._window, now)
-        decision = rules.decide(window, self.settings, self.limits, trial=self._trial, explore=explore)
+        decision = autoleap.decide(
+            window, self.settings, self.limits, trial=self._trial, explore=explore, leap=self._leap
+        )
+        if decision.changes:
+            self._leap = False  # (the first raise only: a leap, or the doubling rule where none fits)
         if decision.settle:
             self._settled = 0
         elif self._trial is not None and window.samples:  # the raise paid: explore on
