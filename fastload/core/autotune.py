@@ -309,14 +309,15 @@ def decide(
                 Change("concurrency", settings.concurrency, new, f"{waiting}: more fetches at once")
             )
             now = replace(now, concurrency=new)
-    fetch_s = window.fetch_s / window.fetches if window.fetches else 0.0
-    if latency_bound(window) and now.task_bytes < limits.max_task_bytes:
+    first_byte = window.first_byte_s
+    if first_byte is not None and latency_bound(window) and now.task_bytes < limits.max_task_bytes:
+        fetch_s = window.fetch_s / window.fetches
         new = min(limits.max_task_bytes, step * now.task_bytes)
         ahead = max(now.prefetch_bytes, now.concurrency * new)  # what prefetch will hold, at least
         if ahead + new <= limits.memory_bytes // max(1, now.workers):
             why = (
-                f"{waiting}; a fetch's first byte ({window.first_byte_s * 1e3:.0f} ms) is "
-                f"{window.first_byte_s / fetch_s:.0%} of its time: bigger reads"
+                f"{waiting}; a fetch's first byte ({first_byte * 1e3:.0f} ms) is "
+                f"{first_byte / fetch_s:.0%} of its time: bigger reads"
             )
             changes.append(Change("task_bytes", now.task_bytes, new, why))
             now = replace(now, task_bytes=new)
