@@ -17,13 +17,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastload.config import S3Config
 from fastload.core import autoleap
 from fastload.core import autotune as rules
 from fastload.errors import ConfigError
+from fastload.storage.access import is_remote
 from fastload.train.options import PrefetchConfig
 from fastload.train.telemetry import SharedCounters
 
@@ -85,15 +87,27 @@ def machine() -> tuple[int, int]:
     return cores, available
 
 
-def starting(prefetch: PrefetchConfig, workers: int) -> rules.Settings:
-    """The settings a dataset's options amount to."""
-    max_bytes = prefetch.max_bytes or 0
+def starting(prefetch: Sequence[PrefetchConfig], workers: int) -> rules.Settings:
+    """The settings the datasets' options amount to (a Mix's sources: the most any of them reads ahead,
+    which the tuned settings then give each)."""
+    max_bytes = max(p.max_bytes or 0 for p in prefetch)
     return rules.Settings(
         prefetch_bytes=max_bytes,
-        concurrency=min(prefetch.threads, prefetch.runs),
+        concurrency=max(min(p.threads, p.runs) for p in prefetch),
         task_bytes=rules.default_task_bytes(max_bytes),
         workers=workers,
     )
+
+
+def round_bytes(sources: Sequence[Any]) -> int | None:
+    """What one round of a read's concurrent GETs covers (``part_size_bytes x max_concurrency``) for the
+    remote datasets among ``sources`` (the least of them; None: all local)."""
+    rounds = [
+        (d.s3_config or S3Config()).part_size_bytes * (d.s3_config or S3Config()).max_concurrency
+        for d in sources
+        if is_remote(d.root)
+    ]
+    return min(rounds) if rounds else None
 
 
 class Tuner:
@@ -108,17 +122,20 @@ class Tuner:
         *,
         batch_size: int,
         round_bytes: int | None = None,
+        streams: int = 1,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``round_bytes``: what one round of a read's concurrent GETs covers (``part_size_bytes x
         max_concurrency`` of a remote dataset's S3 config): a bigger task would pay the first byte again,
-        so it caps the task size too."""
+        so it caps the task size too. ``streams``: read pipelines in each worker that follow the settings
+        (a Mix's sources): the memory bound is shared between them."""
         cores, available = machine()
         most_task = config.max_task_bytes if round_bytes is None else min(config.max_task_bytes, round_bytes)
         use = max(1, settings.workers) * (settings.prefetch_bytes + settings.task_bytes)
         memory = config.memory_bytes if config.memory_bytes is not None else int(MEMORY_SHARE * available)
+        self.streams = max(1, streams)
         self.limits = rules.Limits(
-            memory_bytes=max(memory, use),
+            memory_bytes=max(memory // self.streams, use),
             cores=cores,
             max_concurrency=max(config.max_concurrency, settings.concurrency),
             max_task_bytes=max(most_task, settings.task_bytes),
@@ -151,6 +168,15 @@ class Tuner:
         cells = self._cells.tuned
         cells[0], cells[2], cells[3] = s.prefetch_bytes, s.task_bytes, self.limits.max_concurrency
         cells[1] = s.concurrency  # (last: the cells count as tuned once it is set)
+
+    def release(self) -> None:
+        """The loader is done: the dataset's workers read its own options again (unless another tuner
+        wrote the cells since)."""
+        cells = self._cells.tuned
+        s = self.settings
+        if tuple(cells) == (s.prefetch_bytes, s.concurrency, s.task_bytes, self.limits.max_concurrency):
+            cells[1] = 0  # (the cells count as tuned while it is set)
+            cells[0] = cells[2] = cells[3] = 0
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue with the settings of a checkpoint (``state_dict()["tuned"]``), within this machine's
@@ -263,7 +289,8 @@ class Tuner:
             "changes": list(self.changes),
             "held": dict(self.held),
             "limits": {
-                "memory_bytes": self.limits.memory_bytes,
+                "memory_bytes": self.limits.memory_bytes,  # (each stream's: the bound over streams)
+                "streams": self.streams,
                 "cores": self.limits.cores,
                 "max_concurrency": self.limits.max_concurrency,
                 "max_task_bytes": self.limits.max_task_bytes,
@@ -271,4 +298,4 @@ class Tuner:
         }
 
 
-__all__ = ["AutotuneConfig", "Tuner", "config_of", "machine", "starting"]
+__all__ = ["AutotuneConfig", "Tuner", "config_of", "machine", "round_bytes", "starting"]

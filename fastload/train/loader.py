@@ -20,12 +20,10 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from fastload.config import S3Config
 from fastload.core.telemetry import merge
 from fastload.errors import ConfigError, WorkerDiedError
 from fastload.s3 import runtime
-from fastload.storage.access import is_remote
-from fastload.train.autotune import AutotuneConfig, Tuner, config_of, starting
+from fastload.train.autotune import AutotuneConfig, Tuner, config_of, round_bytes, starting
 from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
 from fastload.train.mix import Mix
@@ -145,21 +143,16 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._slots = MainSlots(pin_memory=bool(self.pin_memory) and torch.cuda.is_available())
         self.tuner: Tuner | None = None
         tuning = config_of(autotune)
-        if tuning is not None:
-            if isinstance(dataset, Mix):
-                raise ConfigError(
-                    "autotune= tunes the reads of a fastload.ShardDataset; a fastload.Mix is not tuned: "
-                    "leave autotune off, or tune each source's prefetch_bytes by hand (docs/observe.md)"
-                )
-            start = starting(dataset.prefetch, self.num_workers)  # (the handle shares its block)
-            s3 = dataset.s3_config or S3Config()
+        if tuning is not None:  # (a Mix: every source's pipeline follows the one set of settings)
+            sources = dataset.sources if isinstance(dataset, Mix) else (dataset,)
             self.tuner = Tuner(
                 tuning,
-                start,
-                dataset._telemetry,
+                starting([d.prefetch for d in sources], self.num_workers),
+                dataset._telemetry,  # (the handle shares its block)
                 self.telemetry_vector,
                 batch_size=batch_size,
-                round_bytes=s3.part_size_bytes * s3.max_concurrency if is_remote(dataset.root) else None,
+                round_bytes=round_bytes(sources),
+                streams=len(sources),
             )
 
     def __del__(self) -> None:
@@ -173,6 +166,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             if slots is not None:
                 slots.remove_dead_children()
                 slots.close()
+            tuner = self.__dict__.get("tuner")
+            if tuner is not None:  # the dataset outlives its loader: another reads it untuned
+                tuner.release()
 
     def __len__(self) -> int:
         """Batches in this epoch, as torch's and torchdata's loaders count them: after
@@ -318,10 +314,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         dataset: ShardDataset | Mix = self.dataset  # type: ignore[assignment]
         if isinstance(dataset, Mix):
             state = dataset.state_dict(delivered=dataset.start + self._delivered)
-            state["batch_size"] = self.fastload_batch_size
-            return state
-        state = dataset.state_dict()
-        state["delivered"] = dataset.start + self._delivered
+        else:
+            state = dataset.state_dict()
+            state["delivered"] = dataset.start + self._delivered
         state["batch_size"] = self.fastload_batch_size
         if self.tuner is not None:  # the tuned settings, restored with the position
             state["tuned"] = self.tuner.settings.as_dict()

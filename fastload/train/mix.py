@@ -358,6 +358,7 @@ class Mix(PositionMethods, TelemetryMethods, torch.utils.data.IterableDataset[di
                     next_pass=next_pass,
                     report=self.note_skipped,
                     tally=tally,
+                    tuning=self._telemetry.tuning,  # (None until fastload.DataLoader(autotune=True))
                     **deal,
                 )
             )

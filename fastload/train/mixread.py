@@ -49,11 +49,13 @@ def source_samples(
     next_pass: Callable[[int], Refs],
     report: Callable[[SkippedSample], None] | None = None,
     tally: Tally | None = None,
+    tuning: Callable[[], tuple[int, ...] | None] | None = None,
 ) -> Generator[object, None, None]:
     """Source ``s``'s samples (named ``__source__``) at the positions from ``first`` on that worker
     ``worker`` of ``workers`` reads (chunks of ``chunk`` from ``start`` in turn), in order; SKIPPED marks a
     sample left out on error (named to ``report``). ``next_pass(p)``: the rank's order of the source's pass
-    ``p``. ``tally``: given each read task's stage times."""
+    ``p``. ``tally``: given each read task's stage times. ``tuning``: a tuned loader's settings, which every
+    source's pipeline follows (:func:`~fastload.train.reading.read_samples`)."""
     sched = plan.schedule
     k = int(sched.counts(first)[s])
     stop = None if plan.end is None else int(sched.counts(plan.end)[s])
@@ -80,6 +82,7 @@ def source_samples(
             mark_skipped=True,
             report=report,
             tally=tally,
+            tuning=tuning,
         ):
             if type(out) is dict:  # (not SKIPPED; a map= may return other types)
                 out["__source__"] = name

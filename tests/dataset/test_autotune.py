@@ -5,6 +5,7 @@ included."""
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -124,6 +125,58 @@ def test_autotune_reaches_report_and_telemetry_records_through_fastload_loader(
     assert all("autotune" in r for r in records)
     seen = [c for r in records for c in r["autotune"]["changes"]]
     assert seen == report["changes"][: len(seen)]
+
+
+def mix_loader(config: fastload.S3Config, small: Packed, autotune: Any) -> fastload.DataLoader:
+    def source(root: str) -> fastload.ShardDataset:
+        return fastload.ShardDataset(
+            root, s3_config=config, seed=3, shuffle_buffer=8, prefetch_bytes=64 << 10, prefetch_threads=1
+        )
+
+    mix = fastload.Mix({"s3": source("s3://tune/"), "local": source(small.root)}, seed=5, batch_size=4)
+    return fastload.DataLoader(
+        mix, batch_size=4, num_workers=2, collate_fn=list, autotune=autotune, timeout=WORKER_TIMEOUT_S
+    )
+
+
+def test_a_mix_is_tuned_every_source_following_one_set_of_settings(
+    served: fastload.S3Config, small: Packed
+) -> None:
+    """A Mix of an S3 source and a local one: tuned, its batches are the untuned Mix's, epoch by epoch;
+    the settings its workers read are the tuner's, the memory bound shared by the two sources' pipelines;
+    and once the loader is gone the Mix's workers read their own options again."""
+    plain = epochs(mix_loader(served, small, False), EPOCHS)
+    dl = mix_loader(served, small, FAST)
+    assert epochs(dl, EPOCHS) == plain
+    report = dl.report()["autotune"]
+    assert report["changes"], "the tuner changed nothing: this test would not show the Mix follows it"
+    assert report["limits"]["streams"] == 2
+    limits, settings = report["limits"], report["settings"]
+    assert (
+        2 * settings["workers"] * (settings["prefetch_bytes"] + settings["task_bytes"])
+        <= 2 * limits["memory_bytes"]
+    )
+    mix = dl.dataset
+    cells = mix._telemetry.tuning()
+    assert cells is not None and cells[:3] == (
+        settings["prefetch_bytes"],
+        settings["concurrency"],
+        settings["task_bytes"],
+    )
+    assert dl.state_dict()["tuned"] == settings
+    del dl
+    gc.collect()
+    assert mix._telemetry.tuning() is None  # released with its loader
+    # a checkpoint mid-epoch resumes the tuned Mix exactly, with the tuned settings
+    dl = mix_loader(served, small, FAST)
+    it = iter(dl)
+    head = batch_keys(take(it, 3))
+    state = dl.state_dict()
+    del it
+    again = mix_loader(served, small, FAST)
+    again.load_state_dict(state)
+    assert again.tuner is not None and again.tuner.settings.as_dict() == state["tuned"]
+    assert head + batch_keys(again) == plain[0]
 
 
 def test_autotune_refuses_what_it_cannot_tune(served: fastload.S3Config) -> None:
