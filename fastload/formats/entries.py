@@ -55,7 +55,8 @@ class DatasetEntries:
     ) -> ShardEntry:
         """Shard number ``shard``'s full entry (:func:`full_entry`: its sample table fetched, through
         ``cache``, and checked by its format, its payload read): kept in ``memo`` and taken from it when
-        given (a shard with a table only). Raises what :func:`full_entry` raises, naming the shard."""
+        given (a shard with a table only). Raises what :func:`full_entry` raises, naming the shard or its
+        table."""
         held = self.index.shards[shard]
         kept = memo.get(shard) if memo is not None and held.detached else None
         if kept is not None:
