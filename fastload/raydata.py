@@ -19,6 +19,7 @@ from typing import Any
 from fastload.config import PackConfig, S3Config
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.errors import ConfigError, FastloadError, PackError
+from fastload.formats import DatasetEntries, index_name
 from fastload.packing.dest import destination
 from fastload.packing.journal import STATE_DIR
 from fastload.packing.options import checked, output_options
@@ -41,12 +42,8 @@ def to_ray(source: str | os.PathLike[str], *, s3_config: S3Config | None = None)
     require_ray()
     import ray.data
 
-    from fastload.formats import load_index
-
-    index = load_index(source, s3_config=s3_config)
-    root = storage.normalise(source)
-    if root.endswith(".json"):  # the index file itself was given: shards are named relative to its folder
-        root = root.rsplit("/", 1)[0] if storage.is_remote(root) else os.path.dirname(root)
+    dataset = DatasetEntries.open(source, s3_config=s3_config)  # (given index.json: its folder is the root)
+    root, index = dataset.root, dataset.index
     items = [
         {
             "url": storage.join(root, s.name),
@@ -68,12 +65,13 @@ def _shard_rows(
     item: dict[str, Any], *, fields: list[str], s3_config: S3Config | None
 ) -> list[dict[str, Any]]:
     """Every sample of one shard as a row with ``__key__`` and every field (None where missing)."""
-    from fastload import formats
     from fastload.train.shardread import ShardReader
 
     raw = json.loads(item["entry"])
-    entry = ShardEntry.from_manifest(raw) if item.get("detached") else ShardEntry.from_dict(raw)
-    entry = formats.full_entry(item["root"], entry, shard_format=item["format"], s3_config=s3_config)
+    held = ShardEntry.from_manifest(raw) if item.get("detached") else ShardEntry.from_dict(raw)
+    # the task's dataset is its one shard (a task carries its own entry, not the whole index)
+    one = DatasetIndex(shard_format=item["format"], fields=fields, shards=[held])
+    entry = DatasetEntries(item["root"], one, s3_config=s3_config).entry(0)
     reader = ShardReader(item["url"], entry, config=s3_config)
     try:
         return [
@@ -144,7 +142,14 @@ def from_ray(
         dest.cleanup()
     written = sorted(sink.returns, key=lambda r: r["entry"]["name"])
     shards = [ShardEntry.from_manifest(r["entry"]) for r in written]
-    seen = _key_counts(dest.url, shards, config.shard_format, s3_config)
+    index = DatasetIndex(
+        shard_format=config.shard_format,
+        fields=sorted({f for r in written for f in r["fields"]}),
+        shards=shards,
+        options={**output_options(config), "source": "ray.data"},
+        payload_bytes=sum(r["payload_bytes"] for r in written),
+    )
+    seen = _key_counts(DatasetEntries(dest.url, index, s3_config=s3_config))
     twice = [k for k, n in seen.items() if n > 1]
     if twice:
         raise PackError(
@@ -154,14 +159,6 @@ def from_ray(
         )
     if not shards:
         raise PackError(f"the dataset has no rows; nothing was written to {dest.url}")
-    index = DatasetIndex(
-        shard_format=config.shard_format,
-        fields=sorted({f for r in written for f in r["fields"]}),
-        shards=shards,
-        options={**output_options(config), "source": "ray.data"},
-        payload_bytes=sum(r["payload_bytes"] for r in written),
-    )
-    from fastload.formats import index_name
 
     dest.write_bytes(index_name(index.shard_format), index.to_json())
     dest.remove_tree(STATE_DIR)
@@ -174,19 +171,16 @@ def from_ray(
     )
 
 
-def _key_counts(
-    root: str, shards: list[ShardEntry], shard_format: str, s3_config: S3Config | None
-) -> Counter[str]:
-    """How often each key occurs in ``shards`` (manifest entries: their sample tables are read, in
+def _key_counts(dataset: DatasetEntries) -> Counter[str]:
+    """How often each key occurs in ``dataset`` (manifest entries: their sample tables are read, in
     parallel, one shard's keys at a time)."""
-    from fastload.formats import full_entry
 
-    def keys(entry: ShardEntry) -> list[str]:
-        return list(full_entry(root, entry, shard_format=shard_format, s3_config=s3_config).keys)
+    def keys(i: int) -> list[str]:
+        return list(dataset.entry(i).keys)
 
     seen: Counter[str] = Counter()
     with ThreadPoolExecutor(max_workers=16) as pool:
-        for found in pool.map(keys, shards):
+        for found in pool.map(keys, range(len(dataset.index.shards))):
             seen.update(found)
     return seen
 

@@ -11,7 +11,7 @@ from fastload.core.index import DatasetIndex
 from fastload.core.units import format_size
 from fastload.core.versions import versions_of
 from fastload.errors import ConfigError
-from fastload.formats import by_name, full_entry, sidecar_prefix
+from fastload.formats import DatasetEntries, by_name, sidecar_prefix
 
 
 def describe(index: DatasetIndex) -> str:
@@ -84,17 +84,19 @@ def list_shard(
 ) -> str:
     """One line per sample of ``shard`` (its name, or its position in the index); of an index v2 its sample
     table is read from ``root`` (the dataset's folder or prefix), no other shard's."""
-    entry = next((s for s in index.shards if s.name == shard or os.path.basename(s.name) == shard), None)
-    if entry is None and shard.isdigit() and int(shard) < len(index.shards):
-        entry = index.shards[int(shard)]
-    if entry is None:
+    names = (i for i, s in enumerate(index.shards) if s.name == shard or os.path.basename(s.name) == shard)
+    i = next(names, None)
+    if i is None and shard.isdigit() and int(shard) < len(index.shards):
+        i = int(shard)
+    if i is None:
         raise ConfigError(
             f"no shard {shard!r} in the index; give a shard name or a number below {len(index.shards)}"
         )
+    entry = index.shards[i]
     if entry.detached:
         if root is None:
             raise ConfigError(f"shard {entry.name}: its sample table is a sidecar; give the dataset's root")
-        entry = full_entry(root, entry, shard_format=index.shard_format, s3_config=s3_config)
+        entry = DatasetEntries(root, index, s3_config=s3_config).entry(i)
     lines = [f"{entry.name}: {entry.samples} samples, {entry.bytes:,} bytes, crc32c {entry.checksum}"]
     rows = entry.keys if limit is None else entry.keys[:limit]
     for i, key in enumerate(rows):

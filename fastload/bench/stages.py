@@ -128,11 +128,12 @@ def packed(
         return None
     runs: list[tuple[str, int, int]] = []  # (shard name, offset, size)
     left = count
-    for shard in index.shards:
+    dataset = formats.DatasetEntries(url, index, s3_config=config)
+    for i in range(len(index.shards)):
         if left <= 0:
             break
         # (an index v2 shard's offsets are in its sample table, fetched for the shards used only)
-        entry = formats.full_entry(url, shard, shard_format=index.shard_format, s3_config=config)
+        entry = dataset.entry(i)
         for first in range(0, entry.samples, batch):
             if left <= 0:
                 break

@@ -3,13 +3,15 @@ implementing :class:`ShardFormat`, chosen through the registry (:func:`by_name`,
 
 May import ``core``, ``storage``, the base modules and the C module ``fastload._native``.
 
-Modules: the protocol and registry (``registry``), a dataset's index and full entries checked by their
-format (``entries``), the shard kit every format shares (``shard``: the
-write loop, its output, results, a checksumming reader), checks every format shares (``checks``), the
-optional C readers (``native``), and one package per format: ``tar``, ``parquet``, ``tfrecord``; no format
-package imports another's."""
+Modules: the protocol and registry (``registry``), a dataset's index and full entries checked by their format
+(``entries``; ``DatasetEntries``: a dataset held to complete its shards' entries the one way), the shard kit
+every format shares (``shard``: the write loop, its output, results, a checksumming reader), checks every
+format shares (``checks``), the optional C readers (``native``), and one package per format: ``tar``,
+``parquet``, ``tfrecord``; no format package imports another's."""
 
 from fastload.formats.entries import (
+    DatasetEntries,
+    EntryMemo,
     attach_tables,
     check_index,
     dataset_root,
@@ -41,6 +43,8 @@ for _fmt in (TAR, PARQUET, TFRECORD):
     register(_fmt, replace=True)
 
 __all__ = [
+    "DatasetEntries",
+    "EntryMemo",
     "Problem",
     "SampleSource",
     "ShardFormat",

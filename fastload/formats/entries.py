@@ -2,12 +2,17 @@
 entry checked (:func:`load_index`, :func:`check_index`), a manifest entry completed with its sample table
 (:func:`full_entry`, :func:`attach_tables`) and the format's per-shard payload read from what core stored
 (:func:`read_payload`: ``docs/INDEX-FORMAT.md``, "Index format note"). Once per shard or dataset, never per
-sample."""
+sample.
+
+:class:`DatasetEntries` is a dataset held for that (root, index, S3 config): ``entry(shard)`` is the one way
+a flow gets a shard's full entry (through a shard cache and an entry memo when it has them). The read side's
+``fastload.train.view.DatasetView`` is built on it; verify, ``index --upgrade``, inspect, Ray and bench hold
+one."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastload.formats.registry import ShardFormat, by_name, names
 
@@ -15,6 +20,53 @@ if TYPE_CHECKING:
     from fastload.config import S3Config
     from fastload.core.index import DatasetIndex, ShardEntry
     from fastload.storage.cache import ShardCache
+
+
+class EntryMemo(Protocol):
+    """Full entries kept by shard number (``fastload.train.tablememo.TableMemo``), safe across threads."""
+
+    def get(self, shard: int) -> ShardEntry | None: ...
+
+    def put(self, shard: int, entry: ShardEntry) -> None: ...
+
+
+class DatasetEntries:
+    """The dataset at ``root`` (its folder or prefix) listed by ``index``, read with ``s3_config``, whose
+    shards' full entries :meth:`entry` makes, the one way; it pickles with what it holds."""
+
+    def __init__(self, root: str, index: DatasetIndex, *, s3_config: S3Config | None = None) -> None:
+        self.root, self.index, self.s3_config = root, index, s3_config
+
+    @classmethod
+    def open(cls, dataset: str | os.PathLike[str], *, s3_config: S3Config | None = None) -> DatasetEntries:
+        """The dataset whose folder, prefix or ``index.json`` is ``dataset``: its index loaded and checked
+        (:func:`load_index`), its root the folder its shard names are relative to (:func:`dataset_root`)."""
+        return cls(dataset_root(dataset), load_index(dataset, s3_config=s3_config), s3_config=s3_config)
+
+    @property
+    def shard_format(self) -> str:
+        return self.index.shard_format
+
+    def __repr__(self) -> str:
+        return f"DatasetEntries({self.root!r}, {len(self.index.shards)} {self.shard_format} shards)"
+
+    def entry(
+        self, shard: int, *, cache: ShardCache | None = None, memo: EntryMemo | None = None
+    ) -> ShardEntry:
+        """Shard number ``shard``'s full entry (:func:`full_entry`: its sample table fetched, through
+        ``cache``, and checked by its format, its payload read): kept in ``memo`` and taken from it when
+        given (a shard with a table only). Raises what :func:`full_entry` raises, naming the shard or its
+        table."""
+        held = self.index.shards[shard]
+        kept = memo.get(shard) if memo is not None and held.detached else None
+        if kept is not None:
+            return kept
+        full = full_entry(
+            self.root, held, shard_format=self.shard_format, s3_config=self.s3_config, cache=cache
+        )
+        if memo is not None and held.detached:
+            memo.put(shard, full)
+        return full
 
 
 def check_index(index: DatasetIndex, *, where: str) -> ShardFormat:
@@ -102,12 +154,9 @@ def attach_tables(
 
     if not index.detached:
         return index
-
-    def attach(entry: ShardEntry) -> ShardEntry:
-        return full_entry(root, entry, shard_format=index.shard_format, s3_config=s3_config)
-
+    entries = DatasetEntries(root, index, s3_config=s3_config)
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(index.shards)))) as pool:
-        shards = list(pool.map(attach, index.shards))
+        shards = list(pool.map(entries.entry, range(len(index.shards))))
     return dataclasses.replace(index, shards=shards)
 
 

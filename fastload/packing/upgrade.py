@@ -215,11 +215,13 @@ def refresh_tables(
     not (the caller writes it last, then removes the old tables). A shard that cannot be rebuilt raises
     before any table is written."""
     fmt = index.shard_format
+    dataset = formats.DatasetEntries(root, index, s3_config=s3_config)
 
-    def check(entry: ShardEntry) -> tuple[ShardEntry, bytes | None, bool]:
+    def check(i: int) -> tuple[ShardEntry, bytes | None, bool]:
+        entry = index.shards[i]
         if entry.table is not None and entry.table.content is not None:
             try:
-                full = formats.full_entry(root, entry, shard_format=fmt, s3_config=s3_config)
+                full = dataset.entry(i)
             except (OSError, FastloadError):
                 pass
             else:
@@ -231,7 +233,7 @@ def refresh_tables(
     if not index.shards:
         return index, 0, 0
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(index.shards)))) as pool:
-        checked = list(pool.map(check, index.shards))
+        checked = list(pool.map(check, range(len(index.shards))))
     dest = destination(root, STATE_DIR, config=s3_config)
     shards: list[ShardEntry] = []
     for entry, data, _ in checked:

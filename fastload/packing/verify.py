@@ -1,14 +1,14 @@
 """``fastload.verify``: re-read every shard and check it against ``index.json``; lint foreign tars.
 
 With an index: for index v2, each shard's sample table first (its sidecar present, of the size and CRC32C
-``index.json`` records, decoding, describing a shard of the format: :func:`fastload.formats.full_entry`);
-then the file size here, and the shard's format checks the rest (:meth:`ShardFormat.verify`: CRC32C,
-sample count, keys in index order, each sample's byte range; tar: each sample's CRC32C, members of a sample
-adjacent and well named; Parquet: every page's checksum; TFRecord: every record's two CRCs). A shard whose
-table cannot be used still has its whole-file CRC32C checked. Without an index, each file of a format that
-can be read without one is linted by its format (:meth:`ShardFormat.lint`; tar: duplicate members, keys
-whose members are not adjacent, names WebDataset would split differently or ignore; TFRecord: every
-record's CRCs and Example).
+``index.json`` records, decoding, describing a shard of the format:
+:meth:`fastload.formats.DatasetEntries.entry`); then the file size here, and the shard's format checks the
+rest (:meth:`ShardFormat.verify`: CRC32C, sample count, keys in index order, each sample's byte range; tar:
+each sample's CRC32C, members of a sample adjacent and well named; Parquet: every page's checksum; TFRecord:
+every record's two CRCs). A shard whose table cannot be used still has its whole-file CRC32C checked. Without
+an index, each file of a format that can be read without one is linted by its format
+(:meth:`ShardFormat.lint`; tar: duplicate members, keys whose members are not adjacent, names WebDataset would
+split differently or ignore; TFRecord: every record's CRCs and Example).
 """
 
 from __future__ import annotations
@@ -139,10 +139,11 @@ def _check_index(
 ) -> VerifyReport:
     """Every shard of ``idx`` (a dataset at ``root``, or the one shard asked for) against the index."""
     fmt = formats.check_index(idx, where=index_url)
+    dataset = formats.DatasetEntries(root, idx, s3_config=s3_config)
     report = VerifyReport(target)
     bar = Progress(total=idx.bytes, enabled=progress, desc=f"verifying {len(idx.shards)} shards")
     with bar, ThreadPoolExecutor(max_workers=pool_size) as pool:
-        checked = pool.map(lambda s: _check_shard(root, fmt, s, idx.shard_format, s3_config), idx.shards)
+        checked = pool.map(lambda i: _check_shard(dataset, fmt, i), range(len(idx.shards)))
         for shard, (problems, samples) in zip(idx.shards, checked, strict=True):
             report.problems += problems
             report.samples += samples
@@ -164,14 +165,14 @@ def _lint_format(path: str) -> ShardFormat:
     return formats.foreign_format(path) or formats.by_name("tar")
 
 
-def _check_shard(
-    root: str, fmt: ShardFormat, shard: ShardEntry, shard_format: str, s3_config: S3Config | None
-) -> tuple[list[VerifyError], int]:
+def _check_shard(dataset: formats.DatasetEntries, fmt: ShardFormat, i: int) -> tuple[list[VerifyError], int]:
+    """Shard number ``i`` of ``dataset``: its problems, and its count of samples."""
+    root, shard, s3_config = dataset.root, dataset.index.shards[i], dataset.s3_config
     problems: list[VerifyError] = []
     full: ShardEntry | None = shard
     if shard.detached:
         try:
-            full = formats.full_entry(root, shard, shard_format=shard_format, s3_config=s3_config)
+            full = dataset.entry(i)
         except (OSError, FastloadError) as exc:
             problems.append(VerifyError(f"its sample table cannot be used: {exc}", shard=shard.name))
             full = None

@@ -112,15 +112,11 @@ def shard_stats(fmt: formats.ShardFormat, entry: ShardEntry, *, where: str) -> d
 
 
 def plan_filter(
-    root: str,
-    index: DatasetIndex,
-    flt: F.Filter,
-    *,
-    s3_config: S3Config | None,
-    cache: ShardCache | None,
-    threads: int = 16,
+    dataset: formats.DatasetEntries, flt: F.Filter, *, cache: ShardCache | None, threads: int = 16
 ) -> FilteredView:
-    """The rows of ``index`` that ``flt`` keeps (see the module docstring)."""
+    """The rows of ``dataset`` that ``flt`` keeps (see the module docstring); the undecided shards' tables
+    fetched through ``cache``."""
+    root, index, s3_config = dataset.root, dataset.index, dataset.s3_config
     fmt = formats.by_name(index.shard_format)
     types = F.partition_types(s.partition for s in index.shards)
     known = list(index.fields) + list(types) + ["__key__"]
@@ -150,9 +146,7 @@ def plan_filter(
     def one(i: int) -> tuple[int, list[tuple[int, int]], int, ShardEntry]:
         from fastload.train.shardreader import ShardReader
 
-        entry = formats.full_entry(
-            root, index.shards[i], shard_format=index.shard_format, s3_config=s3_config, cache=cache
-        )
+        entry = dataset.entry(i, cache=cache)
         reader = ShardReader(storage.join(root, entry.name), entry, config=s3_config)
         try:
             runs, nbytes = reader.select(flt, F.partition_values(entry.partition, types))

@@ -1,7 +1,9 @@
 """The dataset being read, opened once: :func:`open_dataset` gives a :class:`DatasetView` (root, index,
 format, filters and each shard's count of kept rows, partition values, S3 config, and per process the shard
 cache and the sample tables kept between passes) that ``ShardDataset``, ``MapDataset`` and ``Mix`` (through
-its sources) hold, and :meth:`DatasetView.entry` gives a shard's full entry (its table attached) the one way.
+its sources) hold, and :meth:`DatasetView.entry` gives a shard's full entry (its table attached) the one way:
+through the :class:`~fastload.formats.DatasetEntries` it is built on (root, index, S3 config: what verify,
+inspect and the other flows without torch hold), with this process's cache and table memo.
 
 It pickles with its dataset to DataLoader workers (fork or spawn): the manifest, the options and the
 filtered view travel; the cache and the table memo are made again in each process.
@@ -21,6 +23,7 @@ from fastload.core.filters import Filter, and_filters, normalise, partition_type
 from fastload.core.index import DatasetIndex, ShardEntry
 from fastload.core.versions import at_version, versions_of
 from fastload.errors import ConfigError
+from fastload.formats import DatasetEntries
 from fastload.gcpause import gc_paused
 from fastload.storage.cache import ShardCache
 from fastload.train.filtering import (
@@ -55,8 +58,7 @@ class DatasetView:
         partition_columns: bool,
         on_bypass: Callable[[str], None] | None,
     ) -> None:
-        self.root, self.index = root, index
-        self.s3_config = s3_config
+        self.entries = DatasetEntries(root, index, s3_config=s3_config)
         self.caching = caching
         self.on_bypass = on_bypass  # told of each shard read past the cache folder (picklable, or None)
         self._cache_obj: tuple[int, ShardCache] | None = None
@@ -67,7 +69,7 @@ class DatasetView:
         self.filtered: FilteredView | None = None
         if filters is not None:
             with gc_paused():
-                self.filtered = plan_filter(root, index, filters, s3_config=s3_config, cache=self.cache())
+                self.filtered = plan_filter(self.entries, filters, cache=self.cache())
         self.counts: Counts = (
             np.fromiter((s.samples for s in index.shards), np.int64, len(index.shards))
             if self.filtered is None
@@ -76,6 +78,18 @@ class DatasetView:
         self.partitions: Sequence[Mapping[str, Any]] | None = (
             partition_values_of(index) if partition_columns else None
         )
+
+    @property
+    def root(self) -> str:
+        return self.entries.root
+
+    @property
+    def index(self) -> DatasetIndex:
+        return self.entries.index
+
+    @property
+    def s3_config(self) -> S3Config | None:
+        return self.entries.s3_config
 
     @property
     def shard_format(self) -> str:
@@ -128,21 +142,13 @@ class DatasetView:
 
     def entry(self, shard: int) -> ShardEntry:
         """Shard ``shard``'s full entry (its sample table attached): as :meth:`shards` has it, or kept in
-        :meth:`table_memo`, or fetched (through :meth:`cache`) and checked by its format, then kept."""
+        :meth:`table_memo`, or fetched (through :meth:`cache`) and checked by its format, then kept
+        (:meth:`fastload.formats.DatasetEntries.entry`)."""
         entry = self.shards()[shard]
         if not entry.detached:
             return entry
-        memo = self.table_memo()
-        kept = memo.get(shard) if memo is not None else None
-        if kept is not None:
-            return kept
         with gc_paused():
-            full = formats.full_entry(
-                self.root, entry, shard_format=self.shard_format, s3_config=self.s3_config, cache=self.cache()
-            )
-        if memo is not None:
-            memo.put(shard, full)
-        return full
+            return self.entries.entry(shard, cache=self.cache(), memo=self.table_memo())
 
 
 def open_dataset(

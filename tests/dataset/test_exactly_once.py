@@ -16,6 +16,7 @@ import torch.utils.data
 
 import fastload
 from fastload import formats
+from fastload.formats import entries
 from fastload.packing.upgrade import upgrade_index
 
 from .helpers import WORKER_TIMEOUT_S, Packed, batch_keys, flat, make_loader
@@ -177,7 +178,7 @@ def test_epoch_report_of_an_index_v2_names_the_same_samples(
             return FULL_ENTRY(root, entry, **options)
 
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(formats, "full_entry", counting)
+            patch.setattr(entries, "full_entry", counting)  # (DatasetEntries.entry, the one caller)
             report = new.epoch_report()
         assert report == old.epoch_report()
         named = {s for s, _ in report["dropped"] + report["repeated"]}
