@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -126,7 +127,7 @@ class RangedReader(io.RawIOBase):
         """Object size in bytes (asks the store once if no byte has been read yet)."""
         if self._state.size is None:
             self._after_fork()
-            self._head()
+            self._fetcher.head()
         assert self._state.size is not None
         return self._state.size
 
@@ -167,8 +168,9 @@ class RangedReader(io.RawIOBase):
                 view[got : got + n] = self._state.whole[self._pos : self._pos + n]
             else:
                 index = self._layout.index_of(self._pos)
-                self._retain(index)
-                part = self._parts[index].result()
+                part = self._part_at(index)
+                if part is None:  # (the whole object came meanwhile)
+                    continue
                 offset = self._pos - self._layout.start_of(index)
                 n = min(len(view) - got, len(part) - offset)
                 view[got : got + n] = part.view(offset, n)
@@ -180,7 +182,7 @@ class RangedReader(io.RawIOBase):
     def read(self, size: int = -1) -> bytes:
         """Up to ``size`` bytes (all remaining when negative), copied once out of the fetched parts."""
         if size is None or size < 0:
-            return self.readall()
+            size = sys.maxsize
         if self.closed:
             raise ValueError("I/O operation on closed file")
         self._after_fork()
@@ -192,19 +194,20 @@ class RangedReader(io.RawIOBase):
         size = min(size, self._state.size - self._pos)
         if size <= 0:
             return b""
-        if self._state.whole is not None:
-            out = bytes(self._state.whole[self._pos : self._pos + size])
-            self._pos += len(out)
-            return out
         pieces: list[memoryview] = []
         left = size
         while left:
-            index = self._layout.index_of(self._pos)
-            self._retain(index)
-            part = self._parts[index].result()
-            offset = self._pos - self._layout.start_of(index)
-            take = min(left, len(part) - offset)
-            pieces.append(part.view(offset, take))
+            if self._state.whole is not None:  # a 200 brought the whole object (also in the middle of this)
+                take = left
+                pieces.append(memoryview(self._state.whole)[self._pos : self._pos + take])
+            else:
+                index = self._layout.index_of(self._pos)
+                part = self._part_at(index)
+                if part is None:  # (the whole object came meanwhile)
+                    continue
+                offset = self._pos - self._layout.start_of(index)
+                take = min(left, len(part) - offset)
+                pieces.append(part.view(offset, take))
             self._pos += take
             left -= take
         out = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
@@ -259,12 +262,8 @@ class RangedReader(io.RawIOBase):
         return out
 
     def readall(self) -> bytes:
-        out = bytearray()
-        while True:
-            chunk = self.read(max(self._part, 1))
-            if not chunk:
-                return bytes(out)
-            out += chunk
+        """The rest of the object, copied once out of its parts."""
+        return self.read(-1)
 
     def close(self) -> None:
         if not self.closed:
@@ -316,6 +315,12 @@ class RangedReader(io.RawIOBase):
                     stop = self._stops[i] = threading.Event()
                     self._parts[i] = self._pool.submit(self._fetch, r, stop=stop)
 
+    def _part_at(self, index: int) -> Part | None:
+        """Part ``index``, the window scheduled from it (None: a 200 brought the whole object instead)."""
+        self._retain(index)
+        fut = self._parts.get(index)
+        return None if fut is None else fut.result()
+
     def _drop(self, fut: Future[Part]) -> None:
         """Cancel a part no longer wanted; a finished one's buffer is recycled by :meth:`_recycle`."""
         if not fut.cancel() and fut.done():
@@ -347,7 +352,7 @@ class RangedReader(io.RawIOBase):
                 try:
                     fut.result()
                 except PastEnd:
-                    self._head()
+                    self._fetcher.head()
                     return
             if self._state.whole is None:
                 self._parts[index] = fut
@@ -355,7 +360,7 @@ class RangedReader(io.RawIOBase):
         try:
             data = self._fetch(asked, first=True)
         except PastEnd:
-            self._head()
+            self._fetcher.head()
             return
         if self._state.whole is None:
             done: Future[Part] = Future()
@@ -370,18 +375,9 @@ class RangedReader(io.RawIOBase):
                 )
             return self._pool
 
-    def _fetch(
-        self,
-        asked: ByteRange,
-        *,
-        first: bool = False,
-        stop: threading.Event | None = None,
-        sized: threading.Event | None = None,
-    ) -> Part:
-        return self._fetcher.fetch(asked, first=first, stop=stop, sized=sized)
-
-    def _head(self) -> None:
-        self._fetcher.head()
+    def _fetch(self, asked: ByteRange, **how: Any) -> Part:
+        """Range ``asked`` by this process's fetcher (``how``: :meth:`Fetcher.fetch`'s options)."""
+        return self._fetcher.fetch(asked, **how)
 
     def _new_fetcher(self) -> Fetcher:
         """What this reader's part fetches share, in this process (after fork: its runtime, client)."""
