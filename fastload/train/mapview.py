@@ -42,6 +42,7 @@ from fastload.train.telemetry import SharedCounters, Tally, TelemetryMethods, cl
 from fastload.train.view import DatasetView, open_dataset
 
 DEFAULT_GAP_BYTES = 256 << 10
+NAMED = 10_000  # samples skipped named in skipped_samples, at most (the rest counted)
 
 
 class _Process:
@@ -82,8 +83,9 @@ class MapDataset(TelemetryMethods, torch.utils.data.Dataset[Any]):
 
     Decoding as :class:`~fastload.ShardDataset`: ``decode``, ``images``, ``allow_pickle``, ``map``,
     ``columns`` (Parquet), ``on_error`` (``"skip"``: a sample that fails to decode or map, or whose bytes
-    fail their CRC32C, is left out of a batch, counted in :attr:`skipped` and named in
-    :attr:`skipped_samples`; ``ds[i]`` alone raises, having nothing to return), ``verify_samples`` (each
+    fail their CRC32C, is left out of a batch, counted in :attr:`skipped` each time and named in
+    :attr:`skipped_samples` once, the first ``NAMED`` (10,000; more counted in ``skipped_unnamed``);
+    ``ds[i]`` alone raises, having nothing to return), ``verify_samples`` (each
     tar sample's CRC32C checked; a mismatch raises ``SampleChecksumError`` naming shard, key and offset),
     ``partition_columns`` (each shard's hive partition values added to its samples, typed as filters
     compare them).
@@ -154,8 +156,11 @@ class MapDataset(TelemetryMethods, torch.utils.data.Dataset[Any]):
         )
         self.starts = sample_starts(self.view.counts)
         self._telemetry = SharedCounters()  # per-stage counters, summed over workers (report())
-        self.skipped = 0  # samples left out with on_error="skip", by this process
-        self.skipped_samples: list[SkippedSample] = []  # ... and their names
+        self.skipped = 0  # samples left out with on_error="skip", by this process (each time)
+        self.skipped_samples: list[SkippedSample] = []  # ... their names, each sample once, up to NAMED
+        self.skipped_unnamed = 0  # samples past NAMED: counted, not named
+        self._named: set[tuple[str, str]] = set()  # (shard, key) of those named
+        self._shards: set[str] = set()  # shards with a sample skipped (each warned about once)
         self._proc: _Process | None = None
         self._proc_lock: tuple[int, threading.Lock] | None = None
 
@@ -316,8 +321,16 @@ class MapDataset(TelemetryMethods, torch.utils.data.Dataset[Any]):
         shard)."""
         with proc.lock:
             self.skipped += 1
-            first = record.offset is not None and all(r.shard != record.shard for r in self.skipped_samples)
-            self.skipped_samples.append(record)
+            name = (record.shard, record.key)
+            if name in self._named:
+                return
+            first = record.offset is not None and record.shard not in self._shards
+            self._shards.add(record.shard)
+            if len(self._named) < NAMED:
+                self._named.add(name)
+                self.skipped_samples.append(record)
+            else:
+                self.skipped_unnamed += 1
         if first:
             warn_damaged(record, "(left out of their batches); MapDataset.skipped_samples")
 

@@ -143,6 +143,11 @@ def test_map_dataset_batches_leave_them_out(clean: Path, damaged: tuple[Path, li
     assert len([w for w in caught if "CRC32C" in str(w.message)]) == 2  # once per shard
     assert got == [k for k in every if k not in {b[1] for b in bad}]
     assert ds.skipped == 3 and ds.skipped_samples == named(bad)
+    # read again: counted again, named once (a random-access dataset may read one sample many times)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and warned about once per shard, not once per read
+        ds.__getitems__(list(range(len(ds))))
+    assert ds.skipped == 6 and ds.skipped_samples == named(bad) and ds.skipped_unnamed == 0
     # a batch of neighbours read along with a damaged sample nobody asked for: read around it
     first = every.index(bad[0][1])
     assert [s["__key__"] for s in ds.__getitems__([first - 1, first + 1])] == every[first - 1 : first + 2 : 2]
@@ -156,6 +161,19 @@ def test_map_dataset_batches_leave_them_out(clean: Path, damaged: tuple[Path, li
     assert (info.value.shard, info.value.key, info.value.offset) == bad[0]
     with pytest.raises(SampleChecksumError):
         fastload.MapDataset(root, decode=False)[first - 1 : first + 1]
+
+
+@IGNORE_CRC_WARNING
+def test_map_dataset_names_a_bounded_number_of_skipped_samples(
+    damaged: tuple[Path, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fastload.train.mapview as mapview
+
+    monkeypatch.setattr(mapview, "NAMED", 2)
+    root, bad = damaged
+    ds = fastload.MapDataset(root, decode=False, on_error="skip")
+    ds.__getitems__(list(range(len(ds))))
+    assert ds.skipped == 3 and ds.skipped_samples == named(bad)[:2] and ds.skipped_unnamed == 1
 
 
 @IGNORE_CRC_WARNING
