@@ -34,7 +34,8 @@ def bucket_of(url: str) -> str:
 def make_bucket(url: str, *, config: S3Config | None = None) -> bool:
     """Create the bucket of ``s3://bucket`` in ``config``'s region (:meth:`S3Config.from_env` by default):
     True if it was created, False if it already existed and these credentials can use it. Raises
-    :class:`S3Error` when the name is taken by another account, and the usual errors (no credentials,
+    :class:`S3Error` when the name is taken by another account (or the bucket exists and these
+    credentials may not use it: 403 on HEAD), and the usual errors (no credentials,
     access denied, endpoint unreachable) otherwise."""
     bucket = bucket_of(url)
     config = config or S3Config.from_env()
@@ -58,6 +59,14 @@ def make_bucket(url: str, *, config: S3Config | None = None) -> bool:
     )
 
     def head_give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
+        if failure.fault is Fault.DENIED:  # it exists (a missing bucket answers 404), not for us
+            return S3Error(
+                f"s3://{bucket} exists but these credentials may not use it (403 on HEAD): another "
+                "account owns it (bucket names are shared by every account of the store: choose another "
+                "name), or your policy does not allow s3:ListBucket on it",
+                bucket=bucket,
+                key="",
+            )
         return _Missing() if failure.fault is Fault.NOT_FOUND else fail(failure, tries, elapsed_s)
 
     try:

@@ -26,6 +26,7 @@ FaultKind = Literal[
     "slowdown",
     "internal_error",
     "request_timeout",
+    "access_denied",
     "reset_before_response",
     "reset_mid_body",
     "truncate_body",
@@ -91,6 +92,12 @@ class Fault:
     def internal_error(cls) -> Fault:
         """Answer 500 InternalError without contacting the upstream."""
         return cls("internal_error")
+
+    @classmethod
+    def access_denied(cls) -> Fault:
+        """Answer 403 AccessDenied without contacting the upstream (as S3 answers a HEAD of another
+        account's bucket, or a request its policy refuses)."""
+        return cls("access_denied")
 
     @classmethod
     def request_timeout(cls) -> Fault:

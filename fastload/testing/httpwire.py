@@ -184,6 +184,7 @@ def shift_content_range(value: str, shift_bytes: int) -> str | None:
 S3_ERRORS: dict[str, tuple[int, str, str]] = {
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
     "internal_error": (500, "InternalError", "We encountered an internal error. Please try again."),
+    "access_denied": (403, "AccessDenied", "Access Denied"),
     "request_timeout": (
         400,
         "RequestTimeout",
@@ -193,7 +194,13 @@ S3_ERRORS: dict[str, tuple[int, str, str]] = {
 }
 """Fault kind -> (status, S3 error code, S3's message) for the errors the proxy answers itself."""
 
-_REASONS = {400: "Bad Request", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
+_REASONS = {
+    400: "Bad Request",
+    403: "Forbidden",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
 
 
 def error_response(

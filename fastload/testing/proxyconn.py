@@ -24,7 +24,7 @@ from fastload.testing import httpwire as wire
 from fastload.testing.faultplan import Fault, FaultKind, FaultPlan, RequestInfo
 
 _PIECE = 64 * 1024
-_EARLY = {"slowdown", "internal_error", "request_timeout", "reset_before_response", "hang"}
+_EARLY = {"slowdown", "internal_error", "access_denied", "request_timeout", "reset_before_response", "hang"}
 _MID_BODY = {"reset_mid_body", "truncate_body", "stall_mid_body"}
 
 

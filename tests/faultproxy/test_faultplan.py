@@ -136,6 +136,7 @@ def test_every_kind_has_a_constructor() -> None:
     made = {
         Fault.slowdown(),
         Fault.internal_error(),
+        Fault.access_denied(),
         Fault.request_timeout(),
         Fault.reset_before_response(),
         Fault.reset_mid_body(),

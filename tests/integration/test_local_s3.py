@@ -103,3 +103,20 @@ def test_mb_in_another_region(local_s3: str, monkeypatch: pytest.MonkeyPatch) ->
     assert make_bucket("s3://trial-eu") is True
     assert make_bucket("s3://trial-eu") is False
     assert os.environ["AWS_ENDPOINT_URL"] == local_s3
+
+
+def test_mb_of_a_bucket_these_credentials_may_not_use_says_so(
+    local_s3: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """S3 answers a HEAD of another account's bucket with 403: the name is taken (or the policy refuses),
+    which is what mb says, not a bare access-denied."""
+    from fastload.testing.faultplan import Fault
+    from fastload.testing.faultproxy import FaultProxy, Rule
+
+    with FaultProxy(local_s3) as proxy:
+        proxy.add(Rule(Fault.access_denied(), method="HEAD"))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
+        assert main(["mb", "s3://someone-elses"]) == 1
+    err = capsys.readouterr().err
+    assert "s3://someone-elses exists but these credentials may not use it" in err, err
+    assert "choose another name" in err and "s3:ListBucket" in err and "Traceback" not in err
