@@ -19,6 +19,9 @@ deliver).
    epoch after 20% of it, against the best, is the target's figure (>= 0.9x). The changes the tuner made
    are printed with the time and share of the epoch at which it made them. A second epoch of the same
    loader (persistent workers, the settings found) gives the tuned rate without the search.
+3. **From the defaults.** One tuned epoch started at 64 MiB / 8 (about the defaults): its rate after its
+   first 20% against the same configuration untuned, and against the best (should autotune be the
+   default?).
 
 Rates are counted from the first batch on (the workers' start is left out of every figure). Repeated
 ``--reps`` times (grid and autotune interleaved); figures are medians with their range.
@@ -67,7 +70,7 @@ def make_dataset(root: Path, samples: int, kib: int) -> Path:
 
 
 def epoch(
-    endpoint: str, prefetch: int, fetches: int, autotune: bool, limit: int | None = None
+    endpoint: str, prefetch: int, fetches: int, autotune: bool, limit: int | None = None, second: bool = True
 ) -> tuple[float, list[float], Any, float | None]:
     """Samples/s over one epoch (its first ``limit`` samples), each sample's arrival (seconds from the
     start), the tuner's report; with ``autotune`` also the samples/s of a second epoch (the same loader
@@ -87,14 +90,14 @@ def epoch(
         if limit is not None and len(arrivals) >= limit:
             break
     tuned = dl.report()["autotune"] if autotune else None
-    second = None
-    if autotune:
+    again_rate = None
+    if autotune and second:
         again: list[float] = []
         started = time.perf_counter()
         for n in dl:
             again.extend([time.perf_counter() - started] * n)
-        second = rate_after(again, 0.2)
-    return rate_after(arrivals, 0.0), arrivals, tuned, second
+        again_rate = rate_after(again, 0.2)
+    return rate_after(arrivals, 0.0), arrivals, tuned, again_rate
 
 
 def reached(arrivals: list[float], target: float, window_share: float = 0.05) -> float | None:
@@ -136,6 +139,7 @@ def main() -> None:
     reach: list[float | None] = []
     after: list[float] = []
     settled: list[float] = []
+    from_default: list[float] = []
     changes: list[Any] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="fastload-autotune-") as tmp:
@@ -155,6 +159,9 @@ def main() -> None:
                 settled.append(second / best)
                 reach.append(reached(arrivals, 0.9 * best))
                 after.append(rate_after(arrivals, 0.2) / best)
+                # the defaults' question: tuned from about the defaults (64 MiB / 8), against them untuned
+                tuned_default = epoch(server.endpoint_url, *GRID[2], True, second=False)[1]
+                from_default.append(rate_after(tuned_default, 0.2))
                 total = arrivals[-1]
                 changes.append(
                     [
@@ -180,6 +187,10 @@ def main() -> None:
         "reached_0.9x_best_at_epoch_share": reach,
         "rate_after_20pct_vs_best": [round(x, 3) for x in after],
         "second_epoch_after_20pct_vs_best": [round(x, 3) for x in settled],
+        "tuned_from_64MiB/8_after_20pct_vs_untuned": round(
+            statistics.median(from_default) / statistics.median(grid["64MiB/8"]), 3
+        ),
+        "tuned_from_64MiB/8_after_20pct_vs_best": round(statistics.median(from_default) / best, 3),
         "changes": changes,
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
     }
