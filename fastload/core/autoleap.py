@@ -88,7 +88,7 @@ def _leap(window: Window, settings: Settings, limits: Limits) -> Decision | None
         settings,
         concurrency=concurrency,
         task_bytes=task,
-        prefetch_bytes=max(settings.prefetch_bytes, 2 * concurrency * task),
+        prefetch_bytes=min(max(settings.prefetch_bytes, 2 * concurrency * task), room - task),
     )
     why = (
         f"the loop waits {window.wait_share:.0%} of its time and the workers are "

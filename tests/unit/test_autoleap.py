@@ -51,6 +51,14 @@ def test_the_leap_stays_within_memory_and_gives_way_to_doubling_where_none_fits(
     assert d.trial is not None and d.trial.kind == "raise" and d.settings.concurrency == 2
 
 
+def test_a_deep_prefetch_kept_through_the_leap_leaves_room_for_the_bigger_task() -> None:
+    deep = Settings(prefetch_bytes=256 * MIB, concurrency=1, task_bytes=MIB, workers=1)
+    limits = Limits(memory_bytes=257 * MIB, cores=8)  # exactly what it starts with
+    d = autoleap.decide(io_bound(), deep, limits, leap=True)
+    assert d.settings.task_bytes == 4 * MIB and d.settings.concurrency == 31
+    assert d.settings.prefetch_bytes + d.settings.task_bytes <= limits.memory_bytes
+
+
 def test_no_leap_unless_the_loop_waits_for_idle_workers() -> None:
     assert autoleap.decide(io_bound(wait_s=0.05, step_s=0.95), POOR, LIMITS, leap=True).changes == ()
     assert autoleap.decide(io_bound(busy_s=1.8), POOR, LIMITS, leap=True).changes == ()  # CPU-bound
@@ -119,6 +127,7 @@ def test_throttling_in_the_middle_of_a_trim_halves_concurrency_and_ends_the_sear
 
 @settings(max_examples=200, deadline=None)
 @given(
+    prefetch=st.integers(0, 512 * MIB),
     concurrency=st.integers(1, 64),
     task=st.integers(MIB, 64 * MIB),
     workers=st.integers(0, 16),
@@ -128,6 +137,7 @@ def test_throttling_in_the_middle_of_a_trim_halves_concurrency_and_ends_the_sear
     first_byte=st.one_of(st.none(), st.floats(0, 0.5)),
 )
 def test_the_search_never_leaves_the_limits(
+    prefetch: int,
     concurrency: int,
     task: int,
     workers: int,
@@ -137,7 +147,7 @@ def test_the_search_never_leaves_the_limits(
     first_byte: float | None,
 ) -> None:
     limits = Limits(memory_bytes=memory_mib * MIB, cores=8, max_concurrency=64, max_task_bytes=64 * MIB)
-    s = Settings(prefetch_bytes=concurrency * task, concurrency=concurrency, task_bytes=task, workers=workers)
+    s = Settings(prefetch_bytes=prefetch, concurrency=concurrency, task_bytes=task, workers=workers)
     if max(1, workers) * (s.prefetch_bytes + s.task_bytes) > limits.memory_bytes:
         return
     trial, leap = None, True
