@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from types import TracebackType
 
 
@@ -37,14 +38,19 @@ class LockHeld(Exception):
         self.holder = holder
 
 
-_THREAD_LOCKS: dict[str, threading.Lock] = {}
+# (weak: a path's lock lives while a FileLock of it does, not for the process's life)
+_THREAD_LOCKS: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
 _THREAD_LOCKS_GUARD = threading.Lock()
 
 
 def _thread_lock(path: str) -> threading.Lock:
     """The lock the threads of this process take before ``path``'s record lock."""
     with _THREAD_LOCKS_GUARD:
-        return _THREAD_LOCKS.setdefault(os.path.abspath(path), threading.Lock())
+        key = os.path.abspath(path)
+        lock = _THREAD_LOCKS.get(key)
+        if lock is None:
+            lock = _THREAD_LOCKS[key] = threading.Lock()
+        return lock
 
 
 class FileLock:

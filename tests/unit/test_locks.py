@@ -59,3 +59,20 @@ def test_threads_take_turns(tmp_path: Path) -> None:
     for t in threads:
         t.join(timeout=60)
     assert overlaps == []
+
+
+def test_a_paths_thread_lock_lives_as_long_as_its_file_locks(tmp_path: Path) -> None:
+    """Threads of one process share a path's lock while FileLocks of it exist; once none does, it is gone
+    (a long-lived process locking many paths keeps none of them)."""
+    import gc
+
+    from fastload.storage import locks
+
+    path = str(tmp_path / "gone.lock")
+    first, second = FileLock(path), FileLock(path)
+    assert first._thread is second._thread
+    key = os.path.abspath(path)
+    assert key in locks._THREAD_LOCKS
+    del first, second
+    gc.collect()
+    assert key not in locks._THREAD_LOCKS
