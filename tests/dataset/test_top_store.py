@@ -160,7 +160,9 @@ def test_writes_resume_when_the_store_comes_back(
     client.close()
 
 
-def test_a_restarted_job_adds_segments_and_top_reads_the_newest(bucket: str, moto_url: str) -> None:
+def test_a_restarted_job_adds_segments_and_top_reads_the_newest(
+    bucket: str, moto_url: str, tmp_path: Path
+) -> None:
     url = f"s3://{bucket}/run"
     for steps in ([1, 2], [3], [4, 5]):  # three runs of one job (a restart each)
         exporter = JsonLines(url, interval_s=0.0)
@@ -171,6 +173,41 @@ def test_a_restarted_job_adds_segments_and_top_reads_the_newest(bucket: str, mot
     assert segments == [f"run/telemetry-rank0/{i:08d}.jsonl" for i in range(3)]
     assert [r["step"] for r in read_records(url)[0]] == [1, 2, 3, 4, 5]
     assert [r["step"] for r in read_records(url, latest=True)[0]] == [4, 5]
+    copy = tmp_path / "copy"  # the prefix copied to a local folder reads the same
+    client = boto3.client("s3", endpoint_url=moto_url, region_name=REGION)
+    for key in segments:
+        (copy / key).parent.mkdir(parents=True, exist_ok=True)
+        (copy / key).write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    client.close()
+    assert [r["step"] for r in read_records(str(copy / "run"))[0]] == [1, 2, 3, 4, 5]
+
+
+def test_the_live_view_follows_a_running_job(bucket: str) -> None:
+    url = f"s3://{bucket}/live"
+    exporter = JsonLines(url, interval_s=0.05)
+    exporter.export(record(1))
+    cmd = [sys.executable, "-m", "fastload", "top", url, "--interval", "0.2"]
+    seen: list[str] = []
+    step = 1
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+    ) as top:
+        assert top.stdout is not None
+        try:
+            for line in iter(top.stdout.readline, ""):  # a table every 0.2 s, until the last step shows
+                seen.append(line)
+                if line.split()[:2] == ["0", str(step)]:
+                    if step == 3:
+                        break
+                    step += 1  # the job goes on: top shows each new step once it reaches the store
+                    exporter.export(record(step))
+                assert time.monotonic() < deadline, "".join(seen)
+        finally:
+            top.terminate()
+            exporter.close()
+    assert seen and seen[-1].split()[:2] == ["0", "3"], "".join(seen)
+    assert any(f"fastload top {url}  (every 0.2s; Ctrl-C quits)" in line for line in seen)
 
 
 def test_telemetry_urls_a_store_cannot_take_are_refused_at_once() -> None:
