@@ -42,11 +42,11 @@ def segment_url(root: str, name: str, seq: int) -> str:
     return f"{root.rstrip('/')}/{name}/{seq:08d}{SUFFIX}"
 
 
-def list_segments(root: str, *, config: S3Config) -> dict[str, list[str]]:
-    """Each log's segment URLs under ``root``, by log name, oldest first."""
+def list_segments(root: str, *, config: S3Config, name: str | None = None) -> dict[str, list[str]]:
+    """Each log's segment URLs under ``root`` (only log ``name``'s, if given), by log name, oldest first."""
     found: dict[str, list[tuple[int, str]]] = {}
     base = root.rstrip("/")
-    for url in list_files(base, SUFFIX, config=config):
+    for url in list_files(base if name is None else f"{base}/{name}", SUFFIX, config=config):
         m = _SEGMENT.search(url)
         if m is not None and url[: m.start()] == base:
             found.setdefault(m.group(1), []).append((int(m.group(2)), url))
@@ -176,7 +176,7 @@ class SegmentLog:
             return
         try:
             if self._seq is None:
-                listed = list_segments(self.root, config=self.config).get(self.name, [])
+                listed = list_segments(self.root, config=self.config, name=self.name).get(self.name, [])
                 self._seq = int(listed[-1].rsplit("/", 1)[1][: -len(SUFFIX)]) + 1 if listed else 0
             body = b"".join(self._segment + taken)
             put_bytes(segment_url(self.root, self.name, self._seq), body, config=self.config)
@@ -188,9 +188,9 @@ class SegmentLog:
                 "fastload telemetry: writing to %s works again (%d failures)", self.url, self.failures
             )
             self._failing = None
-        with self._cond:
+        with self._cond:  # (close() may have given up on them meanwhile: then there are none)
             del self._pending[: len(taken)]
-            self._pending_bytes -= sum(len(t) for t in taken)
+            self._pending_bytes = sum(len(t) for t in self._pending)
         self.written += len(taken)
         self._segment += taken
         self._segment_bytes += sum(len(t) for t in taken)

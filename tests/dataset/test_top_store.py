@@ -26,6 +26,9 @@ from fastload.train.exporters import JsonLines
 
 from .conftest import REGION
 from .helpers import SUBPROCESS_TIMEOUT_S, Packed, child_env
+from .test_torchrun import CANNOT_START, loopback_available
+
+JOB = Path(__file__).resolve().parent / "scripts" / "telemetry_job.py"
 
 LOOP = """
 import sys, fastload
@@ -87,6 +90,33 @@ def test_a_loader_with_workers_writes_to_s3_and_top_shows_it(
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
     steps = [r["step"] for r in read_records(url)[0]]
     assert steps == [5, 10]
+
+
+def test_the_ranks_of_a_torchrun_job_share_one_prefix_and_top_shows_each(
+    small: Packed, bucket: str, moto_url: str
+) -> None:
+    why = loopback_available()
+    if why:
+        pytest.skip(f"torchrun needs a TCP listener on loopback; {why}")
+    url = f"s3://{bucket}/job"
+    cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += [str(JOB), str(small.root), url]
+    proc = run(*cmd, MASTER_ADDR="127.0.0.1")
+    output = proc.stdout[-4000:] + proc.stderr[-4000:]
+    if proc.returncode != 0 and any(marker in output for marker in CANNOT_START):
+        pytest.skip(f"torchrun could not start a rendezvous on loopback:\n{output}")
+    assert proc.returncode == 0, output
+    assert sorted(keys(moto_url, bucket)) == [f"job/telemetry-rank{r}/00000000.jsonl" for r in range(2)]
+    records = read_records(url)
+    assert sorted(records) == [0, 1]
+    for rank, mine in records.items():
+        assert {r["world"] for r in mine} == {2} and {r["rank"] for r in mine} == {rank}
+    last = records[0][-1]["step"]
+    assert last >= 6 and records[1][-1]["step"] == last  # (the ranks take the same steps)
+    proc = run("-m", "fastload", "top", url, "--once")
+    assert proc.returncode == 0, proc.stderr
+    rows = [row.split()[:2] for row in proc.stdout.splitlines()[1:]]
+    assert rows == [["0", str(last)], ["1", str(last)]], proc.stdout
 
 
 def test_top_of_an_empty_prefix_or_an_unreadable_url_says_what_to_pass(bucket: str) -> None:
