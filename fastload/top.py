@@ -1,20 +1,24 @@
 """``fastload top FOLDER_OR_URL``: a live terminal view of a running job from its telemetry JSON lines
 (what :class:`fastload.train.exporters.JsonLines` writes, a log per rank, in a folder or an ``s3://``,
-``gs://`` or ``az://`` prefix; read by :mod:`fastload.topread`):
+``gs://`` or ``az://`` prefix; read by :mod:`fastload.topread`) or the ranks' Prometheus endpoints
+(:mod:`fastload.topprom`):
 per rank the last record's step, samples/s, share of the loop's time waiting for data, the slowest stage,
 S3 requests, errors and 503s, the first-byte p50, and a straggler's cause. ``--once`` prints one table;
 ``--plot PNG`` draws each rank's samples/s and wait share over time (matplotlib)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastload.config import S3Config
 from fastload.errors import ConfigError, FastloadError
 from fastload.storage.objectlog import is_store
+from fastload.topprom import Endpoints, is_endpoints
 from fastload.topread import Records, no_records, read_records
 
 
@@ -101,9 +105,17 @@ def add_parser(sub: Any, s3_options: Any) -> None:
 
 
 def run(source: str, *, once: bool, interval_s: float, plot_path: str | None) -> int:
-    config = S3Config.from_env() if is_store(source) else None
+    config = S3Config.from_env() if is_store(source) or is_endpoints(source) else None
+    read: Callable[[], Records] = functools.partial(read_records, source, latest=True, config=config)
+    if is_endpoints(source):
+        if plot_path is not None:
+            raise ConfigError(
+                f"{source}: --plot draws the history that JSON lines keep, a Prometheus endpoint serves only "
+                "the present; pass the folder or store URL given as telemetry= to fastload.loader"
+            )
+        read = Endpoints(source, config=config or S3Config()).read
     if plot_path is not None or once:
-        records = read_records(source, latest=plot_path is None, config=config)
+        records = read_records(source, config=config) if plot_path is not None else read()
         if not records and is_store(source):
             raise no_records(source)
         if plot_path is not None:
@@ -112,7 +124,7 @@ def run(source: str, *, once: bool, interval_s: float, plot_path: str | None) ->
         else:
             print(table(records))
         return 0
-    view = text = table(read_records(source, latest=True, config=config))  # a bad source: fails at once
+    view = text = table(read())  # a bad source: fails at once
     while True:  # until Ctrl-C (the CLI answers it)
         title = f"fastload top {source}  (every {interval_s:g}s; Ctrl-C quits)"
         sys.stdout.write(f"\x1b[H\x1b[2J{title}\n\n")
@@ -120,6 +132,6 @@ def run(source: str, *, once: bool, interval_s: float, plot_path: str | None) ->
         sys.stdout.flush()
         time.sleep(interval_s)
         try:
-            view = text = table(read_records(source, latest=True, config=config))
+            view = text = table(read())
         except (FastloadError, OSError) as exc:  # a store failing for a moment: say so, keep the last view
             text = f"{view}\n(refreshing failed at {time.strftime('%H:%M:%S')}: {exc})"

@@ -31,7 +31,7 @@ def read_records(source: str, *, latest: bool = False, config: S3Config | None =
     if "://" in source and not source.startswith("file://"):
         raise ConfigError(
             f"{source!r}: fastload top reads a local folder or an s3://, gs:// or az:// URL, the one given "
-            "as telemetry= to fastload.loader"
+            "as telemetry= to fastload.loader, or Prometheus endpoints (http://HOST:PORT/metrics[,...])"
         )
     return _from_folder(source.removeprefix("file://"))
 

@@ -123,7 +123,7 @@ def test_top_of_an_empty_prefix_or_an_unreadable_url_says_what_to_pass(bucket: s
     proc = run("-m", "fastload", "top", f"s3://{bucket}/nothing", "--once")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"s3://{bucket}/nothing holds no telemetry" in proc.stderr and "telemetry=" in proc.stderr
-    proc = run("-m", "fastload", "top", "http://127.0.0.1:9/metrics", "--once")
+    proc = run("-m", "fastload", "top", "hf://datasets/org/name", "--once")
     assert proc.returncode == 2 and "reads a local folder or an s3://, gs:// or az:// URL" in proc.stderr
     proc = run("-m", "fastload", "top", f"s3://{bucket}/x", "--once", "--endpoint-url", "http://127.0.0.1:9")
     assert proc.returncode == 1 and "cannot connect to http://127.0.0.1:9" in proc.stderr
