@@ -97,7 +97,10 @@ def add_parser(sub: Any, s3_options: Any) -> None:
         "telemetry=FOLDER_OR_URL) writes (an s3://, gs:// or az:// prefix: every rank of a job in one).",
     )
     t.add_argument(
-        "folder", metavar="FOLDER_OR_URL", help="the folder or URL given as telemetry= to the loader"
+        "folder",
+        metavar="FOLDER_OR_URL",
+        help="the folder or URL given as telemetry= to the loader, or the ranks' Prometheus endpoints "
+        "(http://HOST:PORT/metrics,...)",
     )
     t.add_argument("--once", action="store_true", help="print the table once and exit")
     t.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes")
