@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import os
 import re
 import threading
 import time
@@ -115,6 +116,7 @@ class SegmentLog:
         self._closing = False
         self._failing: str | None = None  # the outage's first error
         self._thread: threading.Thread | None = None
+        self._pid = 0  # the process whose thread writes
 
     @property
     def url(self) -> str:
@@ -130,6 +132,7 @@ class SegmentLog:
             self._pending.append(data)
             self._pending_bytes += len(data)
             if self._thread is None:
+                self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name="fastload-telemetry", daemon=True)
                 self._thread.start()
                 atexit.register(self.close)
@@ -138,6 +141,8 @@ class SegmentLog:
     def close(self) -> None:
         """Write what is left and stop the thread, waiting at most ``close_timeout_s``; lines still
         unwritten then are counted in :attr:`dropped` and logged."""
+        if self._thread is not None and os.getpid() != self._pid:
+            return  # a forked child's exit: the thread and its lines are the parent's
         with self._cond:
             if self._closing:
                 return
