@@ -245,3 +245,23 @@ def test_telemetry_urls_a_store_cannot_take_are_refused_at_once() -> None:
         fastload.loader([1, 2, 3], num_workers=0, telemetry="https://example.com/tel")
     with pytest.raises(ConfigError, match="mistyped S3 URL"):
         fastload.loader([1, 2, 3], num_workers=0, telemetry="s3:/bucket/tel")
+
+
+FORKED = """
+import os, sys, time
+from fastload.config import S3Config
+from fastload.storage.objectlog import SegmentLog
+config = S3Config(endpoint_url="http://127.0.0.1:9", max_attempts=1, deadline_s=0.5)
+log = SegmentLog("s3://b/p", "telemetry-rank0", config=config, interval_s=60, close_timeout_s=5)
+log.append("{}")
+time.sleep(0.5)
+if os.fork() == 0:
+    sys.exit(0)  # a child that exits normally runs the atexit handlers it inherited
+os.wait()
+"""
+
+
+def test_a_forked_child_leaves_the_parents_lines_to_the_parent(s3_env: None) -> None:
+    proc = run("-c", FORKED)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("1 record(s) not written to s3://b/p/telemetry-rank0/") == 1, proc.stderr
