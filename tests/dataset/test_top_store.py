@@ -153,7 +153,7 @@ def test_a_stalled_store_costs_the_loop_no_time(small: Packed, s3_env: None) -> 
         stalled.bind(("127.0.0.1", 0))
         stalled.listen(16)
         endpoint = f"http://127.0.0.1:{stalled.getsockname()[1]}"
-        config = S3Config(endpoint_url=endpoint, read_timeout_s=1.0, max_attempts=2, deadline_s=2.0)
+        config = S3Config(endpoint_url=endpoint, read_timeout_s=1.0, max_attempts=1, deadline_s=1.0)
         exporter = JsonLines("s3://b/run", config=config)
         ld = fastload.loader(small.root, batch_size=3, num_workers=0, telemetry=exporter, telemetry_every=2)
         assert sum(1 for _ in ld) == 10
