@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fastload.cli_optimize import add_parser as add_optimize_parser
 
     add_optimize_parser(sub, s3_options)
-    _top(sub)
+    from fastload.top import add_parser as add_top_parser
+
+    add_top_parser(sub, s3_options)
 
     from fastload.bench.args import add_parser as add_bench_parser
 
@@ -384,17 +386,3 @@ def _pack_tokens(sub: Any, s3_options: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--quiet", action="store_true", help="no progress bar (none either when not on a terminal)"
     )
-
-
-def _top(sub: Any) -> None:
-    t = sub.add_parser(
-        "top",
-        help="a live view of a running job's loader telemetry (telemetry-rank*.jsonl)",
-        description="Per rank: samples/s, share of time waiting for data, slowest stage, S3 requests, "
-        "errors and 503s, first-byte p50, stragglers; from the JSON lines fastload.loader(..., "
-        "telemetry=FOLDER) writes.",
-    )
-    t.add_argument("folder", metavar="FOLDER", help="the folder given as telemetry= to the loader")
-    t.add_argument("--once", action="store_true", help="print the table once and exit")
-    t.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes")
-    t.add_argument("--plot", default=None, metavar="PNG", help="write samples/s and wait share over time")

@@ -1,48 +1,28 @@
-"""``fastload top FOLDER``: a live terminal view of a running job from its telemetry JSON lines (the
-``telemetry-rank{R}.jsonl`` files :class:`fastload.train.exporters.JsonLines` writes, a file per rank):
+"""``fastload top FOLDER_OR_URL``: a live terminal view of a running job from its telemetry JSON lines
+(what :class:`fastload.train.exporters.JsonLines` writes, a log per rank, in a folder or an ``s3://``,
+``gs://`` or ``az://`` prefix; read by :mod:`fastload.topread`) or the ranks' Prometheus endpoints
+(:mod:`fastload.topprom`):
 per rank the last record's step, samples/s, share of the loop's time waiting for data, the slowest stage,
 S3 requests, errors and 503s, the first-byte p50, and a straggler's cause. ``--once`` prints one table;
 ``--plot PNG`` draws each rank's samples/s and wait share over time (matplotlib)."""
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from fastload.errors import ConfigError
-
-PATTERN = "telemetry-rank*.jsonl"
-
-
-def read_records(folder: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
-    """Every whole record of every rank's file in ``folder``, by rank (a line still being written, or a
-    damaged one, is left out)."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise ConfigError(
-            f"{os.fspath(folder)!r} is not a folder of telemetry files; pass the folder given as "
-            "telemetry= to fastload.loader (it holds telemetry-rank0.jsonl, ...)"
-        )
-    out: dict[int, list[dict[str, Any]]] = {}
-    for path in sorted(root.glob(PATTERN)):
-        records = []
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "rank" in record:
-                records.append(record)
-        if records:
-            out[int(records[-1]["rank"])] = records
-    return out
+from fastload.config import S3Config
+from fastload.errors import ConfigError, FastloadError
+from fastload.storage.objectlog import is_store
+from fastload.topprom import Endpoints, is_endpoints
+from fastload.topread import Records, no_records, read_records
 
 
-def table(records: dict[int, list[dict[str, Any]]], *, now: float | None = None) -> str:
+def table(records: Records, *, now: float | None = None) -> str:
     """The view: one row per rank from its last record."""
     if not records:
         return "no telemetry records yet (the loader writes one every telemetry_every steps)"
@@ -83,7 +63,7 @@ def _cells(row: tuple[str, ...], widths: list[int]) -> list[str]:
     return [cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in pairs]
 
 
-def plot(records: dict[int, list[dict[str, Any]]], path: str | os.PathLike[str]) -> None:
+def plot(records: Records, path: str | os.PathLike[str]) -> None:
     """Each rank's samples/s and wait share against time since the first record, as a PNG."""
     try:
         import matplotlib
@@ -106,18 +86,55 @@ def plot(records: dict[int, list[dict[str, Any]]], path: str | os.PathLike[str])
     plt.close(fig)
 
 
-def run(folder: str, *, once: bool, interval_s: float, plot_path: str | None) -> int:
-    if plot_path is not None:
-        plot(read_records(folder), plot_path)
-        print(f"wrote {plot_path}")
+def add_parser(sub: Any, s3_options: Any) -> None:
+    """``fastload top``'s arguments (with the S3 options: a store URL is read as other commands read it)."""
+    t = sub.add_parser(
+        "top",
+        parents=[s3_options],
+        help="a live view of a running job's loader telemetry (a folder or s3://, gs://, az:// URL)",
+        description="Per rank: samples/s, share of time waiting for data, slowest stage, S3 requests, "
+        "errors and 503s, first-byte p50, stragglers; from the JSON lines fastload.loader(..., "
+        "telemetry=FOLDER_OR_URL) writes (an s3://, gs:// or az:// prefix: every rank of a job in one).",
+    )
+    t.add_argument(
+        "folder",
+        metavar="FOLDER_OR_URL",
+        help="the folder or URL given as telemetry= to the loader, or the ranks' Prometheus endpoints "
+        "(http://HOST:PORT/metrics,...)",
+    )
+    t.add_argument("--once", action="store_true", help="print the table once and exit")
+    t.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes")
+    t.add_argument("--plot", default=None, metavar="PNG", help="write samples/s and wait share over time")
+
+
+def run(source: str, *, once: bool, interval_s: float, plot_path: str | None) -> int:
+    config = S3Config.from_env() if is_store(source) or is_endpoints(source) else None
+    read: Callable[[], Records] = functools.partial(read_records, source, latest=True, config=config)
+    if is_endpoints(source):
+        if plot_path is not None:
+            raise ConfigError(
+                f"{source}: --plot draws the history that JSON lines keep, a Prometheus endpoint serves only "
+                "the present; pass the folder or store URL given as telemetry= to fastload.loader"
+            )
+        read = Endpoints(source, config=config or S3Config()).read
+    if plot_path is not None or once:
+        records = read_records(source, config=config) if plot_path is not None else read()
+        if not records and is_store(source):
+            raise no_records(source)
+        if plot_path is not None:
+            plot(records, plot_path)
+            print(f"wrote {plot_path}")
+        else:
+            print(table(records))
         return 0
-    if once:
-        print(table(read_records(folder)))
-        return 0
+    view = text = table(read())  # a bad source: fails at once
     while True:  # until Ctrl-C (the CLI answers it)
-        text = table(read_records(folder))
-        title = f"fastload top {folder}  (every {interval_s:g}s; Ctrl-C quits)"
+        title = f"fastload top {source}  (every {interval_s:g}s; Ctrl-C quits)"
         sys.stdout.write(f"\x1b[H\x1b[2J{title}\n\n")
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         time.sleep(interval_s)
+        try:
+            view = text = table(read())
+        except (FastloadError, OSError) as exc:  # a store failing for a moment: say so, keep the last view
+            text = f"{view}\n(refreshing failed at {time.strftime('%H:%M:%S')}: {exc})"

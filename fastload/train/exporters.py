@@ -1,7 +1,8 @@
 """Where loader telemetry records go (:class:`~fastload.train.publish.Publisher`): JSON lines (the default,
-a file per rank, what ``fastload top`` reads), Prometheus (a textfile for node_exporter and/or an HTTP
-endpoint), TensorBoard scalars, OpenTelemetry metrics. Each is one small adapter; the last three need
-their package (``pip install 'fastload[telemetry]'``) and say so when it is missing.
+a log per rank in a folder or an ``s3://``/``gs://``/``az://`` prefix, what ``fastload top`` reads),
+Prometheus (a textfile for node_exporter and/or an HTTP endpoint), TensorBoard scalars, OpenTelemetry
+metrics. Each is one small adapter; the last three need their package (``pip install
+'fastload[telemetry]'``) and say so when it is missing.
 
 Every adapter exports the same metrics (:func:`metrics`): per rank, samples/s, wait share, the window's
 data wait, each stage's seconds (cumulative), S3 requests/bytes/errors/throttles, and 1 for a straggler.
@@ -15,8 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from fastload.config import S3Config
 from fastload.core.telemetry import STAGES
 from fastload.errors import ConfigError
+from fastload.storage.objectlog import SegmentLog, is_store
+from fastload.storage.urls import check_writable
 
 
 class Exporter(Protocol):
@@ -55,22 +59,60 @@ def _need(module: str, extra: str) -> Any:
 
 
 class JsonLines:
-    """One JSON line per record appended to ``folder/telemetry-rank{R}.jsonl`` (opened for each record:
-    records are steps apart, and a reader such as ``fastload top`` sees each whole line at once)."""
+    """One JSON line per record, a log per rank: appended to ``folder/telemetry-rank{R}.jsonl`` (opened for
+    each record: records are steps apart, and a reader such as ``fastload top`` sees each whole line at
+    once), or, for an ``s3://``, ``gs://`` or ``az://`` URL, written to the store as segment objects
+    ``URL/telemetry-rank{R}/{seq:08d}.jsonl`` by a background thread, at most every ``interval_s``
+    (:class:`~fastload.storage.objectlog.SegmentLog`: the loop never waits for the store, and a failing
+    store is logged once and counted in :attr:`failures` and :attr:`dropped`, never raised). ``close()``
+    writes what is left (so does the process's exit)."""
 
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
-        self.folder = Path(folder)
+    def __init__(
+        self, folder: str | os.PathLike[str], *, interval_s: float = 5.0, config: S3Config | None = None
+    ) -> None:
+        text = os.fspath(folder)
+        check_writable(text)
+        self.url = text.rstrip("/") if is_store(text) else None
+        self.folder = Path(text)
+        self.interval_s = interval_s
+        self.config = config
+        self._logs: dict[int, SegmentLog] = {}
 
     def path(self, rank: int) -> Path:
         return self.folder / f"telemetry-rank{rank}.jsonl"
 
     def export(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":"))
+        if self.url is not None:
+            self._log(int(record["rank"])).append(line)
+            return
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.path(record["rank"]), "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            f.write(line + "\n")
+
+    def _log(self, rank: int) -> SegmentLog:
+        log = self._logs.get(rank)
+        if log is None:
+            if self.config is None:
+                self.config = S3Config.from_env()
+            url = str(self.url)
+            log = SegmentLog(url, f"telemetry-rank{rank}", config=self.config, interval_s=self.interval_s)
+            self._logs[rank] = log
+        return log
+
+    @property
+    def failures(self) -> int:
+        """Failed writes to the store so far (0 for a folder)."""
+        return sum(log.failures for log in self._logs.values())
+
+    @property
+    def dropped(self) -> int:
+        """Records given up (the store failing for long, or not answering at close; 0 for a folder)."""
+        return sum(log.dropped for log in self._logs.values())
 
     def close(self) -> None:
-        pass
+        for log in self._logs.values():
+            log.close()
 
 
 class Prometheus:
@@ -161,7 +203,7 @@ class OpenTelemetry:
 
 def exporters_from(telemetry: Any) -> list[Exporter]:
     """The exporters ``telemetry=`` names: None (none: records are still made, stragglers still logged), a
-    folder (JSON lines), an exporter, or a list of them."""
+    folder or an ``s3://``, ``gs://`` or ``az://`` URL (JSON lines), an exporter, or a list of them."""
     if telemetry is None:
         return []
     if isinstance(telemetry, (str, os.PathLike)):
@@ -171,6 +213,7 @@ def exporters_from(telemetry: Any) -> list[Exporter]:
     if hasattr(telemetry, "export"):
         return [telemetry]
     raise ConfigError(
-        f"telemetry={telemetry!r}: pass a folder (JSON lines, a file per rank) or exporters from "
+        f"telemetry={telemetry!r}: pass a folder or an s3://, gs:// or az:// URL (JSON lines, a log per "
+        "rank) or exporters from "
         "fastload.train.exporters (JsonLines, Prometheus, TensorBoard, OpenTelemetry)"
     )

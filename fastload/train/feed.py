@@ -291,7 +291,8 @@ def loader(
     without NVML or a GPU). ``decode="cuda"`` (with ``device="cuda"``) keeps images as bytes in the workers
     and decodes JPEGs in batches on the GPU after the transfer (:mod:`fastload.train.gpudecode`).
     ``loader.report()``: per-stage telemetry over the workers. ``telemetry``: where to export it (a folder
-    for JSON lines, a file per rank, or exporters of :mod:`fastload.train.exporters`), every
+    for JSON lines, a file per rank; an ``s3://``, ``gs://`` or ``az://`` prefix for the same in a store,
+    where every rank of a multi-node job can write; or exporters of :mod:`fastload.train.exporters`), every
     ``telemetry_every`` steps (default 100), which also compares the ranks' data waits and names a
     straggler (docs/observe.md). ``autotune=True`` (or a ``fastload.AutotuneConfig``): the
     ``fastload.DataLoader`` tunes its prefetch depth, fetches at once, read task size and workers as it runs
