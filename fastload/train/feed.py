@@ -182,6 +182,17 @@ class Loader:
         for batch in self.dataloader:
             yield batch, (self._loader_state() if resumable else None)
 
+    def close(self) -> None:
+        """Flush and close the telemetry exporters (a store's last records written; also done at exit)."""
+        if self.publisher is not None:
+            self.publisher.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __iter__(self) -> Iterator[Any]:
         if self.monitor is None:
             yield from self._timed()

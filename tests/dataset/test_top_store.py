@@ -68,10 +68,9 @@ def test_a_loader_with_workers_writes_to_s3_and_top_shows_it(
     small: Packed, bucket: str, moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"s3://{bucket}/runs/42"
-    ld = fastload.loader(small.root, batch_size=3, num_workers=2, telemetry=url, telemetry_every=5)
-    assert sum(1 for _ in ld) == 10
-    assert ld.publisher is not None
-    ld.publisher.close()  # (else at exit: the torchrun test below)
+    with fastload.loader(small.root, batch_size=3, num_workers=2, telemetry=url, telemetry_every=5) as ld:
+        assert sum(1 for _ in ld) == 10
+    # closed: its records written (else at exit: the torchrun test below)
     assert keys(moto_url, bucket) == ["runs/42/telemetry-rank0/00000000.jsonl"]
     monkeypatch.delenv("AWS_ENDPOINT_URL")  # top finds the store by --endpoint-url
     proc = run("-m", "fastload", "top", url, "--once", "--endpoint-url", moto_url)
