@@ -221,3 +221,24 @@ def test_index_upgrade_meeting_an_append_writes_nothing(
     assert versions(url) == [(1, 3, 6), (2, 2, 9)]
     assert samples(url) == expected(a, b)
 
+
+def test_optimize_appends(store: Store) -> None:
+    """``fastload.optimize(..., mode="append")`` into the store: the stream of one run over all the inputs
+    (its URL is the store's, not a local folder named ``gs:``), nothing left in ``.fastload-pack/``."""
+    url, whole = f"{store.root}/ds", f"{store.root}/whole"
+
+    def make(n: int) -> dict[str, Any]:
+        return {"__key__": f"k{n:05d}", "txt": f"text {n} " * (n % 4 + 1) * 60}
+
+    options: dict[str, Any] = {"workers": 2, "shard_size_bytes": 4 << 10, "progress": False}
+    fastload.optimize(make, range(24), whole, **options)
+    fastload.optimize(make, range(12), url, **options)
+    old = samples(url)
+    report = fastload.optimize(make, range(12, 24), url, mode="append", **options)
+    assert report.samples == 12 and samples(url, version=1) == old and samples(url) == samples(whole)
+    assert fastload.ShardDataset(url, decode=False).view.version == 2
+    from fastload.storage.web import list_web
+
+    assert list_web(url, "", fastload.S3Config.from_env()) and not list_web(
+        f"{url}/.fastload-pack", "", fastload.S3Config.from_env()
+    )
