@@ -242,3 +242,20 @@ def test_optimize_appends(store: Store) -> None:
     assert list_web(url, "", fastload.S3Config.from_env()) and not list_web(
         f"{url}/.fastload-pack", "", fastload.S3Config.from_env()
     )
+
+
+def test_pack_tokens_appends(store: Store, tmp_path: Path) -> None:
+    """``pack_tokens(append=True)`` into the store: the documents of both runs read back in order (token
+    datasets keep index.json in ``_fastload/``: the conditional write is there)."""
+    url = f"{store.root}/tok"
+    docs = [list(range(d * 100, d * 100 + 3 + d % 5)) for d in range(9)]
+    for name, part in (("a", docs[:5]), ("b", docs[5:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in part))
+    options: dict[str, Any] = {"shard_size_bytes": 4096, "workers": 1, "progress": False}
+    fastload.pack_tokens(tmp_path / "a.jsonl", url, **options)
+    fastload.pack_tokens(tmp_path / "b.jsonl", url, append=True, **options)
+    found = conditional.read_versioned(f"{url}/_fastload/index.json", config=fastload.S3Config.from_env())
+    assert found is not None
+    assert [(v["version"], v["samples"]) for v in json.loads(found[0])["versions"]] == [(1, 5), (2, 9)]
+    got = [s[next(k for k in s if k.startswith("tokens."))].tolist() for s in fastload.ShardDataset(url)]
+    assert got == docs
