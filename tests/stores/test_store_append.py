@@ -259,3 +259,35 @@ def test_pack_tokens_appends(store: Store, tmp_path: Path) -> None:
     assert [(v["version"], v["samples"]) for v in json.loads(found[0])["versions"]] == [(1, 5), (2, 9)]
     got = [s[next(k for k in s if k.startswith("tokens."))].tolist() for s in fastload.ShardDataset(url)]
     assert got == docs
+
+
+def test_a_publish_whose_answer_was_lost_lands_once(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conditional write of index.json reaches the store, but the connection drops before its answer:
+    the retry is refused (the version moved on: 412), the append reads index.json again, finds its own
+    shards there, and reports them landed; one version added, nothing twice."""
+    from fastload.s3 import httpcall
+
+    url = f"{store.root}/ds"
+    a, b = tree(tmp_path / "a", 0, 4), tree(tmp_path / "b", 4, 3)
+    fastload.pack(a, url, max_samples=2, append=True, progress=False)
+    real = httpcall.request_once
+    dropped: list[str] = []
+
+    def drop_first_answer(config: Any, method: str, target: str, *args: Any, **kwargs: Any) -> Any:
+        answer = real(config, method, target, *args, **kwargs)
+        conditional = "ifGenerationMatch" in target or "If-Match" in args[1]
+        if method in ("PUT", "POST") and "index.json" in target and conditional and not dropped:
+            dropped.append(target)
+            raise ConnectionResetError("the answer was lost")
+        return answer
+
+    monkeypatch.setattr(httpcall, "request_once", drop_first_answer)
+    report = fastload.pack(b, url, max_samples=2, append=True, progress=False)
+    monkeypatch.setattr(httpcall, "request_once", real)
+    assert len(dropped) == 1
+    assert store.gate is None or store.gate.refused == 1  # (the retry; Azurite refused it itself)
+    assert report.appended is not None and report.appended[0].version == 2
+    assert versions(url) == [(1, 2, 4), (2, 2, 7)]
+    assert samples(url) == expected(a, b)
