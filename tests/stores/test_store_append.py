@@ -223,25 +223,25 @@ def test_index_upgrade_meeting_an_append_writes_nothing(
 
 
 def test_optimize_appends(store: Store) -> None:
-    """``fastload.optimize(..., mode="append")`` into the store: the stream of one run over all the inputs
-    (its URL is the store's, not a local folder named ``gs:``), nothing left in ``.fastload-pack/``."""
-    url, whole = f"{store.root}/ds", f"{store.root}/whole"
+    """``fastload.optimize(..., mode="append")`` into the store: every sample of both runs read back (its URL
+    is the store's, not a local folder named ``gs:``), nothing left in ``.fastload-pack/``."""
+    from fastload.storage.web import list_web
+
+    url = f"{store.root}/ds"
 
     def make(n: int) -> dict[str, Any]:
         return {"__key__": f"k{n:05d}", "txt": f"text {n} " * (n % 4 + 1) * 60}
 
-    options: dict[str, Any] = {"workers": 2, "shard_size_bytes": 4 << 10, "progress": False}
-    fastload.optimize(make, range(24), whole, **options)
-    fastload.optimize(make, range(12), url, **options)
-    old = samples(url)
-    report = fastload.optimize(make, range(12, 24), url, mode="append", **options)
-    assert report.samples == 12 and samples(url, version=1) == old and samples(url) == samples(whole)
-    assert fastload.ShardDataset(url, decode=False).view.version == 2
-    from fastload.storage.web import list_web
+    def made(inputs: range) -> dict[str, bytes]:
+        return {f"k{n:05d}": make(n)["txt"].encode() for n in inputs}
 
-    assert list_web(url, "", fastload.S3Config.from_env()) and not list_web(
-        f"{url}/.fastload-pack", "", fastload.S3Config.from_env()
-    )
+    options: dict[str, Any] = {"workers": 1, "shard_size_bytes": 4 << 10, "progress": False}
+    fastload.optimize(make, range(12), url, **options)
+    report = fastload.optimize(make, range(12, 24), url, mode="append", **options)
+    assert report.samples == 12 and samples(url, version=1) == made(range(12))
+    assert samples(url) == made(range(24)) and fastload.ShardDataset(url, decode=False).view.version == 2
+    config = fastload.S3Config.from_env()
+    assert list_web(url, "", config) and not list_web(f"{url}/.fastload-pack", "", config)
 
 
 def test_pack_tokens_appends(store: Store, tmp_path: Path) -> None:
