@@ -291,3 +291,12 @@ def test_a_publish_whose_answer_was_lost_lands_once(
     assert report.appended is not None and report.appended[0].version == 2
     assert versions(url) == [(1, 2, 4), (2, 2, 7)]
     assert samples(url) == expected(a, b)
+
+
+def test_an_append_into_a_folder_of_other_files_is_refused(store: Store, tmp_path: Path) -> None:
+    """Files but no index.json: there is no dataset to append to, and starting one would mix with them."""
+    url = f"{store.root}/junk"
+    _WRITE_IF(f"{url}/notes.txt", b"not a dataset", tag=None, config=fastload.S3Config.from_env())
+    with pytest.raises(fastload.errors.PackError, match=r"junk holds files but no index\.json"):
+        fastload.pack(tree(tmp_path / "a", 0, 2), url, append=True, progress=False)
+    assert conditional.read_versioned(f"{url}/index.json", config=fastload.S3Config.from_env()) is None
