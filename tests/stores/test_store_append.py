@@ -44,7 +44,7 @@ class Store:
 @pytest.fixture(params=["gs", "az"])
 def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Store]:
     monkeypatch.chdir(tmp_path)  # (a gs:// URL taken for a local path would show as a folder "gs:")
-    name = f"fl{os.getpid()}x{next(_NAMES)}"
+    name = f"append{os.getpid()}x{next(_NAMES)}"  # (not test_azure.py's names: one Azurite a session)
     if request.param == "gs":
         from tests.servers.gcsgate import GcsGate
 
