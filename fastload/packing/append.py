@@ -8,7 +8,9 @@ appenders never write the same name, and existing shard and table files are neve
 
 Publishing (``docs/pack.md``, "Growing datasets"): locally under a lock file (:mod:`fastload.storage.locks`)
 the index is read, joined and renamed into place; on S3 it is read with its ETag and PUT with ``If-Match``
-(``If-None-Match: *`` when creating), read again and joined again when another appender published first.
+(``If-None-Match: *`` when creating), read again and joined again when another appender published first;
+on GCS and Azure the same with the object's generation (``ifGenerationMatch``) or ETag (``If-Match``)
+(:func:`fastload.s3.conditional.write_if`).
 Either way both appends land, in the order they published; an append of inputs the dataset already holds
 as a version is refused, naming it.
 """
@@ -37,8 +39,7 @@ from fastload.storage.locks import FileLock, LockHeld
 
 PUBLISH_ATTEMPTS = 20  # conditional PUTs lost to other appenders before giving up
 LOCK_WAIT_S = 120.0  # how long a local append waits for another's publishing of index.json
-
-GS_AZ_APPEND = "append into a local folder or s3:// and copy it with fastload cp, or pack a new dataset there"
+REMOTE = ("s3://", "gs://", "az://")  # stores whose index.json is published by a conditional write
 
 
 def now_utc() -> str:
@@ -112,16 +113,14 @@ class AppendPlan(Plan[R]):
 
     def open(self) -> tuple[Destination, PackJournal, dict[int, ShardResult] | None]:
         t = self.target
-        if t.url.startswith(("gs://", "az://")):  # (index.json's conditional write: local and s3:// only)
-            raise ConfigError(f"appending into {t.url[:5]} is not supported yet: {GS_AZ_APPEND}")
-        url = t.url if t.url.startswith("s3://") else os.path.abspath(t.url)
+        url = t.url if t.url.startswith(REMOTE) else os.path.abspath(t.url)
         dest = destination(url, self.folder, config=t.s3_config)
         if dest.exists_as_file():
             raise PackError(f"destination {dest.url} is a file; choose a dataset's folder")
         if hasattr(dest, "owns"):
             dest.owns = self._is_mine  # abort only this append's stale uploads, never another appender's
         journal = PackJournal(dest, self.folder)
-        if not url.startswith("s3://"):
+        if not url.startswith(REMOTE):
             self._run_lock_path = os.path.join(url, self.folder + ".lock")
             self._run_lock = FileLock(self._run_lock_path)
             try:
@@ -178,7 +177,10 @@ class AppendPlan(Plan[R]):
         if journal.exists() or dest.is_empty():
             return
         url = dest.url
-        if not url.startswith("s3://"):
+        if url.startswith(("gs://", "az://")):
+            if all(name.startswith(f"{STATE_DIR}/append-") for name in dest.list("")):
+                return
+        elif not url.startswith("s3://"):
             if set(os.listdir(url)) <= {STATE_DIR} and not os.path.exists(
                 os.path.join(url, STATE_DIR, "state.json")
             ):
@@ -299,8 +301,8 @@ class AppendPlan(Plan[R]):
 
     def publish(self, dest: Destination, index: DatasetIndex) -> DatasetIndex:
         name = self.index_at or index_name(index.shard_format)
-        if dest.url.startswith("s3://"):
-            return self._publish_s3(dest, index, name)
+        if dest.url.startswith(REMOTE):
+            return self._publish_remote(dest, index, name)
         lock = FileLock(os.path.join(dest.url, INDEX_LOCK), timeout_s=LOCK_WAIT_S)
         try:
             lock.acquire()
@@ -335,20 +337,20 @@ class AppendPlan(Plan[R]):
             return merged, False
         return replace(merged, options=self.inner.joined_options(checked.options, index.options)), False
 
-    def _publish_s3(self, dest: Destination, index: DatasetIndex, name: str) -> DatasetIndex:
-        from fastload.s3.conditional import get_with_etag, put_if
+    def _publish_remote(self, dest: Destination, index: DatasetIndex, name: str) -> DatasetIndex:
+        from fastload.s3 import conditional
 
-        bucket, prefix = dest.bucket, dest.prefix  # type: ignore[attr-defined]
-        config = dest.config  # type: ignore[attr-defined]
-        key = prefix + name
+        scheme, bucket, prefix = dest.url[:5], dest.bucket, dest.prefix  # type: ignore[attr-defined]
+        config, url = dest.config, f"{scheme}{bucket}/{prefix}{name}"  # type: ignore[attr-defined]
         for _ in range(PUBLISH_ATTEMPTS):
-            found = get_with_etag(bucket, key, config=config)
-            current = None if found is None else parse_index(found[0], where=f"s3://{bucket}/{key}")
+            found = conditional.read_versioned(url, config=config)
+            current = None if found is None else parse_index(found[0], where=url)
             merged, landed = self._join(current, index, dest)
             if landed:
                 return self._landed(merged)
             try:
-                put_if(bucket, key, merged.to_json(), etag=None if found is None else found[1], config=config)
+                tag = None if found is None else found[1]
+                conditional.write_if(url, merged.to_json(), tag=tag, config=config)
             except PreconditionFailedError:
                 continue  # another appender published first: join its version and try again
             return self._landed(merged)

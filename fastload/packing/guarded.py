@@ -3,9 +3,10 @@
 again. An append that published a version in between would otherwise be lost (its shards left unlisted).
 
 Locally the check and the write happen under the lock appends publish under (``.fastload-pack/index.lock``,
-:mod:`fastload.storage.locks`); on S3 the write is a conditional PUT on the ETag of the index as checked
-(:mod:`fastload.s3.conditional`). Either way a changed index refuses the write, and nothing is written.
-Other stores (``gs://``, ``az://``) compare, then write: an append can land in the moment between.
+:mod:`fastload.storage.locks`); on S3, GCS and Azure the write is conditional on the version of the index
+as checked (S3: a PUT with ``If-Match`` on its ETag; GCS: an upload with ``ifGenerationMatch`` on its
+generation; Azure: Put Blob with ``If-Match``: :func:`fastload.s3.conditional.write_if`), the way appends
+publish. Either way a changed index refuses the write, and nothing is written.
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ def publish_if_unchanged(
 ) -> None:
     """Call ``write(put)`` if the manifest under ``root`` is still ``seen`` (``(url, bytes)`` as
     :func:`~fastload.storage.manifest.read_manifest` gave it at the start of ``what``), else raise
-    :class:`AppendConflictError` naming ``what``. ``put(url, data)``, given on S3 only, writes an object
-    (the manifest at ``seen``'s URL only if it is still the object checked); elsewhere ``write`` writes as
-    it would, under the lock."""
-    if storage.is_remote(root) and root.startswith("s3://"):
-        _on_s3(root, seen, write, what=what, config=s3_config or S3Config.from_env())
+    :class:`AppendConflictError` naming ``what``. ``put(url, data)``, given on ``s3://``, ``gs://`` and
+    ``az://``, writes an object (the manifest at ``seen``'s URL only if it is still the object checked);
+    locally ``write`` writes as it would, under the lock."""
+    if root.startswith(("s3://", "gs://", "az://")):
+        _on_store(root, seen, write, what=what, config=s3_config or S3Config.from_env())
         return
-    if storage.is_remote(root):
+    if storage.is_remote(root):  # (a store fastload does not write to: the write itself will say so)
         if read_manifest(root, s3_config=s3_config) != seen:
             raise _changed(root, what)
         write(None)
@@ -74,7 +75,7 @@ def publish_if_unchanged(
             os.rmdir(os.path.join(root, JOURNAL_DIR))
 
 
-def _on_s3(
+def _on_store(
     root: str,
     seen: tuple[str, bytes] | None,
     write: Callable[[Put | None], None],
@@ -82,24 +83,21 @@ def _on_s3(
     what: str,
     config: S3Config,
 ) -> None:
-    from fastload.s3.client import parse_s3_url
-    from fastload.s3.conditional import get_with_etag, put_if
+    from fastload.s3 import conditional
 
     if seen is None:
         raise _changed(root, what)
-    bucket, key = parse_s3_url(seen[0])
-    found = get_with_etag(bucket, key, config=config)
+    found = conditional.read_versioned(seen[0], config=config)
     if found is None or found[0] != seen[1]:
         raise _changed(root, what)
 
     def put(url: str, data: bytes) -> None:
         if url != seen[0]:  # the manifest moved (Parquet's older layout): over what is there now
-            there = parse_s3_url(url)
-            now = get_with_etag(*there, config=config)
-            put_if(*there, data, etag=None if now is None else now[1], config=config)
+            now = conditional.read_versioned(url, config=config)
+            conditional.write_if(url, data, tag=None if now is None else now[1], config=config)
             return
         try:
-            put_if(bucket, key, data, etag=found[1], config=config)
+            conditional.write_if(url, data, tag=found[1], config=config)
         except PreconditionFailedError:
             raise _changed(root, what) from None
 

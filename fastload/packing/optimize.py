@@ -134,8 +134,8 @@ def optimize(
     if chunk_size is None:
         chunk_size = max(1, min(MAX_CHUNK, (length or MAX_CHUNK * 4 * workers) // (4 * workers)))
     url = os.fspath(dst)
-    url = url if url.startswith("s3://") else os.path.abspath(url)
-    if url.startswith("s3://"):
+    url = url if url.startswith(("s3://", "gs://", "az://")) else os.path.abspath(url)
+    if url.startswith(("s3://", "gs://", "az://")):
         s3_config = s3_config or S3Config.from_env()
     fn_print = fn_fingerprint(fn)
     shown_options = {**output_options(config), "encoders": sorted(encoders or {})}

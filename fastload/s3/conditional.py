@@ -6,6 +6,10 @@ matches), moto and AWS S3 take either. ``If-None-Match: *`` creates an object on
 A refused condition (412; AWS's 409 ``ConditionalRequestConflict`` for a write racing another) raises
 :class:`~fastload.errors.PreconditionFailedError`: read again and retry. docs/pack.md says which stores
 honour the headers.
+
+:func:`read_versioned` and :func:`write_if` do the same for an object named by its URL on any store that
+publishes conditionally: ``s3://`` (the ETag, as above), ``gs://`` (the generation: ``ifGenerationMatch``,
+``s3.gcswrite``) and ``az://`` (the ETag: ``If-Match`` on Put Blob, ``s3.azwrite``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import botocore
 
 from fastload.config import S3Config
 from fastload.errors import ConfigError, PreconditionFailedError, S3Error, S3NotFoundError
-from fastload.s3.client import Failure, get_client
+from fastload.s3.client import Failure, get_client, parse_s3_url
 from fastload.s3.retrying import GiveUp, Retrier, give_up_on
 
 
@@ -92,4 +96,37 @@ def put_if(
     return str(resp.get("ETag", "")).strip('"')
 
 
-__all__ = ["get_with_etag", "put_if"]
+def read_versioned(url: str, *, config: S3Config) -> tuple[bytes, str] | None:
+    """The bytes of the object at ``url`` (``s3://``, ``gs://`` or ``az://``) and its version tag (ETag;
+    GCS: generation), from one consistent read; None when there is no such object."""
+    if url.startswith("gs://"):
+        from fastload.core.weburls import parse_gs_url
+        from fastload.s3 import gcswrite
+
+        return gcswrite.get_with_generation(*parse_gs_url(url), config)
+    if url.startswith("az://"):
+        from fastload.s3 import azwrite
+        from fastload.s3.azstore import parse_az_url
+
+        return azwrite.get_with_etag(*parse_az_url(url), config)
+    return get_with_etag(*parse_s3_url(url), config=config)
+
+
+def write_if(url: str, data: bytes, *, tag: str | None, config: S3Config) -> str:
+    """Write ``data`` at ``url`` only if the object there still has version ``tag`` (as
+    :func:`read_versioned` gave it; None: only if there is none); the new tag.
+    :class:`PreconditionFailedError` when the store refuses the condition."""
+    if url.startswith("gs://"):
+        from fastload.core.weburls import parse_gs_url
+        from fastload.s3 import gcswrite
+
+        return gcswrite.upload_if(data, *parse_gs_url(url), config, generation=tag)
+    if url.startswith("az://"):
+        from fastload.s3 import azwrite
+        from fastload.s3.azstore import parse_az_url
+
+        return azwrite.upload_if(data, *parse_az_url(url), config, etag=tag)
+    return put_if(*parse_s3_url(url), data, etag=tag, config=config)
+
+
+__all__ = ["get_with_etag", "put_if", "read_versioned", "write_if"]

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from fastload.config import S3Config
 from fastload.core.retry import Fault
-from fastload.errors import S3Error
+from fastload.errors import PreconditionFailedError, S3Error
 from fastload.s3.client import Failure
 from fastload.s3.retrying import BadResponse, Retrier
 from fastload.s3.transport import error_failure
@@ -104,9 +104,18 @@ def call(
 ) -> Answer:
     """:func:`request_once`, retried by the config's policy. ``what`` (the ``gs://``/``az://`` URL) names
     the object in errors: not found, denied or refused at once (``S3NotFoundError``...), else after the
-    last attempt an ``S3Error`` that says to check the connection to ``service``."""
+    last attempt an ``S3Error`` that says to check the connection to ``service``. A refused condition (412:
+    GCS's ``ifGenerationMatch``, Azure's ``If-Match``; Azure's 409 ``BlobAlreadyExists`` for
+    ``If-None-Match: *``) raises :class:`PreconditionFailedError` at once: read again and retry."""
 
     def give_up(failure: Failure, tries: int, elapsed_s: float) -> Exception:
+        if failure.fault is Fault.CHANGED or "BlobAlreadyExists" in failure.message:
+            return PreconditionFailedError(
+                f"{what} changed since it was read ({failure.message}): another writer published first",
+                bucket="",
+                key=what,
+                url=what,
+            )
         if failure.fault in (Fault.NOT_FOUND, Fault.DENIED, Fault.CLIENT):
             return fail_fast_url_error(failure, what)
         return S3Error(

@@ -173,32 +173,11 @@ def test_pack_to_gs_writes_a_dataset_read_back_whole(
     assert got == want
 
 
-def test_append_into_gs_is_refused_before_anything_is_written(
-    gcs_emulator: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """An append publishes index.json by a conditional write, not wired for gs:// yet: refused up front,
-    naming what to do, with nothing written there and no local folder named ``gs:`` made."""
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.host)
-    monkeypatch.chdir(tmp_path)
-    bucket = f"fl-{os.getpid()}-{next(_BUCKETS)}"
-    gcs_emulator.make_bucket(bucket)
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.bin").write_bytes(b"x" * 100)
-    url = f"gs://{bucket}/grown"
-    run_cli("pack", src, url)
-    before = run_cli("ls", url).stdout
-    with pytest.raises(ConfigError, match="not supported yet"):
-        fastload.pack(str(src), url, append=True, progress=False)
-    assert run_cli("ls", url).stdout == before
-    assert not (tmp_path / "gs:").exists()
-
-
-def test_shardwriter_into_gs_and_its_append_refused(
+def test_shardwriter_into_gs_and_its_append(
     gcs_emulator: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """``ShardWriter("gs://...")`` writes there (its URL was taken for a local path: a folder ``gs:``), and
-    ``mode="append"`` is refused up front as ``pack --append`` is, nothing written."""
+    ``mode="append"`` adds a version there (tests/stores/test_store_append.py: the conditional publish)."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.host)
     monkeypatch.chdir(tmp_path)
     bucket = f"fl-{os.getpid()}-{next(_BUCKETS)}"
@@ -207,11 +186,12 @@ def test_shardwriter_into_gs_and_its_append_refused(
     with fastload.ShardWriter(url, max_samples_per_shard=2) as w:
         for i in range(5):
             w.write({"__key__": f"{i:04d}", "txt": f"t{i}"})
-    before = run_cli("ls", url).stdout
-    assert "index.json" in before
-    with pytest.raises(ConfigError, match="appending into gs:// is not supported yet"):
-        fastload.ShardWriter(url, mode="append")
-    assert run_cli("ls", url).stdout == before
+    assert "index.json" in run_cli("ls", url).stdout
+    with fastload.ShardWriter(url, mode="append", max_samples_per_shard=2) as w:
+        w.write({"__key__": "0005", "txt": "t5"})
+    got = {s["__key__"]: s["txt"] for s in fastload.ShardDataset(url, decode=False)}
+    assert got == {f"{i:04d}": f"t{i}".encode() for i in range(6)}
+    assert fastload.ShardDataset(url, decode=False).view.version == 2
     assert not (tmp_path / "gs:").exists()
 
 
