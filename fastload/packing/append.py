@@ -29,7 +29,7 @@ from fastload.core.versions import Version, appended_name, fingerprint_digest, i
 from fastload.errors import AppendConflictError, ConfigError, PackError, PreconditionFailedError, Skip
 from fastload.formats import index_name, table_path
 from fastload.formats.shard import ShardResult
-from fastload.packing.dest import Destination, destination, read_index_bytes
+from fastload.packing.dest import STORES, Destination, dest_url, destination, read_index_bytes
 from fastload.packing.driver import Plan, R, run
 from fastload.packing.engine import Advance, Engine, ShardJob
 from fastload.packing.guarded import INDEX_LOCK
@@ -39,7 +39,6 @@ from fastload.storage.locks import FileLock, LockHeld
 
 PUBLISH_ATTEMPTS = 20  # conditional PUTs lost to other appenders before giving up
 LOCK_WAIT_S = 120.0  # how long a local append waits for another's publishing of index.json
-REMOTE = ("s3://", "gs://", "az://")  # stores whose index.json is published by a conditional write
 
 
 def now_utc() -> str:
@@ -113,14 +112,14 @@ class AppendPlan(Plan[R]):
 
     def open(self) -> tuple[Destination, PackJournal, dict[int, ShardResult] | None]:
         t = self.target
-        url = t.url if t.url.startswith(REMOTE) else os.path.abspath(t.url)
+        url = dest_url(t.url)  # (a store's index.json is published by a conditional write)
         dest = destination(url, self.folder, config=t.s3_config)
         if dest.exists_as_file():
             raise PackError(f"destination {dest.url} is a file; choose a dataset's folder")
         if hasattr(dest, "owns"):
             dest.owns = self._is_mine  # abort only this append's stale uploads, never another appender's
         journal = PackJournal(dest, self.folder)
-        if not url.startswith(REMOTE):
+        if not url.startswith(STORES):
             self._run_lock_path = os.path.join(url, self.folder + ".lock")
             self._run_lock = FileLock(self._run_lock_path)
             try:
@@ -301,7 +300,7 @@ class AppendPlan(Plan[R]):
 
     def publish(self, dest: Destination, index: DatasetIndex) -> DatasetIndex:
         name = self.index_at or index_name(index.shard_format)
-        if dest.url.startswith(REMOTE):
+        if dest.url.startswith(STORES):
             return self._publish_remote(dest, index, name)
         lock = FileLock(os.path.join(dest.url, INDEX_LOCK), timeout_s=LOCK_WAIT_S)
         try:

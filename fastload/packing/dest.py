@@ -1,4 +1,4 @@
-"""Where a pack writes: a local folder or an S3 prefix, behind one small interface.
+"""Where a pack writes: a local folder or a store prefix (s3://, gs://, az://), behind one small interface.
 
 Shards are written to a local temporary file first; ``publish`` then renames it into place (local) or
 uploads it with a multipart upload (S3). Either way a shard appears under its final name only when whole.
@@ -17,6 +17,13 @@ from fastload.config import S3Config
 from fastload.core.index import INDEX_NAMES
 from fastload.errors import DestinationWriteError, write_error
 from fastload.storage.localfs import atomic_write, publish
+
+STORES = ("s3://", "gs://", "az://")  # the stores a pack writes to (anything else is a local path)
+
+
+def dest_url(url: str) -> str:
+    """A destination's URL: a store's as given, a local path made absolute."""
+    return url if url.startswith(STORES) else os.path.abspath(url)
 
 
 class Destination(Protocol):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -18,7 +17,7 @@ from fastload.config import S3Config
 from fastload.core.index import INDEX_NAMES, DatasetIndex, ShardEntry, parse_index
 from fastload.errors import PackError, Skip
 from fastload.formats.shard import ShardResult
-from fastload.packing.dest import Destination, destination, read_index_bytes
+from fastload.packing.dest import Destination, dest_url, destination, read_index_bytes
 from fastload.storage.manifest import JOURNAL_DIR, OPTIMIZE_HOW, OPTIMIZE_STATE
 from fastload.storage.tables import table_problem
 
@@ -155,7 +154,7 @@ def open_pack(
     """A pack run's destination (a local folder, made absolute, or ``s3://``) set up by
     :func:`prepare_destination`, its journal, and the shards an interrupted run finished that are kept
     (:func:`kept_shards`, with ``resume``); None for those when the destination already holds this pack."""
-    url = target if target.startswith(("s3://", "gs://", "az://")) else os.path.abspath(target)
+    url = dest_url(target)
     dest = destination(url, STATE_DIR, config=s3_config)
     journal = PackJournal(dest)
     if not prepare_destination(

@@ -32,7 +32,7 @@ from fastload.core.versions import fingerprint_digest, input_tag
 from fastload.errors import AppendConflictError, ConfigError, InputFailedError, PackError, SampleError, Skip
 from fastload.packing.append import AppendPlan
 from fastload.packing.append_samples import append_mode, keys_of
-from fastload.packing.dest import destination, read_index_bytes
+from fastload.packing.dest import STORES, dest_url, destination, read_index_bytes
 from fastload.packing.encode import Encoders, encode_sample
 from fastload.packing.fanout import ChunkMap, ChunkResult, Failure, Task, chunks_of
 from fastload.packing.journal import STATE_DIR, PackJournal
@@ -134,8 +134,8 @@ def optimize(
     if chunk_size is None:
         chunk_size = max(1, min(MAX_CHUNK, (length or MAX_CHUNK * 4 * workers) // (4 * workers)))
     url = os.fspath(dst)
-    url = url if url.startswith(("s3://", "gs://", "az://")) else os.path.abspath(url)
-    if url.startswith(("s3://", "gs://", "az://")):
+    url = dest_url(url)
+    if url.startswith(STORES):
         s3_config = s3_config or S3Config.from_env()
     fn_print = fn_fingerprint(fn)
     shown_options = {**output_options(config), "encoders": sorted(encoders or {})}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ from fastload.config import S3Config
 from fastload.core.index import DatasetIndex, parse_index
 from fastload.errors import PackError
 from fastload.formats.shard import ShardResult
-from fastload.packing.dest import Destination, destination, read_index_bytes
+from fastload.packing.dest import STORES, Destination, dest_url, destination, read_index_bytes
 from fastload.packing.driver import Target
 from fastload.packing.journal import STATE_DIR, PackJournal, kept_shards
 
@@ -115,8 +114,8 @@ def merge_parts(url: str, *, check_keys: bool = True, s3_config: S3Config | None
     dataset: their indexes in part order become ``index.json``, written last; the parts' state is removed.
     ``check_keys``: every shard's sample table is read and a key in two parts refused (each writer checked
     its own). Raises :class:`PackError` naming the parts missing or unfinished, or the repeated key."""
-    url = url if url.startswith("s3://") else os.path.abspath(url)
-    if url.startswith("s3://"):
+    url = dest_url(url)
+    if url.startswith(STORES):
         s3_config = s3_config or S3Config.from_env()
     dest = destination(url, STATE_DIR, config=s3_config)
     if read_index_bytes(dest) is not None and not dest.list(PARTS_DIR):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import queue
 import threading
 import uuid
@@ -37,7 +36,7 @@ from fastload.core.keys import Sample
 from fastload.errors import PackError, SampleError, Skip
 from fastload.formats.shard import ShardResult
 from fastload.packing.append_samples import WRITER_OPTIONS, SamplesAppendPlan, create_refusal, release_of
-from fastload.packing.dest import Destination
+from fastload.packing.dest import Destination, dest_url
 from fastload.packing.driver import Plan, Target, run
 from fastload.packing.encode import KeyRule
 from fastload.packing.engine import Engine, LocalEngine
@@ -120,7 +119,7 @@ class SampleWriter:
     ) -> None:
         self.config = checked(config)
         self.fmt = formats.by_name(config.shard_format)
-        self.url = url if url.startswith(("s3://", "gs://", "az://")) else os.path.abspath(url)
+        self.url = dest_url(url)
         if self.url.startswith("s3://"):
             s3_config = s3_config or S3Config.from_env()
         self.part, self.parts = part, parts

@@ -189,6 +189,18 @@ def test_shardwriter_appends(store: Store) -> None:
     assert versions(url) == [(1, 3, 5), (2, 2, 8)]
 
 
+def test_shardwriter_parts_merge_in_the_store(store: Store) -> None:
+    """Two parts written into the store, then merged there (the merge took a gs:// URL for a local path)."""
+    url = f"{store.root}/parts"
+    for p in range(2):
+        with fastload.ShardWriter(url, part=p, parts=2, max_samples_per_shard=2) as w:
+            for i in range(p, 6, 2):
+                w.write({"__key__": f"{i:04d}", "txt": f"t{i}"})
+    report = fastload.ShardWriter.merge(url)
+    assert report.samples == 6
+    assert samples(url) == {f"{i:04d}": f"t{i}".encode() for i in range(6)}
+
+
 def test_index_upgrade_meeting_an_append_writes_nothing(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
