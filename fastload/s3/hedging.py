@@ -110,7 +110,8 @@ class Hedger:
             answered: dict[RaceGroup, int] = {}  # ... and with one
             for race in races:
                 if race.group is not None and race.winner is None and not race.closed:
-                    heard = any(r.head_at is not None for r in (race.primary, *race.hedges))
+                    # (a failed hedge's head is no answer: that GET is over, its reader still waits)
+                    heard = any(r.head_at is not None and not r.failed for r in (race.primary, *race.hedges))
                     counts = answered if heard else silent
                     counts[race.group] = counts.get(race.group, 0) + 1
             for race in races:
@@ -150,12 +151,16 @@ class Hedger:
             race.launch(now, pieces)
             return
         no_hedge = verdict in (policy_mod.Verdict.NO_BUDGET, policy_mod.Verdict.ENOUGH)
-        silent = why is not policy_mod.Lag.SLOW and (why is not policy_mod.Lag.STRANDED or not race.retry)
-        if no_hedge and silent and race.cut_short():
+        early = why is policy_mod.Lag.STRANDED and (race.retry or runner is not race.primary)
+        if no_hedge and why is not policy_mod.Lag.SLOW and not early and race.cut_short():
             # no budget for a second GET: a silent one is cut now and retried (no more requests than
             # waiting out read_timeout_s would make, the bytes it had are kept); at the stranded deadline
-            # only once per range: a busy machine's slow but healthy GETs may pass it, and cutting their
-            # retries there again and again would only restart them
+            # only a first attempt's original GET: a busy machine's slow but healthy GETs may pass it, and
+            # cutting their retries there again and again would only restart them; nor a hedge in flight
+            # (its race has ``max_hedges``): sent moments ago, it is as new as the retry that would replace
+            # it, and cutting it there threw away the hedge that was about to bring the bytes (the
+            # stranded evidence, the reader's other GETs come back, is about the GETs sent with the
+            # original, not with a hedge); either is cut at the first-byte deadline
             self.stats.hedge_event(cut=1)
         if not race.suppressed and verdict is not policy_mod.Verdict.ENOUGH:
             race.suppressed = True

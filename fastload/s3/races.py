@@ -246,7 +246,8 @@ def run_hedge(
         thread.join()
     if any(r is None for r in results) or whole is None:
         runner.failed = True  # (the watchdog judges the race on the GETs still in flight)
-        stats.hedge_event(failed=1)
+        if race.winner is None:  # (aborted because another GET of the race won: it lost, it did not fail)
+            stats.hedge_event(failed=1)
         return
     runner.buf, runner.end = whole.obj, start + len(whole) - cur.start
     if race.claim(runner):

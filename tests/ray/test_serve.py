@@ -109,13 +109,21 @@ def served(root: Path, **kw: Any) -> Served:
     return fastload.serve(root, BATCH, feeders=2, feeder_cpus=0.5, **OPTIONS, **kw)
 
 
-def test_the_stream_equals_the_local_loaders(dataset: Path) -> None:
-    s = served(dataset, map=add_length)
-    try:
-        same(list(s), local(dataset, map=add_length))
+def test_the_stream_equals_the_local_loaders_and_each_feeders_telemetry_reaches_report(dataset: Path) -> None:
+    with served(dataset, map=add_length) as s:
+        batches = list(s)
+        report = s.report()
+        same(batches, local(dataset, map=add_length))
         assert len(s) == len(local(dataset))
-    finally:
-        s.close()
+    feeders = report["feeders"]
+    assert feeders and set(feeders) <= {"feeder0", "feeder1"}  # (one may start late and make nothing)
+    made = [f["counters"]["samples"] for f in feeders.values()]
+    assert all(made) and sum(made) == 50 == report["counters"]["samples"]
+    assert report["counters"]["batches"] == len(batches)  # received, counted once (by the trainer)
+    for f in feeders.values():
+        assert f["stages"]["parse"]["items"] > 0 and f["stages"]["collate"]["calls"] > 0
+    assert sum(f["stages"]["map"]["items"] for f in feeders.values()) > 0  # one sample in 8 is timed
+    assert report["stages"]["handover"]["calls"] == len(batches)
 
 
 def test_feeders_ask_for_the_resources_that_place_them_near_the_data(ray_cluster: Any, dataset: Path) -> None:
@@ -317,21 +325,6 @@ def test_a_ray_that_serve_started_is_shut_down_by_its_last_user(dataset: Path, t
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.splitlines() == ["after close: True", "after collect: False"]
-
-
-def test_each_feeders_telemetry_reaches_report(dataset: Path) -> None:
-    with served(dataset, map=add_length) as s:
-        batches = list(s)
-        report = s.report()
-    feeders = report["feeders"]
-    assert feeders and set(feeders) <= {"feeder0", "feeder1"}  # (one may start late and make nothing)
-    made = [f["counters"]["samples"] for f in feeders.values()]
-    assert all(made) and sum(made) == 50 == report["counters"]["samples"]
-    assert report["counters"]["batches"] == len(batches)  # received, counted once (by the trainer)
-    for f in feeders.values():
-        assert f["stages"]["parse"]["items"] > 0 and f["stages"]["collate"]["calls"] > 0
-    assert sum(f["stages"]["map"]["items"] for f in feeders.values()) > 0  # one sample in 8 is timed
-    assert report["stages"]["handover"]["calls"] == len(batches)
 
 
 def test_tensors_travel_as_numpy_and_arrive_without_a_copy(ray_cluster: Any) -> None:

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from fastload.core.hedge import HedgePolicy
+from fastload.core.ranges import ByteRange
 from fastload.s3.hedging import Abort, Hedger, Race, RaceGroup, Runner
+from fastload.s3.objectio import ObjectState
+from fastload.s3.races import run_hedge
 from fastload.s3.stats import S3Stats
 
 FAST = HedgePolicy(floor_s=0.05, ceiling_s=1.0, burst=1, max_fraction=0.0001, cold_factor=1.0)
@@ -190,3 +194,108 @@ def test_a_failed_hedge_is_not_what_the_watchdog_judges_the_race_on() -> None:
     spare = Runner(0, 1, time.monotonic())
     race.hedges.append(spare)
     assert race.newest is spare  # a hedge still in flight is the newest
+
+
+def stranded_fourth(policy: HedgePolicy, start_hedge: Any) -> tuple[Hedger, S3Stats, Race]:
+    """A reader's four GETs, three of them back: the fourth (its race returned) is stranded, deadlines as
+    in the tests above (stranded 0.06 s, first byte 1.5 s)."""
+    stats = S3Stats()
+    hedger = Hedger(stats)
+    for i in range(40):
+        first = 0.5 if i % 10 == 0 else 0.02
+        hedger.observe(1 << 20, first, first + 0.02, 0.01)
+    group = RaceGroup()
+    races = [hedger.race(policy, 1, start_hedge, group) for _ in range(4)]
+    for race in races[:3]:
+        race.primary.head_at = time.monotonic()
+        assert race.claim(race.primary)
+        race.close()
+    return hedger, stats, races[3]
+
+
+def test_a_hedge_in_flight_is_not_cut_at_the_stranded_deadline_when_no_more_may_go() -> None:
+    """The stranded GET's hedge (its last: ``max_hedges`` 1) has no head yet after 0.3 s, past the stranded
+    deadline but not the first-byte one: it is left to finish (and wins), not cut with its race and
+    replaced by a retry that is no newer (a loaded machine's split hedge, four new connections, often
+    takes that long for its heads)."""
+    release = threading.Event()
+
+    def headless_then_done(race: Race, runner: Runner) -> None:
+        release.wait(5)
+        if not runner.abort.fired:
+            finishing(race, runner)
+
+    one = HedgePolicy(floor_s=0.05, ceiling_s=5.0, burst=3, max_fraction=0.0001, max_hedges=1)
+    _, stats, race = stranded_fourth(one, headless_then_done)
+    began = time.monotonic()
+    while not race.hedges and time.monotonic() - began < 1.0:
+        time.sleep(0.01)
+    assert race.hedges  # sent at the stranded deadline
+    time.sleep(0.3)
+    assert not race.hedges[0].abort.fired and not race.primary.abort.fired and not race.closed
+    release.set()
+    assert race.settle(2.0) is race.hedges[0]
+    race.close()
+    hedges = stats.snapshot()["hedges"]
+    assert (hedges["sent"], hedges["won"], hedges["cut"]) == (1, 1, 0), hedges
+
+
+def test_a_failed_hedge_s_head_does_not_end_the_stranding() -> None:
+    """The stranded GET's first hedge got its heads, then failed (a wrong Content-Range): its reader still
+    waits for that GET alone, so the next hedge goes out at the stranded deadline too, not at the
+    first-byte one (1.5 s), as if the failed hedge were an answer its reader still receives."""
+
+    def fails_then_finishes(race: Race, runner: Runner) -> None:
+        if len(race.hedges) == 1:
+            runner.head_at = runner.progress_at = time.monotonic()
+            runner.failed = True
+        else:
+            finishing(race, runner)
+
+    policy = HedgePolicy(floor_s=0.05, ceiling_s=5.0, burst=3, max_fraction=0.0001)
+    _, stats, race = stranded_fourth(policy, fails_then_finishes)
+    began = time.monotonic()
+    while race.winner is None and time.monotonic() - began < 1.2:
+        time.sleep(0.01)
+    assert len(race.hedges) == 2 and race.winner is race.hedges[1], race.hedges
+    race.close()
+    hedges = stats.snapshot()["hedges"]
+    assert (hedges["sent"], hedges["stranded"], hedges["won"]) == (2, 2, 1), hedges
+
+
+class StuckIO:
+    """An object whose GETs never answer until aborted (then the connection is reset)."""
+
+    abortable = True
+
+    def get(self, headers: dict[str, str], *, abort: Abort | None = None, fresh: bool = False) -> Any:
+        assert abort is not None
+        while not abort.fired:
+            time.sleep(0.005)
+        raise ConnectionResetError("aborted")
+
+    def head(self, headers: dict[str, str]) -> Any:
+        raise AssertionError("no HEAD here")
+
+
+def test_a_hedge_aborted_because_the_original_won_lost_it_did_not_fail() -> None:
+    """``failed`` counts hedges that ended without their bytes by themselves (a wrong answer, a reset):
+    a hedge cut because the original GET finished first lost the race, and is not counted failed."""
+    state = ObjectState("bucket", "key", None)
+    state.learn(10, '"etag"')
+
+    def hedge(race: Race, runner: Runner) -> None:
+        run_hedge(race, runner, ByteRange(0, 10), StuckIO(), state, None, lambda exc: False)
+
+    stats = S3Stats()
+    race = Hedger(stats).race(FAST, 10, hedge)
+    deadline = time.monotonic() + 3
+    while not race.hedges and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert race.claim(race.primary)
+    while not race.hedges[0].failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert race.hedges[0].failed  # (no longer in flight)
+    race.close()
+    hedges = stats.snapshot()["hedges"]
+    assert (hedges["sent"], hedges["won"], hedges["failed"]) == (1, 0, 0), hedges
