@@ -1,15 +1,22 @@
 """The live tuner's first search: from above. Pure; the entry is :func:`decide`, which wraps
 :func:`fastload.core.autotune.decide` (throttling, doubling raises, the workers rule are all its).
 
-Doubling from a poor start takes one judged window per doubling: 1 -> 64 fetches at once is six windows,
+Doubling from a poor start takes one judged window per doubling: 1 -> 32 fetches at once is five windows,
 most of a short epoch spent slow. So the first raise of an I/O-bound loop (the loop waits, the workers
-idle: :func:`fastload.core.autotune.decide` would raise) is a **leap**: ``concurrency`` to
-``Limits.max_concurrency``, ``task_bytes`` 4x while a fetch's first byte is at least
-``LATENCY_BOUND_SHARE`` of its time, and ``prefetch_bytes`` to hold twice the tasks fetched at once, all
-within the memory limit (``concurrency`` lowered to fit it). The window after it judges it:
+idle: :func:`fastload.core.autotune.decide` would raise) that fetches fewer than ``LEAP_BELOW`` (4) tasks
+at once is a **leap**: ``concurrency`` times ``LEAP`` (16, at most ``Limits.max_concurrency``),
+``task_bytes`` 16x while a fetch's first byte is at least ``LATENCY_BOUND_SHARE`` of its time (up to
+``Limits.leap_task_bytes``: the workers fetch a leapt task's parts at once), and ``prefetch_bytes`` to
+hold twice the tasks fetched at once, all within the memory limit (``concurrency`` lowered to fit it).
 
-- it gained ``MIN_GAIN`` (10%) or more samples/s: kept, held one window more (the first after a leap
-  still fills its read-ahead: the best is measured after it), then **trimmed** back: each trim halves
+Only from a poor start: a loader at about the defaults doubles as before (a leap from there overshot).
+And not straight to the limits: every byte fetched at once beyond what covers the store's latency delays
+the first task's arrival (the fetches share the bandwidth); a leap to 64 fetches took a third of a short
+epoch to fill (benchmarks/RESULTS.md). The window after the leap judges it:
+
+- it gained ``MIN_GAIN`` (10%) or more samples/s: kept, and held while each window still gains 10% on
+  the one before (the read-ahead is still filling: trims judged against a rising rate would pass
+  wrongly), then **trimmed** back: each trim halves
   ``concurrency`` (and the prefetch holding it) while the rate stays within ``TRIM_LOSS`` (5%) of the best
   window since the leap, never below twice the concurrency leapt from. A trim that costs more is undone
   at once (back to the settings before it) and the tuner settles: the least read-ahead that keeps the best
@@ -42,7 +49,9 @@ from fastload.core.autotune import (
 from fastload.core.autotune import decide as decide_step
 
 TRIM_LOSS = 0.05
-LEAP_TASK_STEP = 4
+LEAP = 16  # the leap multiplies concurrency by this much, at most
+LEAP_BELOW = 4  # a leap only from fewer fetches at once than this (a poor start; else doubling)
+LEAP_TASK_STEP = 16
 
 
 def decide(
@@ -60,6 +69,8 @@ def decide(
         if trial.kind == "leap":
             return _judge_leap(window, settings, trial)
         if trial.kind == "hold":
+            if window.rate >= trial.rate * (1 + MIN_GAIN):  # still rising (filling): held on
+                return Decision(settings, trial=replace(trial, rate=window.rate))
             return _trim(settings, trial.floor or trial.before, max(trial.rate, window.rate))
         if trial.kind == "trim":
             return _judge_trim(window, settings, trial)
@@ -75,13 +86,15 @@ def decide(
 def _leap(window: Window, settings: Settings, limits: Limits) -> Decision | None:
     """The leap from ``settings`` (None: the loop does not wait, the workers are busy, or the limits
     leave no room above where it is)."""
-    if not loader_bound(window.wait_share) or cpu_share(window, settings.workers) >= CPU_BOUND_SHARE:
+    if settings.concurrency >= LEAP_BELOW or not loader_bound(window.wait_share):
+        return None
+    if cpu_share(window, settings.workers) >= CPU_BOUND_SHARE:
         return None
     task = settings.task_bytes
     if latency_bound(window):
-        task = min(limits.max_task_bytes, max(task, LEAP_TASK_STEP * task))
+        task = min(limits.leap_task_bytes or limits.max_task_bytes, max(task, LEAP_TASK_STEP * task))
     room = limits.memory_bytes // max(1, settings.workers)  # per worker: prefetch + one task in use
-    concurrency = min(limits.max_concurrency, (room - task) // (2 * task))
+    concurrency = min(limits.max_concurrency, LEAP * settings.concurrency, (room - task) // (2 * task))
     if concurrency <= settings.concurrency:  # the memory would not hold more: the doubling rule says so
         return None
     leapt = replace(
@@ -92,7 +105,7 @@ def _leap(window: Window, settings: Settings, limits: Limits) -> Decision | None
     )
     why = (
         f"the loop waits {window.wait_share:.0%} of its time and the workers are "
-        f"{cpu_share(window, settings.workers):.0%} busy: a leap to the limits, then trimmed back"
+        f"{cpu_share(window, settings.workers):.0%} busy: a leap, then trimmed back"
     )
     return Decision(leapt, _changes(settings, leapt, why), trial=Trial(settings, window.rate, kind="leap"))
 
@@ -143,4 +156,4 @@ def _changes(old: Settings, new: Settings, why: str) -> tuple[Change, ...]:
     )
 
 
-__all__ = ["LEAP_TASK_STEP", "TRIM_LOSS", "decide"]
+__all__ = ["LEAP", "LEAP_BELOW", "LEAP_TASK_STEP", "TRIM_LOSS", "decide"]

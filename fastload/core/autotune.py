@@ -123,12 +123,15 @@ class Settings:
 class Limits:
     """Bounds no setting crosses: ``memory_bytes`` for ``workers x (prefetch_bytes + task_bytes)``;
     ``cores`` of this machine (``workers <= cores - 1``, and at least the workers started with);
-    ``max_concurrency`` read tasks fetched at once per worker; ``max_task_bytes`` a read task."""
+    ``max_concurrency`` read tasks fetched at once per worker; ``max_task_bytes`` a read task;
+    ``leap_task_bytes`` a read task after :mod:`fastload.core.autoleap`'s leap (whose parts are fetched
+    at once: None, ``max_task_bytes``)."""
 
     memory_bytes: int
     cores: int
     max_concurrency: int = 64
     max_task_bytes: int = 64 * MIB
+    leap_task_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.memory_bytes < 1 or self.cores < 1 or self.max_concurrency < 1 or self.max_task_bytes < 1:

@@ -33,6 +33,7 @@ log = logging.getLogger("fastload.autotune")
 MEMORY_SHARE = 0.25  # of the memory available when tuning starts, by default
 MAX_CHANGES = 1000  # kept in Tuner.changes (the oldest dropped)
 SETTLE_SHARE = 0.5  # of interval_s: after a change, left out of the window that judges it
+MAX_PARTS = 16  # ranged GETs of one leapt read task at once, at most (what caps its size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,14 +100,16 @@ def starting(prefetch: Sequence[PrefetchConfig], workers: int) -> rules.Settings
     )
 
 
-def round_bytes(sources: Sequence[Any]) -> int | None:
-    """What one round of a read's concurrent GETs covers (``part_size_bytes x max_concurrency``) for the
-    remote datasets among ``sources`` (the least of them; None: all local)."""
-    rounds = [
-        (d.s3_config or S3Config()).part_size_bytes * (d.s3_config or S3Config()).max_concurrency
-        for d in sources
-        if is_remote(d.root)
-    ]
+def round_bytes(sources: Sequence[Any], *, parts: int | None = None) -> int | None:
+    """What one round of a read task's concurrent GETs covers for the remote datasets among ``sources``
+    (the least of them; None: all local): ``part_size_bytes`` times the configured ``max_concurrency``,
+    or times ``parts`` if more (a leap's tasks: their parts are fetched at once, a shard opened after the
+    change reading with as many GETs at once as a task has parts)."""
+    rounds = []
+    for d in sources:
+        if is_remote(d.root):
+            config = d.s3_config or S3Config()
+            rounds.append(config.part_size_bytes * max(config.max_concurrency, parts or 0))
     return min(rounds) if rounds else None
 
 
@@ -122,12 +125,15 @@ class Tuner:
         *,
         batch_size: int,
         round_bytes: int | None = None,
+        leap_round_bytes: int | None = None,
         streams: int = 1,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``round_bytes``: what one round of a read's concurrent GETs covers (``part_size_bytes x
         max_concurrency`` of a remote dataset's S3 config): a bigger task would pay the first byte again,
-        so it caps the task size too. ``streams``: read pipelines in each worker that follow the settings
+        so it caps the task size too; ``leap_round_bytes``: the same for the first raise, a leap, whose
+        tasks' parts are fetched at once (:func:`round_bytes` with ``MAX_PARTS``). ``streams``: read
+        pipelines in each worker that follow the settings
         (a Mix's sources): the memory bound is shared between them."""
         cores, available = machine()
         most_task = config.max_task_bytes if round_bytes is None else min(config.max_task_bytes, round_bytes)
@@ -139,6 +145,9 @@ class Tuner:
             cores=cores,
             max_concurrency=max(config.max_concurrency, settings.concurrency),
             max_task_bytes=max(most_task, settings.task_bytes),
+            leap_task_bytes=None
+            if leap_round_bytes is None
+            else min(config.max_task_bytes, leap_round_bytes),
         )
         self.config = config
         self.settings = settings
@@ -186,7 +195,7 @@ class Tuner:
         workers = self.settings.workers
         if self.config.workers and workers > 0:
             workers = max(1, min(saved.workers, max(workers, lim.cores - 1)))
-        task = min(saved.task_bytes, lim.max_task_bytes)
+        task = min(saved.task_bytes, max(lim.max_task_bytes, lim.leap_task_bytes or 0))
         self.settings = rules.Settings(
             prefetch_bytes=max(0, min(saved.prefetch_bytes, lim.memory_bytes // max(1, workers) - task)),
             concurrency=min(saved.concurrency, lim.max_concurrency),
@@ -294,6 +303,7 @@ class Tuner:
                 "cores": self.limits.cores,
                 "max_concurrency": self.limits.max_concurrency,
                 "max_task_bytes": self.limits.max_task_bytes,
+                "leap_task_bytes": self.limits.leap_task_bytes,
             },
         }
 

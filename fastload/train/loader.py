@@ -23,7 +23,7 @@ import torch.utils.data
 from fastload.core.telemetry import merge
 from fastload.errors import ConfigError, WorkerDiedError
 from fastload.s3 import runtime
-from fastload.train.autotune import AutotuneConfig, Tuner, config_of, round_bytes, starting
+from fastload.train.autotune import MAX_PARTS, AutotuneConfig, Tuner, config_of, round_bytes, starting
 from fastload.train.chunks import ChunkCollate
 from fastload.train.dataset import ShardDataset
 from fastload.train.mix import Mix
@@ -152,6 +152,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 self.telemetry_vector,
                 batch_size=batch_size,
                 round_bytes=round_bytes(sources),
+                leap_round_bytes=round_bytes(sources, parts=MAX_PARTS),
                 streams=len(sources),
             )
 

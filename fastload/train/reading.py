@@ -7,6 +7,7 @@ read once for several references (a sample shuffle: ``ReadTask.serves``) wait he
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -56,11 +57,14 @@ def read_samples(
     tuned = tuning() if tuning is not None else None
     max_bytes = prefetch.max_bytes or 0
     task_bytes: int | Callable[[], int] = default_task_bytes(max_bytes)
-    limits = None
+    limits = parts = None
     threads = prefetch.threads
     if tuning is not None and tuned is not None:  # live: cells the loop's tuner writes, read between tasks
         max_bytes, threads = tuned[0], max(threads, tuned[3])
         task_bytes, limits = _live(tuning, tuned)
+        part = view.s3_config.part_size_bytes if view.s3_config is not None else None
+        if part is not None:  # a task's parts fetched at once (see fastload.train.autotune.MAX_PARTS)
+            parts = functools.partial(_parts_of, task_bytes, part)
     readers = ShardReaders(
         view,
         refs,
@@ -68,6 +72,7 @@ def read_samples(
         defer=max_bytes == 0 and tuned is None,
         verify=decoding.verify_samples,
         skip_damaged=decoding.on_error == "skip",
+        parts=parts,
     )
     # with prefetch, the next shard's table is fetched while this one is read
     tasks = readers.tasks(
@@ -142,6 +147,11 @@ def read_samples(
             if count:
                 _tally_task(tally, left - started, count, timed, times)
             tally.flush()
+
+
+def _parts_of(task_bytes: Callable[[], int], part: int) -> int:
+    """The ranged GETs of ``part`` bytes a read task of the tuned size now spans."""
+    return -(-task_bytes() // part)
 
 
 def _live(

@@ -33,6 +33,7 @@ TABLES_AHEAD = 4  # sample tables of the shards of the next runs fetched at once
 RANGE_THREADS = 16  # the ranges of reads of remote shards (Parquet column chunks) in flight at once
 
 if TYPE_CHECKING:
+    from fastload.config import S3Config
     from fastload.train.view import DatasetView
 
 
@@ -58,17 +59,20 @@ class ShardReaders:
         defer: bool = False,
         verify: bool = True,
         skip_damaged: bool = False,
+        parts: Callable[[], int] | None = None,
     ) -> None:
         """``view``: the dataset read (its shards' entries, cache, and sample tables kept between passes:
         :meth:`~fastload.train.view.DatasetView.entry`, so a table kept there is not fetched again).
         ``defer``: each fetch's result is used at once in the fetching thread (no prefetch), so local
         reads may be done there (see :meth:`ShardReader.load`). ``verify``: check each sample's CRC32C
         where the index has them (tar, index v2). ``skip_damaged``: a sample that fails its CRC32C is given
-        as its error, not raised."""
+        as its error, not raised. ``parts``: the ranged GETs one read task wants at once now (a tuned
+        loader's task size in parts): a remote shard opened then reads with at least that many."""
         self.skip_damaged = skip_damaged
         self.view, self.root, self.shards, self.columns = view, view.root, view.shards(), columns
         self.shard_format = shard_format = view.shard_format
         self.config, self.cache, self.defer, self.verify = view.s3_config, view.cache(), defer, verify
+        self._parts = parts
         self._left = Counter(map(itemgetter(0), refs))  # references not yet consumed, per shard
         self._entries: dict[int, ShardEntry] = {}  # full entries of the shards in flight
         self._ahead: dict[int, Future[ShardEntry]] = {}
@@ -240,7 +244,7 @@ class ShardReaders:
                     shard=entry.name,
                 )
             full = self._whole_entry(entry, data) or self.entry(shard)
-            reader = ShardReader(url, full, config=self.config, data=data)
+            reader = ShardReader(url, full, config=self._reader_config(), data=data)
             with self._lock:
                 if self._closed:
                     reader.close()
@@ -299,6 +303,14 @@ class ShardReaders:
         for r in [*retired, *([reader] if reader is not None else [])]:
             r.close()
 
+    def _reader_config(self) -> S3Config | None:
+        """The S3 settings of a shard opened now: the view's, its parts at once raised to what a tuned
+        read task wants (else a task of several parts fetches them one by one)."""
+        config, parts = self.config, self._parts
+        if config is None or parts is None or (want := parts()) <= config.max_concurrency:
+            return config
+        return dataclasses.replace(config, max_concurrency=want)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -347,7 +359,7 @@ class ShardReaders:
                     # read it uncached instead: each sample is checked, the damaged ones left out
                     cached = None
             pool = self._range_pool() if cached is None and storage.is_remote(url) else None
-            reader = ShardReader(url, entry, config=self.config, file=cached, pool=pool)
+            reader = ShardReader(url, entry, config=self._reader_config(), file=cached, pool=pool)
             reader.cached = cached is not None
             with self._lock:
                 if self._closed:

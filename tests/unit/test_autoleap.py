@@ -10,7 +10,7 @@ from fastload.core import autoleap
 from fastload.core.autotune import Decision, Limits, Settings, Trial, Window
 
 MIB = 1 << 20
-LIMITS = Limits(memory_bytes=4 << 30, cores=8)  # 2 GiB a worker
+LIMITS = Limits(memory_bytes=4 << 30, cores=8, leap_task_bytes=4 * MIB)  # 2 GiB a worker
 POOR = Settings(prefetch_bytes=MIB, concurrency=1, task_bytes=MIB, workers=2)
 
 
@@ -25,37 +25,62 @@ def leapt() -> Decision:
     return autoleap.decide(io_bound(), POOR, LIMITS, leap=True)
 
 
-def test_the_first_raise_of_an_io_bound_loop_leaps_to_the_limits() -> None:
+def test_the_first_raise_of_an_io_bound_loop_leaps() -> None:
     d = leapt()
     assert d.settings == Settings(
-        prefetch_bytes=2 * 64 * 4 * MIB,  # twice the 64 tasks of 4 MiB fetched at once
-        concurrency=64,  # max_concurrency
-        task_bytes=4 * MIB,  # 4x: the first byte is half of each fetch's time
+        prefetch_bytes=2 * 16 * 4 * MIB,  # twice the 16 tasks of 4 MiB fetched at once
+        concurrency=16,  # LEAP times what it was
+        task_bytes=4 * MIB,  # bigger: the first byte is half of each fetch's time (leap_task_bytes)
         workers=2,
     )
+    # leap_task_bytes (what a task's parts fetched at once cover) or else max_task_bytes caps the task
+    wide = Limits(memory_bytes=4 << 30, cores=8)
+    assert autoleap.decide(io_bound(), POOR, wide, leap=True).settings.task_bytes == 16 * MIB  # 16x
+    narrow = Limits(memory_bytes=4 << 30, cores=8, max_task_bytes=8 * MIB)
+    assert autoleap.decide(io_bound(), POOR, narrow, leap=True).settings.task_bytes == 8 * MIB
+    # never above max_concurrency
+    from3 = Settings(prefetch_bytes=3 * MIB, concurrency=3, task_bytes=MIB, workers=2)
+    assert autoleap.decide(io_bound(), from3, LIMITS, leap=True).settings.concurrency == 48
+    assert (
+        autoleap.decide(
+            io_bound(),
+            from3,
+            Limits(memory_bytes=4 << 30, cores=8, max_concurrency=32, leap_task_bytes=4 * MIB),
+            leap=True,
+        ).settings.concurrency
+        == 32
+    )
+    # a loader fetching 4 or more at once (about the defaults) doubles: no leap
+    from4 = Settings(prefetch_bytes=4 * MIB, concurrency=4, task_bytes=MIB, workers=2)
+    d4 = autoleap.decide(io_bound(), from4, LIMITS, leap=True)
+    assert d4.settings.concurrency == 8 and d4.trial is not None and d4.trial.kind == "raise"
     assert d.trial == Trial(POOR, 200.0, kind="leap") and not d.settle
     assert {c.knob for c in d.changes} == {"prefetch_bytes", "concurrency", "task_bytes"}
-    assert all("leap to the limits" in c.reason and "waits 90%" in c.reason for c in d.changes)
+    assert all("a leap, then trimmed back" in c.reason and "waits 90%" in c.reason for c in d.changes)
     # without leap= (a tuner that raised before, or restored from a checkpoint): the doubling rule
     assert autoleap.decide(io_bound(), POOR, LIMITS).settings.concurrency == 2
 
 
 def test_the_leap_stays_within_memory_and_gives_way_to_doubling_where_none_fits() -> None:
-    tight = Limits(memory_bytes=2 * 68 * MIB, cores=8)  # 68 MiB a worker: twice 8 tasks of 4 MiB, and one
+    tight = Limits(
+        memory_bytes=2 * 68 * MIB, cores=8, leap_task_bytes=4 * MIB
+    )  # 68 MiB a worker: twice 8 tasks of 4 MiB, and one
     d = autoleap.decide(io_bound(), POOR, tight, leap=True)
     got = d.settings
     assert (got.concurrency, got.task_bytes, got.prefetch_bytes) == (8, 4 * MIB, 64 * MIB)
     assert d.settings.workers * (d.settings.prefetch_bytes + d.settings.task_bytes) <= tight.memory_bytes
-    tiny = Limits(memory_bytes=2 * 9 * MIB, cores=8)  # room for one 4 MiB task twice: no leap above 1
+    tiny = Limits(
+        memory_bytes=2 * 9 * MIB, cores=8, leap_task_bytes=4 * MIB
+    )  # room for one 4 MiB task twice: no leap above 1
     d = autoleap.decide(io_bound(), POOR, tiny, leap=True)
     assert d.trial is not None and d.trial.kind == "raise" and d.settings.concurrency == 2
 
 
 def test_a_deep_prefetch_kept_through_the_leap_leaves_room_for_the_bigger_task() -> None:
     deep = Settings(prefetch_bytes=256 * MIB, concurrency=1, task_bytes=MIB, workers=1)
-    limits = Limits(memory_bytes=257 * MIB, cores=8)  # exactly what it starts with
+    limits = Limits(memory_bytes=257 * MIB, cores=8, leap_task_bytes=4 * MIB)  # what it starts with
     d = autoleap.decide(io_bound(), deep, limits, leap=True)
-    assert d.settings.task_bytes == 4 * MIB and d.settings.concurrency == 31
+    assert d.settings.task_bytes == 4 * MIB and d.settings.concurrency == 16
     assert d.settings.prefetch_bytes + d.settings.task_bytes <= limits.memory_bytes
 
 
@@ -70,22 +95,25 @@ def test_no_leap_unless_the_loop_waits_for_idle_workers() -> None:
 
 def test_a_leap_that_pays_is_trimmed_back_while_the_rate_holds_then_settles() -> None:
     first = leapt()
-    # it paid (1,500 samples/s against 200): kept, and held one window more to measure the best
-    held = autoleap.decide(io_bound(samples=1500), first.settings, LIMITS, trial=first.trial)
-    assert held.changes == () and held.trial == Trial(first.settings, 1500.0, kind="hold", floor=POOR)
-    d = autoleap.decide(io_bound(samples=2000), first.settings, LIMITS, trial=held.trial)
-    assert d.settings.concurrency == 32 and d.settings.prefetch_bytes == 2 * 32 * 4 * MIB
+    # it paid (1,200 samples/s against 200): kept, and held while the rate still rises (filling)
+    held = autoleap.decide(io_bound(samples=1200), first.settings, LIMITS, trial=first.trial)
+    assert held.changes == () and held.trial == Trial(first.settings, 1200.0, kind="hold", floor=POOR)
+    rising = autoleap.decide(io_bound(samples=1900), first.settings, LIMITS, trial=held.trial)
+    assert rising.changes == () and rising.trial == Trial(first.settings, 1900.0, kind="hold", floor=POOR)
+    # 2,000: within 10% of the last window: it has stopped rising; trimmed, the best 2,000
+    d = autoleap.decide(io_bound(samples=2000), first.settings, LIMITS, trial=rising.trial)
+    assert d.settings.concurrency == 8 and d.settings.prefetch_bytes == 2 * 8 * 4 * MIB
     assert d.trial == Trial(first.settings, 2000.0, kind="trim", floor=POOR) and not d.settle
     assert all("trimmed back" in c.reason for c in d.changes)
     # 1,960 samples/s: within 5% of the best: trimmed again, judged against the best (2,000)
     d2 = autoleap.decide(io_bound(samples=1960), d.settings, LIMITS, trial=d.trial)
-    assert d2.settings.concurrency == 16 and d2.trial is not None and d2.trial.rate == 2000.0
-    # 1,800: the trim cost 10%: back to 32 at once, settled there
+    assert d2.settings.concurrency == 4 and d2.trial is not None and d2.trial.rate == 2000.0
+    # 1,800: the trim cost 10%: back to 8 at once, settled there
     d3 = autoleap.decide(io_bound(samples=1800), d2.settings, LIMITS, trial=d2.trial)
     assert d3.settle and d3.trial is None and d3.settings == d.settings
     assert [(c.knob, c.old, c.new) for c in d3.changes] == [
-        ("prefetch_bytes", 2 * 16 * 4 * MIB, 2 * 32 * 4 * MIB),
-        ("concurrency", 16, 32),
+        ("prefetch_bytes", 2 * 4 * 4 * MIB, 2 * 8 * 4 * MIB),
+        ("concurrency", 4, 8),
     ]
     assert "trim cost throughput (1,800 samples/s against 2,000" in d3.changes[0].reason
 
@@ -101,7 +129,7 @@ def test_trims_stop_at_twice_the_concurrency_leapt_from() -> None:
         seen.append(s.concurrency)
         if d.settle:
             break
-    assert seen == [64, 32, 16, 8, 4, 2, 2] and trial is None
+    assert seen == [16, 8, 4, 2, 2] and trial is None
     assert s.prefetch_bytes == 2 * 2 * 4 * MIB
 
 
@@ -122,7 +150,7 @@ def test_throttling_in_the_middle_of_a_trim_halves_concurrency_and_ends_the_sear
     held = autoleap.decide(io_bound(samples=2000), first.settings, LIMITS, trial=first.trial)
     d = autoleap.decide(io_bound(samples=2000), first.settings, LIMITS, trial=held.trial)
     t = autoleap.decide(io_bound(throttles=1), d.settings, LIMITS, trial=d.trial)
-    assert [(c.knob, c.old, c.new) for c in t.changes] == [("concurrency", 32, 16)] and t.trial is None
+    assert [(c.knob, c.old, c.new) for c in t.changes] == [("concurrency", 8, 4)] and t.trial is None
 
 
 @settings(max_examples=200, deadline=None)

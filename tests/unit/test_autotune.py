@@ -260,3 +260,27 @@ def test_prefetcher_follows_live_depth_and_concurrency_in_order() -> None:
         range(40)
     )
     assert peak == 1
+
+
+def test_a_shard_opened_after_a_tuned_task_grew_fetches_its_parts_at_once() -> None:
+    """A tuned task of several parts: a remote shard opened then reads with at least as many GETs at once
+    as the task has parts (else a one-GET-at-a-time config fetches them one by one); the dataset's own
+    setting where it is higher, or when not tuned."""
+    import fastload
+    from fastload.train import reading
+    from fastload.train.shardread import ShardReaders
+
+    task = [4 * MIB]
+    readers = object.__new__(ShardReaders)  # (only the rule: the opening itself is the tuned loader's)
+    readers.config = fastload.S3Config(max_concurrency=1, part_size_bytes=4 * MIB)
+    readers._parts = lambda: reading._parts_of(lambda: task[0], 4 * MIB)
+    assert readers._reader_config() is readers.config  # one part: the dataset's own
+    task[0] = 16 * MIB
+    config = readers._reader_config()
+    assert config is not None and config.max_concurrency == 4 and config.part_size_bytes == 4 * MIB
+    task[0] = 17 * MIB
+    assert readers._reader_config().max_concurrency == 5  # type: ignore[union-attr]
+    readers.config = fastload.S3Config(max_concurrency=8, part_size_bytes=4 * MIB)
+    assert readers._reader_config() is readers.config
+    readers._parts = None
+    assert readers._reader_config() is readers.config
