@@ -1,5 +1,6 @@
-"""The live tuner's first search: from above. Pure; the entry is :func:`decide`, which wraps
-:func:`fastload.core.autotune.decide` (throttling, doubling raises, the workers rule are all its).
+"""The live tuner's first raise from a poor start: a leap, then trims. Pure; the entry is
+:func:`decide`, which wraps :func:`fastload.core.autotune.decide` (throttling, doubling raises, the workers
+rule are all its).
 
 Doubling from a poor start takes one judged window per doubling: 1 -> 32 fetches at once is five windows,
 most of a short epoch spent slow. So the first raise of an I/O-bound loop (the loop waits, the workers
