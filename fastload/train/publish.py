@@ -10,6 +10,7 @@ and a straggler names itself and its cause in the log (logger ``fastload.telemet
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -22,6 +23,14 @@ from fastload.train.exporters import Exporter, exporters_from
 
 DEFAULT_EVERY = 100
 log = logging.getLogger("fastload.telemetry")
+
+
+def launcher_rank() -> int:
+    """This process's rank as its launcher set it (``RANK``; 0 when unset or not a number)."""
+    try:
+        return max(0, int(os.environ.get("RANK", "0")))
+    except ValueError:
+        return 0
 
 
 class Publisher:
@@ -87,7 +96,7 @@ class Publisher:
                     world - 1,
                     s["cause"],
                 )
-        mine = rows[rank]
+        mine = rows[rank if world > 1 else 0]
         summary = core.summary(window)
         counters = summary["counters"]
         record = {
@@ -121,8 +130,11 @@ class Publisher:
         return record
 
     def _gather(self, window: list[int]) -> tuple[int, int, list[list[int]]]:
+        """``(this rank, ranks compared, each rank's window)``. Without a process group nothing is
+        compared; the rank is the launcher's (``RANK``, as torchrun sets it), so the ranks of a job that
+        never joins one still write a file (segment log) each, not all rank 0's."""
         if not (dist.is_available() and dist.is_initialized()):
-            return 0, 1, [window]
+            return launcher_rank(), 1, [window]
         world = dist.get_world_size(self.group)
         rank = dist.get_rank(self.group)
         if world == 1:

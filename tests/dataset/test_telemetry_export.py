@@ -86,3 +86,24 @@ def test_a_bad_telemetry_argument_says_what_to_pass() -> None:
         exporters_from(42)
     with pytest.raises(ConfigError, match="telemetry_every=0"):
         fastload.loader([1, 2, 3], telemetry_every=0, num_workers=0)
+
+
+def test_ranks_without_a_process_group_write_a_file_each(
+    small: Packed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun's processes that never join a process group: each writes its own telemetry file, named by
+    the launcher's RANK, not all rank 0's (nothing is compared across them: world 1)."""
+    import json
+
+    monkeypatch.setenv("WORLD_SIZE", "4")  # (as torchrun sets them: the dataset reads its rank's share)
+    for rank in ("1", "3"):
+        monkeypatch.setenv("RANK", rank)
+        ld = fastload.loader(small.root, batch_size=1, num_workers=0, telemetry=tmp_path, telemetry_every=2)
+        assert sum(1 for _ in ld) >= 2
+        ld.close()
+    assert sorted(p.name for p in tmp_path.glob("telemetry-rank*.jsonl")) == [
+        "telemetry-rank1.jsonl",
+        "telemetry-rank3.jsonl",
+    ]
+    records = [json.loads(line) for line in (tmp_path / "telemetry-rank3.jsonl").read_text().splitlines()]
+    assert records and {(r["rank"], r["world"]) for r in records} == {(3, 1)}
