@@ -15,15 +15,16 @@ And not straight to the limits: every byte fetched at once beyond what covers th
 the first task's arrival (the fetches share the bandwidth); a leap to 64 fetches took a third of a short
 epoch to fill (benchmarks/RESULTS.md). The window after the leap judges it:
 
-- it gained ``MIN_GAIN`` (10%) or more samples/s: kept, and held while each window still gains 10% on
-  the one before (the read-ahead is still filling: trims judged against a rising rate would pass
-  wrongly), then **trimmed** back: each trim halves
+- it lost less than ``MIN_GAIN`` (10%) samples/s, or gained: kept, and held while each window still
+  gains 10% on the one before (the read-ahead is still filling: trims judged against a rising rate would
+  pass wrongly), then **trimmed** back (a leap that gained nothing is so trimmed down to near where it
+  started, a window at a time, giving the memory back while the rate holds): each trim halves
   ``concurrency`` (and the prefetch holding it) while the rate stays within ``TRIM_LOSS`` (5%) of the best
   window since the leap, never below twice the concurrency leapt from. A trim that costs more is undone
   at once (back to the settings before it) and the tuner settles: the least read-ahead that keeps the best
   rate, found in a few windows at nearly the best rate rather than many below it;
-- it gained less, in two windows running: every I/O setting goes back to before the leap and the tuner
-  settles (the fetches were not what held the loop back; the memory is given back).
+- it lost 10% or more, in two windows running: every I/O setting goes back to before the leap and the
+  tuner settles.
 
 Later raises (a settled tuner's reprobes) double as before. Throttling (503s) halves ``concurrency`` in
 the middle of a leap or trim as at any time, and ends it.
@@ -112,11 +113,11 @@ def _leap(window: Window, settings: Settings, limits: Limits) -> Decision | None
 
 
 def _judge_leap(window: Window, settings: Settings, trial: Trial) -> Decision:
-    if window.rate >= trial.rate * (1 + MIN_GAIN):  # kept; held one window more to measure its best
+    if window.rate >= trial.rate * (1 - MIN_GAIN):  # kept: held while it still rises, then trimmed
         return Decision(settings, trial=Trial(settings, window.rate, kind="hold", floor=trial.before))
     if trial.strikes == 0:  # one window may be noise (or the reads from before it): measured again
         return Decision(settings, trial=replace(trial, strikes=1))
-    why = f"the leap gained too little ({window.rate:,.0f} samples/s against {trial.rate:,.0f} before)"
+    why = f"the leap cost throughput ({window.rate:,.0f} samples/s against {trial.rate:,.0f} before)"
     back = replace(settings, **{k: getattr(trial.before, k) for k in IO_KNOBS})
     return Decision(back, _changes(settings, back, why), settle=True)
 

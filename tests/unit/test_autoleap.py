@@ -133,16 +133,21 @@ def test_trims_stop_at_twice_the_concurrency_leapt_from() -> None:
     assert s.prefetch_bytes == 2 * 2 * 4 * MIB
 
 
-def test_a_leap_that_gains_too_little_twice_is_undone() -> None:
+def test_a_leap_that_costs_twice_is_undone_one_that_gains_nothing_is_trimmed() -> None:
     first = leapt()
-    once = autoleap.decide(io_bound(samples=210), first.settings, LIMITS, trial=first.trial)
+    once = autoleap.decide(io_bound(samples=170), first.settings, LIMITS, trial=first.trial)
     assert once.changes == () and once.trial == Trial(POOR, 200.0, strikes=1, kind="leap")
-    d = autoleap.decide(io_bound(samples=210), first.settings, LIMITS, trial=once.trial)
+    d = autoleap.decide(io_bound(samples=170), first.settings, LIMITS, trial=once.trial)
     assert d.settle and d.settings == POOR
-    assert all("leap gained too little (210 samples/s against 200 before)" in c.reason for c in d.changes)
-    # a noisy window then a gain: the leap is kept and trimmed
+    assert all("leap cost throughput (170 samples/s against 200 before)" in c.reason for c in d.changes)
+    # a noisy window then a gain: the leap is kept (held, then trimmed)
     kept = autoleap.decide(io_bound(samples=900), first.settings, LIMITS, trial=once.trial)
     assert kept.trial is not None and kept.trial.kind == "hold" and kept.settings == first.settings
+    # neither gain nor loss (205 against 200): kept, and trimmed while the rate holds (the memory back)
+    flat = autoleap.decide(io_bound(samples=205), first.settings, LIMITS, trial=first.trial)
+    assert flat.trial is not None and flat.trial.kind == "hold"
+    trimmed = autoleap.decide(io_bound(samples=200), first.settings, LIMITS, trial=flat.trial)
+    assert trimmed.settings.concurrency == 8 and trimmed.trial is not None and trimmed.trial.kind == "trim"
 
 
 def test_throttling_in_the_middle_of_a_trim_halves_concurrency_and_ends_the_search() -> None:
