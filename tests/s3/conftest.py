@@ -120,16 +120,12 @@ def bucket_store(
     request: pytest.FixtureRequest, bucket: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, Any]]:
     """A fresh bucket on RGW or moto, with fastload's environment pointing at it: ``(bucket, client)``."""
-    from s3util import FOREIGN_AWS_VARIABLES, s3_env
+    from s3util import point_env_at
 
     from fastload.s3 import runtime
 
     server = request.getfixturevalue("rgw" if request.param == "rgw" else "moto_s3")
-    for name in FOREIGN_AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3_env(server).items():
-        monkeypatch.setenv(name, value)
-    runtime.reset()
+    point_env_at(server, monkeypatch)
     client = server.client()
     try:
         yield bucket(server), client

@@ -145,3 +145,15 @@ def snapshot(folder: Path) -> dict[str, bytes]:
             path = Path(root) / name
             out[path.relative_to(folder).as_posix()] = path.read_bytes()
     return out
+
+
+def point_env_at(server: Any, monkeypatch: Any) -> None:
+    """This process's environment (and fastload's per-process state) pointed at ``server`` alone: the
+    foreign AWS settings removed, :func:`s3_env`'s set."""
+    from fastload.s3 import runtime
+
+    for name in FOREIGN_AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_env(server).items():
+        monkeypatch.setenv(name, value)
+    runtime.reset()

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 from s3util import (
-    FOREIGN_AWS_VARIABLES,
     KIB,
     MIB,
     fastload_argv,
     keys_under,
     open_uploads,
+    point_env_at,
     run_cli,
     s3_config,
     s3_env,
@@ -42,11 +42,7 @@ def store(
     the environment."""
     server = request.getfixturevalue("rgw" if request.param == "rgw" else "moto_s3")
     client = request.getfixturevalue("rgw_client" if request.param == "rgw" else "moto_client")
-    for variable in FOREIGN_AWS_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)
-    for variable, value in s3_env(server).items():
-        monkeypatch.setenv(variable, value)
-    runtime.reset()
+    point_env_at(server, monkeypatch)
     proxy = FaultProxy(server.endpoint_url, resign=SigV4Resigner(server.secret_key), io_timeout_s=15).start()
     try:
         yield server, client, proxy

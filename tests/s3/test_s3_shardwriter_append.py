@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from s3util import FOREIGN_AWS_VARIABLES, s3_env
+from s3util import point_env_at
 
 import fastload
 from fastload.s3 import runtime
@@ -80,11 +80,7 @@ def test_optimize_appends_to_s3(
 ) -> None:
     """``fastload.optimize(..., mode="append")`` into ``s3://`` (moto): the same publish, the stream of
     one run over all the inputs, nothing left in ``.fastload-pack/``."""
-    for name in FOREIGN_AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3_env(moto_s3).items():
-        monkeypatch.setenv(name, value)
-    runtime.reset()
+    point_env_at(moto_s3, monkeypatch)
     name = bucket(moto_s3)
     url, whole = f"s3://{name}/ds", f"s3://{name}/whole"
 
